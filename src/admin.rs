@@ -1,0 +1,632 @@
+//! The admin API: health, the affinity table, the upstreams, and eviction.
+//!
+//! Why its own listener: it reads and changes session routing, so it belongs on
+//! loopback or a management network behind a firewall, never on the address
+//! students reach; and the public listener stays a pure proxy with no reserved
+//! paths that could shadow a Moodle URL (Moodle itself owns `/admin/`).
+//!
+//! Why hashes: session ids are bearer credentials. The table is keyed by a keyed
+//! hash of each id ([`SessionKey`]) and that hash is all this API ever shows or
+//! accepts as a handle. `lookup` takes a raw id, hashes it on the way in and never
+//! echoes it; nothing here logs a query string.
+//!
+//! Why the token is hashed before comparing: both sides become fixed-size keyed
+//! digests compared with [`subtle`], so neither the bytes nor the length of the
+//! token leak through timing. Basic auth (any username, the token as password) is
+//! accepted so a browser can open the JSON directly.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, WWW_AUTHENTICATE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use siphasher::sip128::SipHasher13;
+use subtle::ConstantTimeEq;
+
+use crate::affinity::{EntryView, SessionKey, SessionState};
+use crate::balancer::NodeId;
+use crate::gateway::{Gateway, Upstream};
+
+/// Default page size of `GET /affinity`.
+const DEFAULT_LIMIT: usize = 100;
+/// Largest page: a million-entry table never becomes one response.
+const MAX_LIMIT: usize = 1000;
+/// The challenge that makes a browser ask for the token.
+const CHALLENGE: &str = r#"Basic realm="moodle-gateway admin""#;
+
+/// The admin router. Every route but `GET /healthz` requires `token`, as a bearer
+/// token or as a Basic password.
+pub fn router(gateway: Arc<Gateway>, token: String) -> Router {
+    let guard = Arc::new(Token::new(&token));
+    let protected = Router::new()
+        .route("/affinity", get(affinity))
+        .route("/affinity/lookup", get(lookup))
+        .route("/affinity/{hash}", delete(evict))
+        .route("/nodes", get(nodes))
+        .fallback(|| async { not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed".into())
+        })
+        // After the fallbacks, so unknown paths are hidden behind the token too.
+        .layer(middleware::from_fn_with_state(guard, require_token));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(protected)
+        .layer(middleware::map_response(no_store))
+        .with_state(gateway)
+}
+
+/// The admin token, kept only as a keyed digest under a per-process key.
+struct Token {
+    hasher: SipHasher13,
+    digest: [u8; 16],
+}
+
+impl Token {
+    fn new(token: &str) -> Self {
+        let mut key = [0u8; 16];
+        getrandom::fill(&mut key).expect("the OS random source is available");
+        let hasher = SipHasher13::new_with_key(&key);
+        let digest = hasher.hash(token.as_bytes()).as_bytes();
+        Self { hasher, digest }
+    }
+
+    /// Whether `headers` carry the token, as `Bearer <token>` or as a Basic password.
+    fn admits(&self, headers: &HeaderMap) -> bool {
+        let Some(presented) = presented(headers) else {
+            return false;
+        };
+        let digest = self.hasher.hash(&presented).as_bytes();
+        digest.ct_eq(&self.digest).into()
+    }
+}
+
+/// The secret a client presents in `Authorization`, if the header is well formed.
+fn presented(headers: &HeaderMap) -> Option<Vec<u8>> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, credentials) = value.split_once(' ')?;
+    let credentials = credentials.trim();
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return Some(credentials.as_bytes().to_vec());
+    }
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let mut decoded = base64_decode(credentials)?;
+    let colon = decoded.iter().position(|&b| b == b':')?;
+    decoded.drain(..=colon);
+    Some(decoded)
+}
+
+/// Standard base64 (padding optional), enough for a Basic credential.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for b in text.trim_end_matches('=').bytes() {
+        let sextet = match b {
+            b'A'..=b'Z' => b - b'A',
+            b'a'..=b'z' => b - b'a' + 26,
+            b'0'..=b'9' => b - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(sextet);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
+}
+
+/// Lets a request through only with the token; says nothing about why not.
+async fn require_token(State(token): State<Arc<Token>>, request: Request, next: Next) -> Response {
+    if token.admits(request.headers()) {
+        return next.run(request).await;
+    }
+    let mut response = ApiError(StatusCode::UNAUTHORIZED, "unauthorized".into()).into_response();
+    let challenge = HeaderValue::from_static(CHALLENGE);
+    response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
+    response
+}
+
+/// Admin answers describe live sessions: no browser or proxy may keep a copy.
+async fn no_store(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// An error answer: a status and `{"error": "<lowercase reason>"}`, nothing internal.
+#[derive(Debug)]
+struct ApiError(StatusCode, String);
+
+#[derive(Serialize)]
+struct ErrorBody {
+    error: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
+    }
+}
+
+fn bad_request(message: &str) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+fn not_found(message: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, message.into())
+}
+
+/// Live, logged-in and anonymous session counts.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Counts {
+    live: u64,
+    logged_in: u64,
+    anonymous: u64,
+}
+
+fn counts(live: u64, logged_in: u64) -> Counts {
+    let anonymous = live.saturating_sub(logged_in);
+    Counts {
+        live,
+        logged_in,
+        anonymous,
+    }
+}
+
+/// An upstream: its name, and its URL or session counts where the route shows them.
+#[derive(Debug, Serialize)]
+struct Node<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    weight: Option<u32>,
+    #[serde(flatten)]
+    counts: Option<Counts>,
+}
+
+/// Every PHP node in config order with its counts, and its URL if `with_url`.
+fn node_rows(gateway: &Gateway, with_url: bool) -> Vec<Node<'_>> {
+    let table = gateway.table();
+    let rows = gateway.nodes().iter().enumerate();
+    rows.map(|(id, upstream)| Node {
+        name: &upstream.name,
+        url: with_url.then(|| url(upstream)),
+        weight: with_url.then_some(upstream.weight),
+        counts: Some(counts(table.live(id), table.logged_in(id))),
+    })
+    .collect()
+}
+
+fn url(upstream: &Upstream) -> String {
+    format!("http://{}", upstream.authority)
+}
+
+/// One bound session as the API shows it: its hash, never its id.
+#[derive(Debug, Serialize)]
+struct Entry<'a> {
+    session: String,
+    node: &'a str,
+    state: SessionState,
+    created: u64,
+    last_seen: u64,
+    requests: u32,
+}
+
+fn entry<'a>(nodes: &'a [Upstream], view: &EntryView) -> Entry<'a> {
+    Entry {
+        session: view.key.to_string(),
+        node: nodes.get(view.node).map_or("?", |n| n.name.as_str()),
+        state: view.state,
+        created: view.created,
+        last_seen: view.last_seen,
+        requests: view.requests,
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct AffinityPage<'a> {
+    total: Counts,
+    nodes: Vec<Node<'a>>,
+    entries: Vec<Entry<'a>>,
+    next_cursor: Option<String>,
+}
+
+/// `GET /affinity` parameters, taken raw so every mistake gets a JSON answer; an
+/// empty value counts as absent.
+#[derive(Debug, Deserialize)]
+struct PageQuery {
+    limit: Option<String>,
+    cursor: Option<String>,
+    node: Option<String>,
+}
+
+/// The validated page request: size, the key to start after, the node filter.
+type PageRequest = (usize, Option<SessionKey>, Option<NodeId>);
+
+fn page_request(gateway: &Gateway, query: PageQuery) -> Result<PageRequest, ApiError> {
+    let given = |v: Option<String>| v.filter(|v| !v.is_empty());
+    let limit = given(query.limit).map_or(Some(DEFAULT_LIMIT), |raw| raw.parse().ok());
+    let limit = limit.filter(|n| (1..=MAX_LIMIT).contains(n));
+    let limit = limit.ok_or_else(|| bad_request("limit must be 1..=1000"))?;
+    let bad_cursor = || bad_request("cursor must be 16 hex digits");
+    let after = given(query.cursor).map(|raw| parse_key(&raw).ok_or_else(bad_cursor));
+    let node = given(query.node).map(|name| {
+        let found = gateway.nodes().iter().position(|n| n.name == name);
+        found.ok_or_else(|| not_found(format!("no node named {name}")))
+    });
+    Ok((limit, after.transpose()?, node.transpose()?))
+}
+
+/// `GET /affinity?limit=&cursor=&node=`: counts, then one page of entries in hash order.
+async fn affinity(
+    State(gateway): State<Arc<Gateway>>,
+    query: Result<Query<PageQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|_| bad_request("malformed query"))?;
+    let (limit, after, node) = page_request(&gateway, query)?;
+    let page = gateway.table().page(after, limit, node);
+    let full = page.len() == limit;
+    let next_cursor = page.last().filter(|_| full).map(|e| e.key.to_string());
+    let nodes = node_rows(&gateway, false);
+    let sum = |f: fn(&Counts) -> u64| nodes.iter().filter_map(|n| n.counts.as_ref()).map(f).sum();
+    let total = counts(sum(|c| c.live), sum(|c| c.logged_in));
+    let entries = page.iter().map(|v| entry(gateway.nodes(), v)).collect();
+    let body = AffinityPage {
+        total,
+        nodes,
+        entries,
+        next_cursor,
+    };
+    Ok(Json(body).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct LookupQuery {
+    session: Option<String>,
+}
+
+/// `GET /affinity/lookup?session=RAW_ID`: the entry of one raw session id.
+async fn lookup(
+    State(gateway): State<Arc<Gateway>>,
+    query: Result<Query<LookupQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let id = query.ok().and_then(|Query(q)| q.session);
+    let id = id.filter(|id| !id.is_empty());
+    let id = id.ok_or_else(|| bad_request("session is required"))?;
+    let table = gateway.table();
+    let view = table.view(table.key(&id));
+    let view = view.ok_or_else(|| not_found("session not bound"))?;
+    Ok(Json(entry(gateway.nodes(), &view)).into_response())
+}
+
+/// `DELETE /affinity/{hash}`: forgets a session; its next request gets a fresh deal.
+async fn evict(
+    State(gateway): State<Arc<Gateway>>,
+    hash: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let key = hash.ok().and_then(|Path(raw)| parse_key(&raw));
+    let key = key.ok_or_else(|| bad_request("session must be 16 hex digits"))?;
+    if !gateway.table().forget(key) {
+        return Err(not_found("session not bound"));
+    }
+    tracing::info!(session = %key, "admin evicted a session");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Serialize)]
+struct NodesBody<'a> {
+    nodes: Vec<Node<'a>>,
+    data: Node<'a>,
+}
+
+/// `GET /nodes`: the upstreams in config order, with URLs and session counts.
+async fn nodes(State(gateway): State<Arc<Gateway>>) -> Response {
+    let nodes = node_rows(&gateway, true);
+    let (name, url) = (&gateway.data().name, Some(url(gateway.data())));
+    let data = Node {
+        name,
+        url,
+        weight: None,
+        counts: None,
+    };
+    Json(NodesBody { nodes, data }).into_response()
+}
+
+/// A session hash as this API shows it: exactly 16 hex digits, no sign.
+fn parse_key(raw: &str) -> Option<SessionKey> {
+    let hex = raw.bytes().all(|b| b.is_ascii_hexdigit());
+    hex.then(|| SessionKey::from_hex(raw)).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::{to_bytes, Body};
+    use axum::http::header::CONTENT_TYPE;
+    use serde_json::{json, Value};
+    use tower::ServiceExt;
+
+    use crate::affinity::Clock;
+    use crate::config::Config;
+    use SessionState::{Anonymous, LoggedIn};
+
+    const BEARER: &str = "Bearer s3cret:admin-token";
+    const CONFIG: &str = r#"
+        [admin]
+        listen = "127.0.0.1:9999"
+        token = "s3cret:admin-token"
+        [[nodes]]
+        name = "web1"
+        url = "http://10.0.0.1:8001"
+        [[nodes]]
+        name = "web2"
+        url = "http://10.0.0.2"
+        [data]
+        name = "data"
+        url = "http://10.0.0.9"
+    "#;
+
+    struct Admin(Arc<Gateway>, Router);
+
+    struct Answer {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: String,
+    }
+
+    fn admin() -> Admin {
+        let config = Config::parse(CONFIG, ".".as_ref(), None).unwrap();
+        let token = config.admin.as_ref().unwrap().token.clone();
+        let gateway = Arc::new(Gateway::new(&config, Clock::default()));
+        Admin(gateway.clone(), router(gateway, token))
+    }
+
+    impl Admin {
+        fn bind(&self, raw_id: &str, node: NodeId, state: SessionState) -> SessionKey {
+            let key = self.0.table().key(raw_id);
+            self.0.table().bind(key, node, state);
+            key
+        }
+
+        async fn call(&self, method: &str, uri: &str, auth: Option<&str>) -> Answer {
+            let mut request = Request::builder().method(method).uri(uri);
+            if let Some(auth) = auth {
+                request = request.header(AUTHORIZATION, auth);
+            }
+            let request = request.body(Body::empty()).unwrap();
+            let (parts, body) = self.1.clone().oneshot(request).await.unwrap().into_parts();
+            let body = to_bytes(body, usize::MAX).await.unwrap();
+            let body = String::from_utf8(body.to_vec()).unwrap();
+            let (status, headers) = (parts.status, parts.headers);
+            Answer {
+                status,
+                headers,
+                body,
+            }
+        }
+
+        async fn get(&self, uri: &str) -> Answer {
+            self.call("GET", uri, Some(BEARER)).await
+        }
+
+        async fn json(&self, uri: &str) -> Value {
+            serde_json::from_str(&self.get(uri).await.body).unwrap()
+        }
+
+        async fn status(&self, method: &str, uri: &str) -> StatusCode {
+            self.call(method, uri, Some(BEARER)).await.status
+        }
+    }
+
+    fn sessions(page: &Value) -> Vec<String> {
+        let entries = page["entries"].as_array().unwrap();
+        entries
+            .iter()
+            .map(|e| e["session"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn healthz_answers_ok_without_a_token() {
+        let answer = admin().call("GET", "/healthz", None).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(answer.body, "ok");
+    }
+
+    #[tokio::test]
+    async fn missing_or_wrong_credentials_get_a_bare_401_and_a_basic_challenge() {
+        let admin = admin();
+        let wrong = [
+            None,
+            Some("Bearer wrong"),
+            Some("Bearer s3cret:admin-tokenx"),
+            Some("Bearer s3cret"),
+            Some("Token s3cret:admin-token"),
+            Some("Basic YWRtaW46d3Jvbmc="),             // admin:wrong
+            Some("Basic czNjcmV0OmFkbWluLXRva2VuOg=="), // s3cret:admin-token:
+            Some("Basic !!not-base64"),
+        ];
+        for auth in wrong {
+            for uri in ["/nodes", "/nope"] {
+                let answer = admin.call("GET", uri, auth).await;
+                assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{auth:?}");
+                assert_eq!(answer.headers[WWW_AUTHENTICATE], CHALLENGE);
+                assert_eq!(answer.body, r#"{"error":"unauthorized"}"#);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_token_opens_the_api_as_bearer_or_as_any_users_basic_password() {
+        let admin = admin();
+        let good = [
+            BEARER,
+            "bearer   s3cret:admin-token ",
+            "Basic OnMzY3JldDphZG1pbi10b2tlbg==", // :s3cret:admin-token
+            "Basic b3BzOnMzY3JldDphZG1pbi10b2tlbg==", // ops:s3cret:admin-token
+        ];
+        for auth in good {
+            let answer = admin.call("GET", "/nodes", Some(auth)).await;
+            assert_eq!(answer.status, StatusCode::OK, "{auth}");
+            assert_eq!(answer.headers[CONTENT_TYPE], "application/json");
+            assert_eq!(answer.headers[CACHE_CONTROL], "no-store");
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_routes_and_methods_answer_json_errors() {
+        let admin = admin();
+        let json = admin.json("/metrics").await;
+        assert_eq!(json, json!({"error": "no such route"}));
+        let answer = admin.call("POST", "/nodes", Some(BEARER)).await;
+        assert_eq!(answer.status, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(answer.headers[CONTENT_TYPE], "application/json");
+    }
+
+    #[tokio::test]
+    async fn affinity_counts_each_node_and_pages_through_every_entry_once() {
+        let admin = admin();
+        for i in 0..25 {
+            let state = if i % 5 == 0 { LoggedIn } else { Anonymous };
+            admin.bind(&format!("raw-session-{i:02}"), i % 2, state);
+        }
+        let mut page = admin.json("/affinity?limit=10").await;
+        let web1 = json!({"name": "web1", "live": 13, "logged_in": 3, "anonymous": 10});
+        assert_eq!(page["nodes"][0], web1);
+        let total = json!({"live": 25, "logged_in": 5, "anonymous": 20});
+        assert_eq!(page["total"], total);
+        let mut seen = sessions(&page);
+        while let Some(cursor) = page["next_cursor"].as_str().map(str::to_owned) {
+            assert_eq!(seen.last(), Some(&cursor));
+            page = admin
+                .json(&format!("/affinity?limit=10&cursor={cursor}"))
+                .await;
+            seen.extend(sessions(&page));
+        }
+        assert_eq!(seen.len(), 25);
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "no repeats");
+    }
+
+    #[tokio::test]
+    async fn the_node_filter_pages_only_that_nodes_sessions() {
+        let admin = admin();
+        for i in 0..6 {
+            admin.bind(&format!("raw-{i}"), usize::from(i < 2), Anonymous);
+        }
+        let page = admin.json("/affinity?node=web2").await;
+        let entries = page["entries"].as_array().unwrap();
+        assert_eq!(entries.len(), 2);
+        assert!(entries.iter().all(|e| e["node"] == "web2"));
+        assert_eq!(page["next_cursor"], Value::Null);
+        let unknown = admin.get("/affinity?node=web9").await;
+        assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+        assert_eq!(unknown.body, r#"{"error":"no node named web9"}"#);
+    }
+
+    #[tokio::test]
+    async fn limits_and_cursors_outside_the_rules_are_400() {
+        let admin = admin();
+        for limit in ["0", "1001", "-1", "ten"] {
+            let answer = admin.get(&format!("/affinity?limit={limit}")).await;
+            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{limit}");
+            assert_eq!(answer.body, r#"{"error":"limit must be 1..=1000"}"#);
+        }
+        for cursor in ["xyz", "+123456789abcdef", "0123456789abcdef0"] {
+            let uri = format!("/affinity?cursor={cursor}");
+            let status = admin.status("GET", &uri).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{cursor}");
+        }
+        for fine in ["limit=1000", "cursor=0123456789ABCDEF"] {
+            let uri = format!("/affinity?{fine}");
+            assert_eq!(admin.status("GET", &uri).await, StatusCode::OK);
+        }
+    }
+
+    #[tokio::test]
+    async fn lookup_finds_a_session_by_its_raw_id_and_shows_its_entry() {
+        let admin = admin();
+        let key = admin.bind("raw-id", 1, LoggedIn);
+        let entry = admin.json("/affinity/lookup?session=raw-id").await;
+        assert_eq!(entry["session"], key.to_string());
+        assert_eq!(
+            (&entry["node"], &entry["state"]),
+            (&json!("web2"), &json!("logged-in"))
+        );
+        assert!(entry["created"].as_u64().unwrap() > 1_600_000_000);
+        let missing = admin.get("/affinity/lookup?session=other").await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND);
+        assert_eq!(missing.body, r#"{"error":"session not bound"}"#);
+        let no_id = admin.status("GET", "/affinity/lookup").await;
+        assert_eq!(no_id, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn delete_evicts_a_session_by_its_hash_once() {
+        let admin = admin();
+        let uri = format!("/affinity/{}", admin.bind("raw-id", 0, Anonymous));
+        let anonymous = admin.call("DELETE", &uri, None).await;
+        assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(admin.status("DELETE", &uri).await, StatusCode::NO_CONTENT);
+        assert!(admin.0.table().is_empty());
+        assert_eq!(admin.status("DELETE", &uri).await, StatusCode::NOT_FOUND);
+        let bad = admin.status("DELETE", "/affinity/nothex").await;
+        assert_eq!(bad, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn nodes_lists_every_upstream_with_its_url_and_counts() {
+        let admin = admin();
+        admin.bind("raw-a", 0, LoggedIn);
+        admin.bind("raw-b", 0, Anonymous);
+        let body = admin.json("/nodes").await;
+        let web1 = json!({"name": "web1", "url": "http://10.0.0.1:8001",
+                          "live": 2, "logged_in": 1, "anonymous": 1});
+        assert_eq!(body["nodes"][0], web1);
+        assert_eq!(body["nodes"][1]["url"], "http://10.0.0.2");
+        let data = json!({"name": "data", "url": "http://10.0.0.9"});
+        assert_eq!(body["data"], data);
+    }
+
+    #[tokio::test]
+    async fn no_admin_answer_ever_contains_a_raw_session_id() {
+        let admin = admin();
+        let mut uris = vec!["/healthz", "/nodes", "/affinity?node=web1"];
+        uris.extend(["/affinity", "/affinity?limit=5", "/nope"]);
+        let mut uris: Vec<String> = uris.into_iter().map(String::from).collect();
+        for i in 0..12 {
+            let key = admin.bind(&format!("rawsecret{i}"), i % 2, Anonymous);
+            uris.push(format!("/affinity/lookup?session=rawsecret{i}"));
+            uris.push(format!("/affinity?limit=5&cursor={key}"));
+            uris.push(format!("/affinity/{key}"));
+        }
+        uris.push("/affinity/lookup?session=rawsecret-unbound".into());
+        let mut shown = String::new();
+        for uri in &uris {
+            for (method, auth) in [
+                ("GET", Some(BEARER)),
+                ("GET", None),
+                ("DELETE", Some(BEARER)),
+            ] {
+                let answer = admin.call(method, uri, auth).await;
+                shown += &format!("{} {:?} {}\n", answer.status, answer.headers, answer.body);
+            }
+        }
+        assert!(admin.0.table().is_empty(), "every session was evicted");
+        assert!(shown.contains("logged_in") && shown.contains("\"session\""));
+        assert!(!shown.contains("rawsecret"), "{shown}");
+    }
+}

@@ -1,0 +1,535 @@
+//! The affinity table: which PHP node holds each Moodle session.
+//!
+//! Why it looks like this:
+//! - **Learned, never claimed.** Entries are written only from a node's own
+//!   `Set-Cookie`, never from a cookie a client sends. A forged or stale id is simply
+//!   unknown and gets a fresh deal, so a flood of random cookies cannot grow the
+//!   table or steer anyone onto a chosen node.
+//! - **Keyed by a keyed hash, not by the id.** Session ids are bearer credentials.
+//!   The key is SipHash-1-3 of the id under a per-process secret: fixed size (no heap
+//!   per entry, a million sessions in a few tens of MiB), the process never stores a
+//!   raw credential, and the admin view shows the key itself. 64 bits: at a million
+//!   live sessions the chance that any two share a key is about 3 in 100 million,
+//!   and an outsider cannot aim for a collision without the secret.
+//! - **Bounded and expiring.** Moodle drops idle sessions after `sessiontimeout`
+//!   (8 h by default) and never tells the gateway, so idle entries expire by
+//!   themselves, and `max_sessions` caps the table, shedding the least recently used
+//!   anonymous sessions first.
+//! - **Cheap to read.** A lookup takes one shard's read lock for a few nanoseconds
+//!   and bumps atomics inside the entry; 64 shards keep the sweeper's write locks
+//!   short and contention low. No guard ever lives across an `.await`: every method
+//!   here is synchronous.
+
+use std::collections::BinaryHeap;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use dashmap::DashMap;
+use siphasher::sip::SipHasher13;
+
+use crate::balancer::NodeId;
+
+/// The table key of one session: a keyed hash of its id, safe to show and log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionKey(u64);
+
+impl SessionKey {
+    /// Parses the 16-hex-digit form the admin API shows.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        if text.len() != 16 {
+            return None;
+        }
+        u64::from_str_radix(text, 16).ok().map(Self)
+    }
+}
+
+impl std::fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// Whether a session belongs to a logged-in student, as far as the gateway saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SessionState {
+    /// A guest or not-yet-logged-in visitor (login page, crawlers).
+    Anonymous,
+    /// The id was issued by a login (or another rotation inside a session).
+    LoggedIn,
+}
+
+/// Idle limits and the size bound, from `[session]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Most entries the table keeps.
+    pub max_sessions: usize,
+    /// Idle time after which a logged-in entry expires.
+    pub logged_in_idle: Duration,
+    /// Idle time after which an anonymous entry expires.
+    pub anonymous_idle: Duration,
+}
+
+/// Seconds since the table started, cheap to read and movable by tests and the demo.
+#[derive(Debug, Clone)]
+pub struct Clock(Arc<ClockInner>);
+
+#[derive(Debug)]
+struct ClockInner {
+    start: Instant,
+    start_unix: u64,
+    skew: AtomicU64,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        let start_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Self(Arc::new(ClockInner {
+            start: Instant::now(),
+            start_unix,
+            skew: AtomicU64::new(0),
+        }))
+    }
+}
+
+impl Clock {
+    /// Seconds since the clock started (monotonic, plus any skew).
+    pub fn now(&self) -> u32 {
+        let secs = self.0.start.elapsed().as_secs() + self.0.skew.load(Ordering::Relaxed);
+        u32::try_from(secs).unwrap_or(u32::MAX)
+    }
+
+    /// Moves the clock forward, for expiry tests that must not sleep for hours.
+    pub fn advance(&self, by: Duration) {
+        self.0.skew.fetch_add(by.as_secs(), Ordering::Relaxed);
+    }
+
+    /// Converts a table timestamp to Unix seconds for display.
+    pub fn to_unix(&self, at: u32) -> u64 {
+        self.0.start_unix + u64::from(at)
+    }
+}
+
+/// One bound session: 16 bytes, next to its 8-byte key.
+#[derive(Debug)]
+struct Entry {
+    node: u16,
+    state: SessionState,
+    created: u32,
+    last_seen: AtomicU32,
+    requests: AtomicU32,
+}
+
+/// A copy of one entry for the admin view.
+#[derive(Debug, Clone, Copy)]
+pub struct EntryView {
+    /// The session's key (never its id).
+    pub key: SessionKey,
+    /// The node it is bound to.
+    pub node: NodeId,
+    /// Anonymous or logged in.
+    pub state: SessionState,
+    /// When it was bound, Unix seconds.
+    pub created: u64,
+    /// When a request last used it, Unix seconds.
+    pub last_seen: u64,
+    /// Requests routed by it.
+    pub requests: u32,
+}
+
+/// Live and logged-in counts of one node, kept in step with the table.
+#[derive(Debug, Default)]
+struct NodeCounts {
+    live: AtomicU64,
+    logged_in: AtomicU64,
+}
+
+/// The keys are already uniform hashes: hashing them again would only cost time.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+const SHARDS: usize = 64;
+
+/// The session → node map. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct AffinityTable {
+    map: DashMap<SessionKey, Entry, BuildHasherDefault<PassThrough>>,
+    secret: (u64, u64),
+    nodes: Box<[NodeCounts]>,
+    len: AtomicUsize,
+    limits: Limits,
+    clock: Clock,
+    evicting: AtomicBool,
+}
+
+impl AffinityTable {
+    /// An empty table for `nodes` nodes with a fresh random key secret.
+    pub fn new(nodes: usize, limits: Limits, clock: Clock) -> Self {
+        let mut secret = [0u8; 16];
+        getrandom::fill(&mut secret).expect("the OS random source is available");
+        let half = |i: usize| u64::from_le_bytes(secret[i..i + 8].try_into().expect("8 bytes"));
+        Self {
+            map: DashMap::with_hasher_and_shard_amount(BuildHasherDefault::default(), SHARDS),
+            secret: (half(0), half(8)),
+            nodes: (0..nodes).map(|_| NodeCounts::default()).collect(),
+            len: AtomicUsize::new(0),
+            limits,
+            clock,
+            evicting: AtomicBool::new(false),
+        }
+    }
+
+    /// The table's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The key of a raw session id.
+    pub fn key(&self, session_id: &str) -> SessionKey {
+        let mut hasher = SipHasher13::new_with_keys(self.secret.0, self.secret.1);
+        session_id.as_bytes().hash(&mut hasher);
+        SessionKey(hasher.finish())
+    }
+
+    /// The node of a live session, counting this request as activity on it.
+    /// An entry idle past its limit is treated as gone even before the sweeper runs.
+    pub fn lookup(&self, key: SessionKey) -> Option<NodeId> {
+        let now = self.clock.now();
+        let entry = self.map.get(&key)?;
+        if self.expired(&entry, now) {
+            return None;
+        }
+        entry.last_seen.store(now, Ordering::Relaxed);
+        entry.requests.fetch_add(1, Ordering::Relaxed);
+        Some(NodeId::from(entry.node))
+    }
+
+    /// Binds a session a node just issued to that node.
+    pub fn bind(&self, key: SessionKey, node: NodeId, state: SessionState) {
+        let now = self.clock.now();
+        let entry = Entry {
+            node: u16::try_from(node).expect("node index fits in u16"),
+            state,
+            created: now,
+            last_seen: AtomicU32::new(now),
+            requests: AtomicU32::new(0),
+        };
+        self.count(&entry, 1);
+        match self.map.insert(key, entry) {
+            Some(replaced) => self.count(&replaced, -1),
+            None => {
+                if self.len.fetch_add(1, Ordering::Relaxed) >= self.limits.max_sessions {
+                    self.shed();
+                }
+            }
+        }
+    }
+
+    /// The node rotated a session id (login, logout, timeout): the new id lives on
+    /// the same node. The new entry goes in before the old one leaves, so a request
+    /// still carrying the old id meanwhile finds its node either way.
+    pub fn rotate(&self, old: SessionKey, new: SessionKey, node: NodeId, state: SessionState) {
+        self.bind(new, node, state);
+        self.forget(old);
+    }
+
+    /// Drops a session (the node cleared its cookie, or an admin evicted it).
+    pub fn forget(&self, key: SessionKey) -> bool {
+        match self.map.remove(&key) {
+            Some((_, entry)) => {
+                self.count(&entry, -1);
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes every expired entry; returns how many. Each shard is locked once for a
+    /// pass over its own entries (a sixty-fourth of the table).
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now();
+        self.remove_where(|entry| self.expired(entry, now))
+    }
+
+    /// Number of live entries.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Live sessions bound to `node`.
+    pub fn live(&self, node: NodeId) -> u64 {
+        self.nodes[node].live.load(Ordering::Relaxed)
+    }
+
+    /// Logged-in sessions bound to `node`.
+    pub fn logged_in(&self, node: NodeId) -> u64 {
+        self.nodes[node].logged_in.load(Ordering::Relaxed)
+    }
+
+    /// One entry, for the admin lookup.
+    pub fn view(&self, key: SessionKey) -> Option<EntryView> {
+        self.map.get(&key).map(|entry| self.view_of(key, &entry))
+    }
+
+    /// Up to `limit` entries with keys above `after`, in key order, optionally only
+    /// those of one node. Key order stays stable while the table changes, so paging
+    /// never repeats or skips a session that stayed bound.
+    pub fn page(
+        &self,
+        after: Option<SessionKey>,
+        limit: usize,
+        node: Option<NodeId>,
+    ) -> Vec<EntryView> {
+        let mut smallest: BinaryHeap<SessionKey> = BinaryHeap::with_capacity(limit + 1);
+        for item in self.map.iter() {
+            let key = *item.key();
+            let wanted =
+                after.is_none_or(|a| key > a) && node.is_none_or(|n| usize::from(item.node) == n);
+            if wanted && (smallest.len() < limit || smallest.peek().is_some_and(|&max| key < max)) {
+                smallest.push(key);
+                if smallest.len() > limit {
+                    smallest.pop();
+                }
+            }
+        }
+        let mut keys = smallest.into_vec();
+        keys.sort_unstable();
+        keys.into_iter().filter_map(|key| self.view(key)).collect()
+    }
+
+    fn view_of(&self, key: SessionKey, entry: &Entry) -> EntryView {
+        EntryView {
+            key,
+            node: NodeId::from(entry.node),
+            state: entry.state,
+            created: self.clock.to_unix(entry.created),
+            last_seen: self.clock.to_unix(entry.last_seen.load(Ordering::Relaxed)),
+            requests: entry.requests.load(Ordering::Relaxed),
+        }
+    }
+
+    fn expired(&self, entry: &Entry, now: u32) -> bool {
+        let idle = now.saturating_sub(entry.last_seen.load(Ordering::Relaxed));
+        let limit = match entry.state {
+            SessionState::Anonymous => self.limits.anonymous_idle,
+            SessionState::LoggedIn => self.limits.logged_in_idle,
+        };
+        u64::from(idle) > limit.as_secs()
+    }
+
+    fn count(&self, entry: &Entry, delta: i64) {
+        let counts = &self.nodes[usize::from(entry.node)];
+        let add = |counter: &AtomicU64| {
+            if delta > 0 {
+                counter.fetch_add(1, Ordering::Relaxed);
+            } else {
+                counter.fetch_sub(1, Ordering::Relaxed);
+            }
+        };
+        add(&counts.live);
+        if entry.state == SessionState::LoggedIn {
+            add(&counts.logged_in);
+        }
+    }
+
+    fn remove_where(&self, doomed: impl Fn(&Entry) -> bool) -> usize {
+        let removed = AtomicUsize::new(0);
+        self.map.retain(|_, entry| {
+            let drop = doomed(entry);
+            if drop {
+                self.count(entry, -1);
+                removed.fetch_add(1, Ordering::Relaxed);
+            }
+            !drop
+        });
+        let removed = removed.into_inner();
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        removed
+    }
+
+    /// At the bound: drop the least recently used hundredth of the table, anonymous
+    /// sessions first, so one pass pays for many inserts. One shedder at a time; others
+    /// carry on and the table may exceed the bound by a few entries meanwhile.
+    fn shed(&self) {
+        if self.evicting.swap(true, Ordering::Acquire) {
+            return;
+        }
+        let target = (self.limits.max_sessions / 100).max(1)
+            + self.len().saturating_sub(self.limits.max_sessions);
+        let mut left = target;
+        for state in [SessionState::Anonymous, SessionState::LoggedIn] {
+            if left == 0 {
+                break;
+            }
+            left -= self.shed_oldest(state, left);
+        }
+        tracing::debug!(shed = target - left, "affinity table at its bound");
+        self.evicting.store(false, Ordering::Release);
+    }
+
+    /// Drops up to `count` of the least recently seen entries in `state`.
+    fn shed_oldest(&self, state: SessionState, count: usize) -> usize {
+        let mut seen: Vec<u32> = self
+            .map
+            .iter()
+            .filter(|e| e.state == state)
+            .map(|e| e.last_seen.load(Ordering::Relaxed))
+            .collect();
+        if seen.is_empty() {
+            return 0;
+        }
+        let nth = count.min(seen.len()) - 1;
+        let (_, &mut cutoff, _) = seen.select_nth_unstable(nth);
+        let strictly_older = seen.iter().filter(|&&t| t < cutoff).count();
+        let at_cutoff = AtomicUsize::new(count.min(seen.len()) - strictly_older);
+        self.remove_where(|entry| {
+            let last = entry.last_seen.load(Ordering::Relaxed);
+            entry.state == state
+                && (last < cutoff
+                    || (last == cutoff
+                        && at_cutoff
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                n.checked_sub(1)
+                            })
+                            .is_ok()))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(max_sessions: usize) -> AffinityTable {
+        let limits = Limits {
+            max_sessions,
+            logged_in_idle: Duration::from_secs(8 * 3600),
+            anonymous_idle: Duration::from_secs(3600),
+        };
+        AffinityTable::new(4, limits, Clock::default())
+    }
+
+    #[test]
+    fn keys_are_keyed_hashes_not_ids() {
+        let (a, b) = (table(10), table(10));
+        let id = "abcdefghijklmnopqrstuvwxyz";
+        assert_eq!(a.key(id), a.key(id));
+        assert_ne!(a.key(id), b.key(id), "each process has its own secret");
+        assert!(!a.key(id).to_string().contains("abc"));
+        assert_eq!(
+            SessionKey::from_hex(&a.key(id).to_string()),
+            Some(a.key(id))
+        );
+    }
+
+    #[test]
+    fn a_bound_session_is_found_and_counted() {
+        let t = table(10);
+        let key = t.key("session-one-xxxxxxxxxxxxxx");
+        assert_eq!(t.lookup(key), None);
+        t.bind(key, 2, SessionState::Anonymous);
+        assert_eq!(t.lookup(key), Some(2));
+        assert_eq!(t.view(key).unwrap().requests, 1);
+        assert_eq!((t.len(), t.live(2), t.logged_in(2)), (1, 1, 0));
+    }
+
+    #[test]
+    fn login_rotation_moves_the_session_to_its_new_id_on_the_same_node() {
+        let t = table(10);
+        let (a, b) = (
+            t.key("anonymous-id-xxxxxxxxxxxxx"),
+            t.key("logged-in-id-xxxxxxxxxxxxx"),
+        );
+        t.bind(a, 1, SessionState::Anonymous);
+        t.rotate(a, b, 1, SessionState::LoggedIn);
+        assert_eq!((t.lookup(a), t.lookup(b)), (None, Some(1)));
+        assert_eq!((t.len(), t.live(1), t.logged_in(1)), (1, 1, 1));
+    }
+
+    #[test]
+    fn idle_entries_expire_by_state() {
+        let t = table(10);
+        let (anon, user) = (
+            t.key("anon-xxxxxxxxxxxxxxxxxxxxx"),
+            t.key("user-xxxxxxxxxxxxxxxxxxxxx"),
+        );
+        t.bind(anon, 0, SessionState::Anonymous);
+        t.bind(user, 1, SessionState::LoggedIn);
+        t.clock().advance(Duration::from_secs(3601));
+        assert_eq!(t.lookup(anon), None, "anonymous idle limit passed");
+        assert_eq!(t.lookup(user), Some(1));
+        assert_eq!(t.sweep(), 1);
+        t.clock().advance(Duration::from_secs(8 * 3600 + 1));
+        assert_eq!(t.sweep(), 1);
+        assert!(t.is_empty());
+        assert_eq!((t.live(0), t.live(1), t.logged_in(1)), (0, 0, 0));
+    }
+
+    #[test]
+    fn at_the_bound_the_oldest_anonymous_sessions_go_first() {
+        let t = table(100);
+        let users: Vec<_> = (0..50).map(|i| t.key(&format!("user-{i:022}"))).collect();
+        for &k in &users {
+            t.bind(k, 0, SessionState::LoggedIn);
+        }
+        t.clock().advance(Duration::from_secs(10));
+        for i in 0..60 {
+            t.bind(t.key(&format!("anon-{i:022}")), 1, SessionState::Anonymous);
+        }
+        assert!(t.len() <= 100, "len {}", t.len());
+        assert!(
+            users.iter().all(|&k| t.lookup(k).is_some()),
+            "no logged-in session was shed"
+        );
+        assert_eq!(t.live(0) + t.live(1), t.len() as u64);
+    }
+
+    #[test]
+    fn pages_walk_the_table_in_key_order_without_repeats() {
+        let t = table(1000);
+        for i in 0..25 {
+            t.bind(
+                t.key(&format!("id-{i:024}")),
+                i % 4,
+                SessionState::Anonymous,
+            );
+        }
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = t.page(cursor, 10, None);
+            seen.extend(page.iter().map(|e| e.key));
+            if page.len() < 10 {
+                break;
+            }
+            cursor = page.last().map(|e| e.key);
+        }
+        assert_eq!(seen.len(), 25);
+        assert!(seen.windows(2).all(|w| w[0] < w[1]));
+        assert!(t.page(None, 100, Some(3)).iter().all(|e| e.node == 3));
+    }
+}

@@ -1,0 +1,191 @@
+//! Builds the routers from a config and runs the listeners until shutdown.
+//!
+//! `serve` takes listeners that are already bound, so tests run the real server on
+//! `127.0.0.1:0` and `main` stays a thin shell. Connections are served by hyper
+//! directly rather than `axum::serve`, because a public proxy needs what that helper
+//! does not give: a deadline for the request head (a slowloris client must not hold a
+//! connection forever), `TCP_NODELAY`, and a graceful drain of in-flight requests.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, State};
+use axum::response::Response;
+use axum::Router;
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tower::ServiceExt;
+
+use crate::affinity::Clock;
+use crate::config::Config;
+use crate::gateway::Gateway;
+
+/// How often expired sessions are swept out of the table.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// How long in-flight requests may take to finish once shutdown starts.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
+
+/// One running gateway: its shared state and the config it was built from.
+#[derive(Debug, Clone)]
+pub struct App {
+    gateway: Arc<Gateway>,
+    config: Arc<Config>,
+}
+
+impl App {
+    /// Builds the gateway with the wall clock.
+    pub fn new(config: Config) -> Self {
+        Self::with_clock(config, Clock::default())
+    }
+
+    /// Builds the gateway with a given clock (tests move it to expire sessions).
+    pub fn with_clock(config: Config, clock: Clock) -> Self {
+        Self {
+            gateway: Arc::new(Gateway::new(&config, clock)),
+            config: Arc::new(config),
+        }
+    }
+
+    /// The shared gateway state.
+    pub fn gateway(&self) -> &Arc<Gateway> {
+        &self.gateway
+    }
+
+    /// The public router: every path is proxied.
+    pub fn public_router(&self) -> Router {
+        Router::new()
+            .fallback(proxy_handler)
+            .with_state(self.gateway.clone())
+    }
+
+    /// Serves the public listener (and the admin one, when configured) until
+    /// `shutdown` completes, then drains in-flight requests.
+    pub async fn serve(
+        self,
+        public: TcpListener,
+        admin: Option<TcpListener>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let sweeper = tokio::spawn(sweep(self.gateway.clone(), stop_rx.clone()));
+        let admin_task = match (admin, &self.config.admin) {
+            (Some(listener), Some(settings)) => {
+                let router = crate::admin::router(self.gateway.clone(), settings.token.clone());
+                let timeout = self.config.timeouts.request_headers;
+                Some(tokio::spawn(serve_router(
+                    listener,
+                    router,
+                    timeout,
+                    stopped(stop_rx.clone()),
+                )))
+            }
+            _ => None,
+        };
+        let public_task = tokio::spawn(serve_router(
+            public,
+            self.public_router(),
+            self.config.timeouts.request_headers,
+            stopped(stop_rx),
+        ));
+        shutdown.await;
+        let _ = stop_tx.send(true);
+        sweeper.abort();
+        if let Some(task) = admin_task {
+            let _ = task.await;
+        }
+        let _ = public_task.await;
+        Ok(())
+    }
+}
+
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|&stopped| stopped).await;
+}
+
+async fn proxy_handler(
+    State(gateway): State<Arc<Gateway>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request<axum::body::Body>,
+) -> Response {
+    gateway.handle(request, peer.ip()).await
+}
+
+/// Expires idle sessions in the background; each pass locks one shard at a time.
+async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    every.tick().await;
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let removed = gateway.table().sweep();
+        if removed > 0 {
+            tracing::debug!(
+                removed,
+                live = gateway.table().len(),
+                "expired idle sessions"
+            );
+        }
+    }
+}
+
+/// Accepts connections and serves `router` on each with HTTP/1.1 keep-alive, until
+/// `shutdown`; then waits up to [`DRAIN_DEADLINE`] for open requests to finish.
+pub async fn serve_router(
+    listener: TcpListener,
+    router: Router,
+    request_headers: Duration,
+    shutdown: impl Future<Output = ()>,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(request_headers)
+        .keep_alive(true);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors or a connection reset while queued: the
+                    // listener itself is fine, so pause briefly and keep accepting.
+                    tracing::warn!("accept failed: {error}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(ConnectInfo(peer));
+            let router = router.clone();
+            async move {
+                Ok::<_, Infallible>(router.oneshot(request).await.unwrap_or_else(|e| match e {}))
+            }
+        });
+        let connection = http.serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%peer, "connection ended: {error}");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN_DEADLINE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain deadline passed with requests still in flight");
+    }
+}

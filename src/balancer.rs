@@ -1,0 +1,181 @@
+//! Which PHP node gets a new session: dealing like cards, without a race.
+//!
+//! The PHP script this gateway replaced read a counter from MySQL, then wrote it back:
+//! two students arriving together got the same node. Here the counter is one
+//! `AtomicUsize` and `fetch_add` hands every caller its own ticket, so concurrent
+//! arrivals can never share a turn. Weights are honoured by dealing from a schedule
+//! built once with nginx's *smooth* weighted round robin (weights 3:1 deal
+//! `a a b a`, not `a a a b`), so a heavy node never receives a burst.
+//!
+//! Two independent counters keep sessionless traffic (theme CSS, JavaScript, images)
+//! from skewing the deal: a new student's page pulls a dozen such assets, and if they
+//! advanced the session counter, the next student's node would depend on how many
+//! assets the previous one happened to fetch.
+//!
+//! No HTTP types here: nodes are indices into the configured list.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// An index into the configured `[[nodes]]` list.
+pub type NodeId = usize;
+
+/// Lock-free node selection over a fixed list of weighted nodes.
+#[derive(Debug)]
+pub struct Balancer {
+    /// One weighted round of node indices in smooth order; its length is the weight sum.
+    schedule: Box<[NodeId]>,
+    weights: Box<[u32]>,
+    /// Tickets for new sessions.
+    deal: AtomicUsize,
+    /// Tickets for sessionless requests, which must not move the deal.
+    spread: AtomicUsize,
+}
+
+impl Balancer {
+    /// Builds the dealing schedule. `weights` has one entry per node, each at least 1.
+    ///
+    /// # Panics
+    /// If `weights` is empty or holds a zero: config validation rules both out.
+    pub fn new(weights: &[u32]) -> Self {
+        assert!(!weights.is_empty() && weights.iter().all(|&w| w > 0));
+        Self {
+            schedule: smooth_schedule(weights).into_boxed_slice(),
+            weights: weights.into(),
+            deal: AtomicUsize::new(0),
+            spread: AtomicUsize::new(0),
+        }
+    }
+
+    /// The number of nodes.
+    pub fn len(&self) -> usize {
+        self.weights.len()
+    }
+
+    /// Always false: a balancer has at least one node.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The node for the next new session (weighted round robin).
+    pub fn deal(&self) -> NodeId {
+        let ticket = self.deal.fetch_add(1, Ordering::Relaxed);
+        self.schedule[ticket % self.schedule.len()]
+    }
+
+    /// The node for a request that carries no session and starts none.
+    pub fn spread(&self) -> NodeId {
+        let ticket = self.spread.fetch_add(1, Ordering::Relaxed);
+        self.schedule[ticket % self.schedule.len()]
+    }
+
+    /// The node with the fewest live sessions per unit of weight; `live(node)` reads
+    /// the current count. Ties rotate with the deal counter so that an empty cluster
+    /// still deals evenly instead of always picking the first node.
+    pub fn least_sessions(&self, live: impl Fn(NodeId) -> u64) -> NodeId {
+        let n = self.weights.len();
+        let start = self.deal.fetch_add(1, Ordering::Relaxed) % n;
+        let mut best = start;
+        let mut best_live = live(start);
+        for offset in 1..n {
+            let node = (start + offset) % n;
+            let node_live = live(node);
+            // node_live / w(node) < best_live / w(best), without division.
+            if u128::from(node_live) * u128::from(self.weights[best])
+                < u128::from(best_live) * u128::from(self.weights[node])
+            {
+                best = node;
+                best_live = node_live;
+            }
+        }
+        best
+    }
+}
+
+/// One round of nginx's smooth weighted round robin: each step every node gains its
+/// weight, the richest is picked and pays the total back.
+fn smooth_schedule(weights: &[u32]) -> Vec<NodeId> {
+    let total: i64 = weights.iter().map(|&w| i64::from(w)).sum();
+    let mut current = vec![0i64; weights.len()];
+    (0..total)
+        .map(|_| {
+            for (c, &w) in current.iter_mut().zip(weights) {
+                *c += i64::from(w);
+            }
+            let pick = (0..weights.len())
+                .max_by_key(|&i| (current[i], std::cmp::Reverse(i)))
+                .expect("at least one node");
+            current[pick] -= total;
+            pick
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(picks: impl Iterator<Item = NodeId>, nodes: usize) -> Vec<usize> {
+        let mut counts = vec![0; nodes];
+        picks.for_each(|n| counts[n] += 1);
+        counts
+    }
+
+    #[test]
+    fn equal_weights_deal_like_cards() {
+        let b = Balancer::new(&[1, 1, 1, 1]);
+        let picks: Vec<_> = (0..8).map(|_| b.deal()).collect();
+        assert_eq!(picks, [0, 1, 2, 3, 0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn heavy_node_is_interleaved_not_bursted() {
+        let b = Balancer::new(&[3, 1]);
+        let picks: Vec<_> = (0..4).map(|_| b.deal()).collect();
+        assert_eq!(picks, [0, 0, 1, 0]);
+        assert_eq!(smooth_schedule(&[5, 1, 1]), [0, 0, 1, 0, 2, 0, 0]);
+    }
+
+    #[test]
+    fn weights_are_honoured_over_many_rounds() {
+        let b = Balancer::new(&[2, 1, 1]);
+        assert_eq!(counts((0..400).map(|_| b.deal()), 3), [200, 100, 100]);
+    }
+
+    #[test]
+    fn sessionless_requests_do_not_move_the_deal() {
+        let b = Balancer::new(&[1, 1, 1]);
+        assert_eq!(b.deal(), 0);
+        for _ in 0..7 {
+            b.spread();
+        }
+        assert_eq!(b.deal(), 1);
+    }
+
+    #[test]
+    fn concurrent_deals_never_share_a_ticket() {
+        let b = std::sync::Arc::new(Balancer::new(&[1, 1, 1, 1]));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let b = b.clone();
+                std::thread::spawn(move || (0..1000).map(|_| b.deal()).collect::<Vec<_>>())
+            })
+            .collect();
+        let all = threads.into_iter().flat_map(|t| t.join().unwrap());
+        assert_eq!(counts(all, 4), [2000, 2000, 2000, 2000]);
+    }
+
+    #[test]
+    fn least_sessions_picks_the_emptiest_node_by_weight() {
+        let b = Balancer::new(&[1, 2, 1]);
+        let live = [10, 12, 9];
+        // per weight: 10, 6, 9
+        assert_eq!(b.least_sessions(|n| live[n]), 1);
+    }
+
+    #[test]
+    fn least_sessions_rotates_ties() {
+        let b = Balancer::new(&[1, 1, 1]);
+        let picks: Vec<_> = (0..3).map(|_| b.least_sessions(|_| 0)).collect();
+        assert_eq!(picks, [0, 1, 2]);
+    }
+}

@@ -1,0 +1,95 @@
+//! The ways a request can fail inside the gateway, and the one table that maps each
+//! to the status a student sees.
+//!
+//! Messages are short, lowercase and generic on purpose: the body goes to a browser,
+//! so it names the condition and never an upstream address, a session id or an
+//! internal error chain. The detail is logged instead, once, where the error is made.
+
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, StatusCode};
+
+/// A request the gateway answers itself because it could not be proxied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewayError {
+    /// The path could be read two ways by PHP (encoded `/`, NUL, backslash, `..` above root).
+    AmbiguousPath,
+    /// The upstream refused the connection, was unreachable, or did not accept it in time.
+    UpstreamUnreachable,
+    /// The upstream accepted the request but broke the exchange before a response head.
+    UpstreamBroken,
+    /// No response head arrived within `timeouts.response_headers`.
+    UpstreamTimeout,
+}
+
+impl GatewayError {
+    /// The status table: one place, pinned by a test.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::AmbiguousPath => StatusCode::BAD_REQUEST,
+            Self::UpstreamUnreachable | Self::UpstreamBroken => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The body a student sees: one line, no internals.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::AmbiguousPath => "bad request: ambiguous path\n",
+            Self::UpstreamUnreachable => "bad gateway: the moodle server could not be reached\n",
+            Self::UpstreamBroken => "bad gateway: the moodle server closed the connection\n",
+            Self::UpstreamTimeout => "gateway timeout: the moodle server did not answer in time\n",
+        }
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), self.message()).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        // An error page must never be cached by a browser or an intermediary.
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        response
+    }
+}
+
+impl std::fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message().trim_end())
+    }
+}
+
+impl std::error::Error for GatewayError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_condition_has_its_status() {
+        let table = [
+            (GatewayError::AmbiguousPath, 400),
+            (GatewayError::UpstreamUnreachable, 502),
+            (GatewayError::UpstreamBroken, 502),
+            (GatewayError::UpstreamTimeout, 504),
+        ];
+        for (error, status) in table {
+            assert_eq!(error.status().as_u16(), status, "{error:?}");
+            assert!(error.message().ends_with('\n'));
+        }
+    }
+
+    #[test]
+    fn error_page_is_plain_and_uncached() {
+        let response = GatewayError::UpstreamTimeout.into_response();
+        assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(response.headers()[header::CACHE_CONTROL], "no-store");
+        assert!(response.headers()[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain"));
+    }
+}

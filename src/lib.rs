@@ -1,0 +1,25 @@
+//! moodle-gateway: a session-sticky reverse proxy for a Moodle cluster.
+//!
+//! # Layout
+//! - [`config`]: `config.toml` parsed into validated types; every error names its key.
+//! - [`moodle`]: everything Moodle-specific: cookies, SCORM URL forms, sessionless scripts.
+//! - [`balancer`]: the lock-free deal of new sessions over weighted nodes.
+//! - [`affinity`]: the session → node table learned from the nodes' `Set-Cookie`.
+//! - [`gateway`]: one request's journey: classify, route, forward, learn.
+//! - [`proxy`]: forwarding mechanics: header hygiene, pooled client, streaming.
+//! - [`error`]: the failures a student can see, and their statuses.
+//! - [`admin`]: the token-protected admin API on its own listener.
+//! - [`app`]: builds the routers and serves the listeners until shutdown.
+
+pub mod admin;
+pub mod affinity;
+pub mod app;
+pub mod balancer;
+pub mod config;
+pub mod error;
+pub mod gateway;
+pub mod moodle;
+pub mod proxy;
+
+pub use app::App;
+pub use config::Config;

@@ -1,0 +1,155 @@
+//! The `moodle-gateway` command: parses arguments, loads the config, binds the
+//! listeners and hands them to the library. Everything else lives in the library so
+//! that the tests run exactly the code that production runs.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use moodle_gateway::{App, Config};
+use tokio::net::TcpListener;
+
+/// A session-sticky reverse proxy for a Moodle cluster.
+///
+/// Put it in front of your Moodle PHP servers and your data server: students keep one
+/// address (your wwwroot), every new Moodle session is dealt to the next PHP server in
+/// turn and stays there, and SCORM package files are always served by the data server.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Cli {
+    /// The configuration file (see the commented config.toml shipped with the gateway).
+    #[arg(
+        long,
+        short,
+        global = true,
+        default_value = "config.toml",
+        value_name = "PATH"
+    )]
+    config: PathBuf,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the gateway (the default when no command is given).
+    Run,
+    /// Check the configuration file: print the resolved setup, or every problem found
+    /// with its line and key, and exit non-zero.
+    Check,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Check => check(&cli.config),
+        Command::Run => run(&cli.config),
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+fn load(path: &std::path::Path) -> Option<Config> {
+    match Config::load(path) {
+        Ok(config) => Some(config),
+        Err(errors) => {
+            eprintln!("{errors}");
+            None
+        }
+    }
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    match load(path) {
+        Some(config) => {
+            print!("{}", config.describe());
+            println!("{}: ok", path.display());
+            ExitCode::SUCCESS
+        }
+        None => ExitCode::FAILURE,
+    }
+}
+
+fn run(path: &std::path::Path) -> ExitCode {
+    let Some(config) = load(path) else {
+        return ExitCode::FAILURE;
+    };
+    // The multi-thread runtime sizes itself from TOKIO_WORKER_THREADS when set, else
+    // from the number of cores.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Config) -> Result<(), String> {
+    let bind = |addr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|error| format!("cannot listen on {addr}: {error}"))
+    };
+    let public = bind(config.listen).await?;
+    let admin = match &config.admin {
+        Some(admin) => Some(bind(admin.listen).await?),
+        None => None,
+    };
+    // The bound addresses, not the configured ones: with port 0 this is how a
+    // supervisor (or a test) learns where the gateway listens.
+    let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+    tracing::info!(
+        listen = %public.local_addr().map_err(|e| e.to_string())?,
+        admin = ?admin_addr,
+        nodes = config.nodes.len(),
+        "moodle-gateway ready"
+    );
+    App::new(config)
+        .serve(public, admin, shutdown_signal())
+        .await
+        .map_err(|error| error.to_string())
+}
+
+/// Completes on Ctrl-C or SIGTERM (what systemd and the benchmark send).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down: draining in-flight requests");
+}

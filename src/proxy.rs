@@ -1,0 +1,297 @@
+//! Forwarding one request to one upstream: URI rewrite, header hygiene, the pooled
+//! client, streaming bodies both ways, and mapping upstream failures to statuses.
+//!
+//! Bodies are never collected: the client's body is handed to hyper as the upstream
+//! request body and the upstream's body is handed back as the response body, so a
+//! 1 GiB SCORM package or upload moves through a few 16 KiB buffers at a time and
+//! back-pressure flows from the slow side to the fast one.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, Scheme, Uri};
+use http::Request;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::config::Timeouts;
+use crate::error::GatewayError;
+
+/// The one pooled client shared by every upstream: keep-alive connections are reused
+/// per upstream authority.
+pub type UpstreamClient = Client<HttpConnector, Body>;
+
+/// Builds the pooled client with the configured connect and idle timeouts.
+pub fn client(timeouts: &Timeouts) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(timeouts.connect));
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(timeouts.upstream_idle)
+        .build(connector)
+}
+
+/// What the gateway knows about the client side of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    /// The TCP peer address.
+    pub ip: IpAddr,
+    /// Whether that peer is a trusted proxy whose `X-Forwarded-*` headers are kept.
+    pub trusted: bool,
+}
+
+/// Sends `request` to `upstream` and returns its streaming response, or the error a
+/// student should see. Never retried elsewhere: once bytes left for one node, another
+/// node must not see the same POST.
+pub async fn forward(
+    client: &UpstreamClient,
+    upstream: &Authority,
+    mut request: Request<Body>,
+    peer: Peer,
+    response_timeout: Duration,
+) -> Result<Response, GatewayError> {
+    *request.uri_mut() = upstream_uri(upstream, request.uri());
+    prepare_request_headers(request.headers_mut(), peer);
+    let response = match tokio::time::timeout(response_timeout, client.request(request)).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => return Err(classify_client_error(upstream, &error)),
+        Err(_elapsed) => {
+            tracing::warn!(%upstream, "no response headers within {response_timeout:?}");
+            return Err(GatewayError::UpstreamTimeout);
+        }
+    };
+    let mut response = response.map(Body::new);
+    strip_hop_by_hop(response.headers_mut());
+    Ok(response)
+}
+
+fn classify_client_error(
+    upstream: &Authority,
+    error: &hyper_util::client::legacy::Error,
+) -> GatewayError {
+    if error.is_connect() {
+        tracing::warn!(%upstream, "upstream unreachable: {error:?}");
+        GatewayError::UpstreamUnreachable
+    } else {
+        tracing::warn!(%upstream, "upstream exchange failed: {error:?}");
+        GatewayError::UpstreamBroken
+    }
+}
+
+/// `http://{upstream}{path?query}`: the path and query travel byte for byte, since
+/// the node must decode them exactly as the gateway classified them.
+fn upstream_uri(upstream: &Authority, original: &Uri) -> Uri {
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(Scheme::HTTP);
+    parts.authority = Some(upstream.clone());
+    parts.path_and_query = Some(
+        original
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+    );
+    Uri::from_parts(parts).expect("scheme, authority and path make a valid URI")
+}
+
+/// Hop-by-hop headers name this connection, not the request; the ones in
+/// `Connection` are hop-by-hop by declaration (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+];
+
+/// Removes hop-by-hop headers (including `Keep-Alive`, `Proxy-*` and whatever
+/// `Connection` lists) before the gateway adds its own.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed.iter().chain(&HOP_BY_HOP) {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    if headers
+        .keys()
+        .any(|name| name.as_str().starts_with("proxy-"))
+    {
+        let proxy: Vec<HeaderName> = headers
+            .keys()
+            .filter(|name| name.as_str().starts_with("proxy-"))
+            .cloned()
+            .collect();
+        for name in proxy {
+            headers.remove(name);
+        }
+    }
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const CLIENT_IP: HeaderName = HeaderName::from_static("client-ip");
+
+/// Header hygiene for the upstream request. `Host` is left exactly as the browser sent
+/// it, because Moodle compares it with `$CFG->wwwroot`. The client address travels in
+/// `X-Forwarded-For`; a value the client made up is replaced unless the peer is a
+/// trusted proxy, and `Client-IP` is always dropped because Moodle's
+/// `getremoteaddr()` would believe it.
+fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer) {
+    strip_hop_by_hop(headers);
+    headers.remove(CLIENT_IP);
+    join_cookie_lines(headers);
+    let forwarded_for = match (peer.trusted, headers.get(&X_FORWARDED_FOR)) {
+        (true, Some(chain)) => {
+            let mut joined = chain.as_bytes().to_vec();
+            joined.extend_from_slice(b", ");
+            joined.extend_from_slice(peer.ip.to_string().as_bytes());
+            HeaderValue::from_bytes(&joined).ok()
+        }
+        _ => None,
+    };
+    let forwarded_for = forwarded_for.unwrap_or_else(|| ip_header_value(peer.ip));
+    // `insert` replaces every earlier line, so a client cannot smuggle a second one.
+    headers.insert(X_FORWARDED_FOR, forwarded_for);
+    if !(peer.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+    if !(peer.trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+        match headers.get(header::HOST).cloned() {
+            Some(host) => headers.insert(X_FORWARDED_HOST, host),
+            None => headers.remove(X_FORWARDED_HOST),
+        };
+    }
+}
+
+/// Several `Cookie` lines become one joined by `"; "`. A web server in front of PHP
+/// joins repeated headers with `", "`, which PHP does not split, so PHP would read a
+/// different session than the one the gateway routed on.
+fn join_cookie_lines(headers: &mut HeaderMap) {
+    let mut lines = headers.get_all(header::COOKIE).iter();
+    if lines.next().is_none() || lines.next().is_none() {
+        return;
+    }
+    let mut joined = Vec::new();
+    for line in headers.get_all(header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(line.as_bytes());
+    }
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, value);
+    }
+}
+
+fn ip_header_value(ip: IpAddr) -> HeaderValue {
+    let mut buffer = [0u8; 48];
+    let len = {
+        use std::io::Write;
+        let mut cursor = std::io::Cursor::new(&mut buffer[..]);
+        write!(cursor, "{ip}").expect("an IP address fits in 48 bytes");
+        cursor.position() as usize
+    };
+    HeaderValue::from_bytes(&buffer[..len]).expect("an IP address is a valid header value")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(trusted: bool) -> Peer {
+        Peer {
+            ip: "203.0.113.9".parse().unwrap(),
+            trusted,
+        }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn connection_listed_and_fixed_hop_by_hop_headers_are_removed() {
+        let mut map = headers(&[
+            ("connection", "keep-alive, X-Secret-Hop"),
+            ("x-secret-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("proxy-connection", "keep-alive"),
+            ("proxy-authorization", "Basic x"),
+            ("upgrade", "websocket"),
+            ("cookie", "MoodleSession=abc"),
+        ]);
+        strip_hop_by_hop(&mut map);
+        let left: Vec<_> = map.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["cookie"]);
+    }
+
+    #[test]
+    fn client_supplied_forwarding_headers_are_replaced() {
+        let mut map = headers(&[
+            ("host", "moodle.example.edu"),
+            ("x-forwarded-for", "1.2.3.4"),
+            ("x-forwarded-for", "5.6.7.8"),
+            ("x-forwarded-host", "evil.example"),
+            ("client-ip", "1.2.3.4"),
+        ]);
+        prepare_request_headers(&mut map, peer(false));
+        assert_eq!(map.get_all(&X_FORWARDED_FOR).iter().count(), 1);
+        assert_eq!(map[&X_FORWARDED_FOR], "203.0.113.9");
+        assert_eq!(map[&X_FORWARDED_HOST], "moodle.example.edu");
+        assert_eq!(map[&X_FORWARDED_PROTO], "http");
+        assert_eq!(map[header::HOST], "moodle.example.edu");
+        assert!(!map.contains_key(CLIENT_IP));
+    }
+
+    #[test]
+    fn a_trusted_proxy_chain_is_extended() {
+        let mut map = headers(&[
+            ("x-forwarded-for", "198.51.100.1"),
+            ("x-forwarded-proto", "https"),
+        ]);
+        prepare_request_headers(&mut map, peer(true));
+        assert_eq!(map[&X_FORWARDED_FOR], "198.51.100.1, 203.0.113.9");
+        assert_eq!(map[&X_FORWARDED_PROTO], "https");
+    }
+
+    #[test]
+    fn several_cookie_lines_reach_php_as_one() {
+        let mut map = headers(&[("cookie", "MOODLEID1_=x"), ("cookie", "MoodleSession=abc")]);
+        prepare_request_headers(&mut map, peer(false));
+        let lines: Vec<_> = map.get_all(header::COOKIE).iter().collect();
+        assert_eq!(lines, ["MOODLEID1_=x; MoodleSession=abc"]);
+    }
+
+    #[test]
+    fn upstream_uri_keeps_path_and_query_bytes() {
+        let original: Uri = "/pluginfile.php?file=%2F1%2Fmod_scorm%2Fx&a=b+c"
+            .parse()
+            .unwrap();
+        let upstream: Authority = "10.0.0.1:8080".parse().unwrap();
+        assert_eq!(
+            upstream_uri(&upstream, &original).to_string(),
+            "http://10.0.0.1:8080/pluginfile.php?file=%2F1%2Fmod_scorm%2Fx&a=b+c"
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! A 1 GiB download and a 1 GiB upload through the real `moodle-gateway` binary, with
+//! its peak resident memory read from `/proc`: a proxy that buffered either would
+//! need a gigabyte.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::Response;
+use http_body_util::channel::Channel;
+use http_body_util::BodyExt;
+
+use crate::support::{self, config_for};
+
+const GIB: usize = 1 << 30;
+const CHUNK: usize = 64 * 1024;
+static ZEROS: [u8; CHUNK] = [0; CHUNK];
+const PEAK_LIMIT_KIB: u64 = 64 * 1024;
+
+/// The gateway binary as a child process; killed when dropped.
+struct GatewayProcess {
+    child: Child,
+    addr: SocketAddr,
+    _dir: TempDir,
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn start_binary(config: &str) -> GatewayProcess {
+    let dir = std::env::temp_dir().join(format!("moodle-gateway-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
+        .arg("--config")
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the gateway binary starts");
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut addr = None;
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if let Some(rest) = line.split("listen=").nth(1) {
+            addr = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+            break;
+        }
+    }
+    GatewayProcess {
+        child,
+        addr: addr.expect("the gateway logged its listen address"),
+        _dir: TempDir(dir),
+    }
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A node that streams 1 GiB on GET and counts what it receives on POST.
+async fn gigabyte_node() -> SocketAddr {
+    support::upstream(|request| async move {
+        if request.method() == http::Method::POST {
+            let mut body = request.into_body();
+            let mut total = 0usize;
+            while let Some(frame) = body.frame().await {
+                total += frame.unwrap().into_data().map_or(0, |d| d.len());
+            }
+            return Response::new(Body::from(total.to_string()));
+        }
+        let (mut sender, body) = Channel::<Bytes>::new(4);
+        tokio::spawn(async move {
+            for _ in 0..GIB / CHUNK {
+                if sender.send_data(Bytes::from_static(&ZEROS)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Response::builder()
+            .header("content-length", GIB.to_string())
+            .body(Body::new(body))
+            .unwrap()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gigabyte_each_way_streams_through_in_flat_memory() {
+    let node = gigabyte_node().await;
+    let data = support::named_upstream("data").await;
+    let gateway = start_binary(&config_for(&[node], data, ""));
+    let base = format!("http://{}", gateway.addr);
+
+    let response = support::client()
+        .get(
+            format!("{base}/pluginfile.php/5/mod_resource/content/1/big.iso")
+                .parse()
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let mut downloaded = 0usize;
+    while let Some(frame) = body.frame().await {
+        downloaded += frame.unwrap().into_data().map_or(0, |d| d.len());
+    }
+    assert_eq!(downloaded, GIB);
+
+    let (mut sender, upload) = Channel::<Bytes>::new(4);
+    tokio::spawn(async move {
+        for _ in 0..GIB / CHUNK {
+            sender.send_data(Bytes::from_static(&ZEROS)).await.unwrap();
+        }
+    });
+    let request = http::Request::post(format!("{base}/repository/repository_ajax.php"))
+        .header("content-length", GIB.to_string())
+        .body(Body::new(upload))
+        .unwrap();
+    let response =
+        tokio::time::timeout(Duration::from_secs(300), support::client().request(request))
+            .await
+            .unwrap()
+            .unwrap();
+    let echoed = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(echoed, GIB.to_string());
+
+    let peak = peak_rss_kib(gateway.child.id());
+    println!("gateway peak RSS after 1 GiB down + 1 GiB up: {peak} KiB");
+    assert!(
+        peak < PEAK_LIMIT_KIB,
+        "peak RSS {peak} KiB, limit {PEAK_LIMIT_KIB} KiB"
+    );
+}

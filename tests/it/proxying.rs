@@ -1,0 +1,338 @@
+//! The gateway as a plain reverse proxy: streaming, header hygiene, keep-alive reuse,
+//! and clear answers when an upstream fails.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::Response;
+use http_body_util::channel::Channel;
+use http_body_util::BodyExt;
+
+use crate::support::{self, config_for, named_upstream, send, TestGateway};
+
+/// An upstream that reports the request headers it received, one `name: value` line
+/// each, in its body.
+async fn echo_upstream() -> std::net::SocketAddr {
+    support::upstream(|request| async move {
+        let mut lines = String::new();
+        for (name, value) in request.headers() {
+            lines.push_str(&format!("{}: {}\n", name, value.to_str().unwrap_or("?")));
+        }
+        Response::builder()
+            .header("x-upstream", "echo")
+            .body(Body::from(lines))
+            .unwrap()
+    })
+    .await
+}
+
+fn received(seen: &support::Seen, name: &str) -> Vec<String> {
+    seen.text()
+        .lines()
+        .filter_map(|line| line.strip_prefix(&format!("{name}: ")).map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_upload_reaches_the_node_before_the_student_has_finished_sending_it() {
+    let (first_seen_tx, first_seen_rx) = tokio::sync::oneshot::channel::<()>();
+    let first_seen_tx = Arc::new(std::sync::Mutex::new(Some(first_seen_tx)));
+    let node = support::upstream(move |request| {
+        let first_seen_tx = first_seen_tx.clone();
+        async move {
+            let mut body = request.into_body();
+            let mut total = 0usize;
+            while let Some(frame) = body.frame().await {
+                if let Ok(data) = frame.unwrap().into_data() {
+                    total += data.len();
+                    if let Some(tx) = first_seen_tx.lock().unwrap().take() {
+                        let _ = tx.send(());
+                    }
+                }
+            }
+            Response::new(Body::from(total.to_string()))
+        }
+    })
+    .await;
+    let data = named_upstream("data").await;
+    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+
+    let (mut sender, body) = Channel::<Bytes>::new(1);
+    let uploader = tokio::spawn(async move {
+        sender
+            .send_data(Bytes::from(vec![b'a'; 64 * 1024]))
+            .await
+            .unwrap();
+        // The rest is only sent once the node has seen the first part: a gateway that
+        // buffered the whole upload would wait here forever.
+        tokio::time::timeout(Duration::from_secs(10), first_seen_rx)
+            .await
+            .expect("the node saw the first bytes while the upload was still open")
+            .unwrap();
+        sender
+            .send_data(Bytes::from(vec![b'b'; 64 * 1024]))
+            .await
+            .unwrap();
+    });
+    let seen = send(
+        &gateway.url("/repository/upload.php"),
+        "POST",
+        &[],
+        Body::new(body),
+    )
+    .await;
+    uploader.await.unwrap();
+    assert_eq!(seen.status, 200);
+    assert_eq!(seen.text(), (128 * 1024).to_string());
+}
+
+#[tokio::test]
+async fn a_download_reaches_the_student_before_the_node_has_finished_sending_it() {
+    let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+    let node = support::upstream(move |_request| {
+        let mut release_rx = release_rx.clone();
+        async move {
+            let (mut sender, body) = Channel::<Bytes>::new(1);
+            tokio::spawn(async move {
+                sender
+                    .send_data(Bytes::from_static(b"first part;"))
+                    .await
+                    .unwrap();
+                let _ = release_rx.wait_for(|&go| go).await;
+                sender
+                    .send_data(Bytes::from_static(b"second part"))
+                    .await
+                    .unwrap();
+            });
+            Response::new(Body::new(body))
+        }
+    })
+    .await;
+    let data = named_upstream("data").await;
+    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+
+    let response = support::client()
+        .get(gateway.url("/mod/resource/view.php?id=1").parse().unwrap())
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("the first part arrived while the node still held the rest")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.into_data().unwrap(), "first part;");
+    release_tx.send(true).unwrap();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, "second part");
+}
+
+#[tokio::test]
+async fn forwarding_headers_replace_what_the_client_claims() {
+    let node = echo_upstream().await;
+    let data = named_upstream("data").await;
+    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let seen = send(
+        &gateway.url("/course/view.php?id=2"),
+        "GET",
+        &[
+            ("host", "moodle.example.edu"),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-host", "evil.example"),
+            ("client-ip", "6.6.6.6"),
+        ],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(
+        received(&seen, "host"),
+        ["moodle.example.edu"],
+        "Host kept for wwwroot"
+    );
+    assert_eq!(received(&seen, "x-forwarded-for"), ["127.0.0.1"]);
+    assert_eq!(received(&seen, "x-forwarded-proto"), ["http"]);
+    assert_eq!(received(&seen, "x-forwarded-host"), ["moodle.example.edu"]);
+    assert!(received(&seen, "client-ip").is_empty());
+}
+
+#[tokio::test]
+async fn a_trusted_front_proxy_keeps_its_forwarding_chain() {
+    let node = echo_upstream().await;
+    let data = named_upstream("data").await;
+    let config = config_for(&[node], data, "trusted_proxies = [\"127.0.0.0/8\"]");
+    let gateway = TestGateway::start(&config).await;
+    let seen = send(
+        &gateway.url("/"),
+        "GET",
+        &[
+            ("x-forwarded-for", "198.51.100.7"),
+            ("x-forwarded-proto", "https"),
+        ],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(
+        received(&seen, "x-forwarded-for"),
+        ["198.51.100.7, 127.0.0.1"]
+    );
+    assert_eq!(received(&seen, "x-forwarded-proto"), ["https"]);
+}
+
+#[tokio::test]
+async fn hop_by_hop_headers_are_stripped_both_ways() {
+    let node = support::upstream(|request| async move {
+        let leaked: Vec<String> = [
+            "x-client-hop",
+            "keep-alive",
+            "proxy-authorization",
+            "te",
+            "upgrade",
+        ]
+        .iter()
+        .filter(|name| request.headers().contains_key(**name))
+        .map(|name| name.to_string())
+        .collect();
+        Response::builder()
+            .header("connection", "x-node-hop")
+            .header("x-node-hop", "secret")
+            .header("keep-alive", "timeout=5")
+            .header("proxy-authenticate", "Basic")
+            .header("x-leaked", leaked.join(","))
+            .body(Body::from("ok"))
+            .unwrap()
+    })
+    .await;
+    let data = named_upstream("data").await;
+    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let seen = send(
+        &gateway.url("/"),
+        "GET",
+        &[
+            ("connection", "x-client-hop"),
+            ("x-client-hop", "1"),
+            ("keep-alive", "timeout=9"),
+            ("proxy-authorization", "Basic eA=="),
+            ("te", "trailers"),
+        ],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(
+        seen.headers["x-leaked"], "",
+        "the node saw no client hop-by-hop header"
+    );
+    for name in ["x-node-hop", "keep-alive", "proxy-authenticate"] {
+        assert!(
+            !seen.headers.contains_key(name),
+            "{name} reached the student"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_set_cookie_line_reaches_the_browser_byte_for_byte() {
+    const LINES: [&str; 3] = [
+        "MoodleSession=abcdefghijklmnopqrstuvwxyz; path=/; HttpOnly",
+        "MOODLEID1_=%25F1%25F2; expires=Thu, 01-Jan-2099 00:00:00 GMT; path=/",
+        "MoodleSession=deleted; expires=Thu, 01-Jan-1970 00:00:01 GMT; Max-Age=0; path=/",
+    ];
+    let node = support::upstream(|_request| async move {
+        let mut response = Response::builder();
+        for line in LINES {
+            response = response.header("set-cookie", line);
+        }
+        response.body(Body::empty()).unwrap()
+    })
+    .await;
+    let data = named_upstream("data").await;
+    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let seen = support::get(&gateway.url("/login/index.php")).await;
+    let got: Vec<&[u8]> = seen
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    let want: Vec<&[u8]> = LINES.iter().map(|l| l.as_bytes()).collect();
+    assert_eq!(got, want);
+}
+
+#[tokio::test]
+async fn keep_alive_connections_to_a_node_are_reused() {
+    let connections = Arc::new(AtomicUsize::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let node = listener.local_addr().unwrap();
+    let counted = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let service = hyper::service::service_fn(|_request| async {
+                Ok::<_, std::convert::Infallible>(Response::new(Body::from("ok")))
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+    let data = named_upstream("data").await;
+    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    for _ in 0..20 {
+        assert_eq!(support::get(&gateway.url("/my/")).await.status, 200);
+    }
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        1,
+        "one pooled connection served all 20"
+    );
+}
+
+#[tokio::test]
+async fn a_node_that_refuses_connections_is_a_fast_502() {
+    let node = support::refused_addr().await;
+    let data = named_upstream("data").await;
+    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let seen = support::get(&gateway.url("/my/")).await;
+    assert_eq!(seen.status, 502);
+    assert!(seen.text().starts_with("bad gateway"), "{}", seen.text());
+    assert!(
+        !seen.text().contains("127.0.0.1"),
+        "no upstream address leaks"
+    );
+}
+
+#[tokio::test]
+async fn a_node_that_never_answers_is_a_504_after_the_configured_timeout() {
+    let node = support::silent_upstream().await;
+    let data = named_upstream("data").await;
+    let config = config_for(&[node], data, "[timeouts]\nresponse_headers = \"1s\"\n");
+    let gateway = TestGateway::start(&config).await;
+    let started = Instant::now();
+    let seen = support::get(&gateway.url("/my/")).await;
+    assert_eq!(seen.status, 504);
+    assert!(started.elapsed() < Duration::from_secs(20), "no hang");
+}
+
+#[tokio::test]
+async fn an_ambiguous_path_is_refused_before_any_node_sees_it() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let node = support::upstream(move |_request| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Response::new(Body::empty()) }
+    })
+    .await;
+    let data = named_upstream("data").await;
+    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    for path in [
+        "/pluginfile.php/1/mod_scorm%2Fcontent/1/x",
+        "/a/%00/b.php",
+        "/a%5Cb.php",
+    ] {
+        assert_eq!(support::get(&gateway.url(path)).await.status, 400, "{path}");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+}
