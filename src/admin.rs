@@ -593,7 +593,7 @@ mod tests {
         admin.bind("raw-a", 0, LoggedIn);
         admin.bind("raw-b", 0, Anonymous);
         let body = admin.json("/nodes").await;
-        let web1 = json!({"name": "web1", "url": "http://10.0.0.1:8001",
+        let web1 = json!({"name": "web1", "url": "http://10.0.0.1:8001", "weight": 1,
                           "live": 2, "logged_in": 1, "anonymous": 1});
         assert_eq!(body["nodes"][0], web1);
         assert_eq!(body["nodes"][1]["url"], "http://10.0.0.2");

@@ -10,16 +10,20 @@
 //! - [`error`]: the failures a student can see, and their statuses.
 //! - [`admin`]: the token-protected admin API on its own listener.
 //! - [`app`]: builds the routers and serves the listeners until shutdown.
+//! - [`standin`]: stand-in Moodle nodes with node-local sessions, for tests and the demo.
+//! - [`demo`]: `moodle-gateway demo`: the real gateway in front of stand-ins, driven by simulated students.
 
 pub mod admin;
 pub mod affinity;
 pub mod app;
 pub mod balancer;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod gateway;
 pub mod moodle;
 pub mod proxy;
+pub mod standin;
 
 pub use app::App;
 pub use config::Config;

@@ -38,6 +38,23 @@ enum Command {
     /// Check the configuration file: print the resolved setup, or every problem found
     /// with its line and key, and exit non-zero.
     Check,
+    /// See the whole product on this machine: four stand-in Moodle PHP nodes and a data
+    /// server on loopback, the gateway in front of them, and the admin API.
+    Demo {
+        /// Drive this many simulated students through login, browsing, SCORM and
+        /// logout, print the per-node table, and exit (non-zero if a session was lost).
+        #[arg(long, value_name = "N")]
+        students: Option<usize>,
+        /// How many simulated students are active at once (1 = one after another).
+        #[arg(long, default_value_t = 8, value_name = "N")]
+        concurrency: usize,
+        /// Where students reach the demo gateway.
+        #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+        listen: std::net::SocketAddr,
+        /// Where the demo's admin API listens.
+        #[arg(long, default_value = "127.0.0.1:9090", value_name = "ADDR")]
+        admin_listen: std::net::SocketAddr,
+    },
 }
 
 fn main() -> ExitCode {
@@ -46,6 +63,17 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => check(&cli.config),
         Command::Run => run(&cli.config),
+        Command::Demo {
+            students,
+            concurrency,
+            listen,
+            admin_listen,
+        } => demo(moodle_gateway::demo::DemoOptions {
+            listen,
+            admin_listen,
+            students,
+            concurrency: concurrency.max(1),
+        }),
     }
 }
 
@@ -80,21 +108,41 @@ fn check(path: &std::path::Path) -> ExitCode {
     }
 }
 
+/// The multi-thread runtime sizes itself from `TOKIO_WORKER_THREADS` when set, else
+/// from the number of cores.
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => Some(runtime),
+        Err(error) => {
+            eprintln!("cannot start the runtime: {error}");
+            None
+        }
+    }
+}
+
+fn demo(options: moodle_gateway::demo::DemoOptions) -> ExitCode {
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(moodle_gateway::demo::run(options)) {
+        Ok(outcome) if outcome.success() => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("demo failed: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn run(path: &std::path::Path) -> ExitCode {
     let Some(config) = load(path) else {
         return ExitCode::FAILURE;
     };
-    // The multi-thread runtime sizes itself from TOKIO_WORKER_THREADS when set, else
-    // from the number of cores.
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("cannot start the runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
     };
     match runtime.block_on(serve(config)) {
         Ok(()) => ExitCode::SUCCESS,

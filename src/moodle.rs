@@ -174,9 +174,7 @@ impl Site {
             .get_all(SET_COOKIE)
             .iter()
             .filter_map(|h| Cookie::parse(std::str::from_utf8(h.as_bytes()).ok()?).ok())
-            .rfind(|c| {
-                c.name() == self.cookie && c.path().map_or(true, |p| p == self.cookie_path)
-            })?;
+            .rfind(|c| c.name() == self.cookie && c.path().is_none_or(|p| p == self.cookie_path))?;
         // RFC 6265: Max-Age, when present, overrides Expires.
         let expired = match (line.max_age(), line.expires_datetime()) {
             (Some(age), _) => age <= Duration::ZERO,

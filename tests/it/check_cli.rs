@@ -1,0 +1,77 @@
+//! `moodle-gateway check` as an admin runs it: every problem of a broken file at once,
+//! each with its line and key, and a non-zero exit; the resolved setup for a good one.
+
+use std::path::Path;
+use std::process::Command;
+
+fn check(config: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["check", "--config"])
+        .arg(config)
+        .env_remove("MOODLE_GATEWAY_ADMIN_TOKEN")
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("the binary runs")
+}
+
+#[test]
+fn every_broken_config_fixture_prints_exactly_its_expected_errors() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/config");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|ext| ext != "toml") {
+            continue;
+        }
+        let relative = path.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let expected = std::fs::read_to_string(path.with_extension("expected")).unwrap();
+        let output = check(relative);
+        assert_eq!(output.status.code(), Some(1), "{}", relative.display());
+        assert_eq!(
+            String::from_utf8_lossy(&output.stderr),
+            expected,
+            "{}",
+            relative.display()
+        );
+        checked += 1;
+    }
+    assert!(checked >= 3, "only {checked} broken configs");
+}
+
+#[test]
+fn the_shipped_config_checks_clean_once_the_admin_token_is_provided() {
+    let output = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["check", "--config", "config.toml"])
+        .env(
+            "MOODLE_GATEWAY_ADMIN_TOKEN",
+            "a-long-admin-token-for-the-test",
+        )
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("web4 http://192.168.1.4"), "{stdout}");
+    assert!(
+        stdout.contains("data server: data http://192.168.1.5"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("a-long-admin-token-for-the-test"),
+        "the token is never printed"
+    );
+}
+
+#[test]
+fn a_missing_config_file_is_named() {
+    let output = check(Path::new("no/such/config.toml"));
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no/such/config.toml"), "{stderr}");
+}
