@@ -1,10 +1,17 @@
-//! Builds the routers from a config and runs the listeners until shutdown.
+//! Builds the services from a config and runs the listeners until shutdown.
 //!
 //! `serve` takes listeners that are already bound, so tests run the real server on
 //! `127.0.0.1:0` and `main` stays a thin shell. Connections are served by hyper
 //! directly rather than `axum::serve`, because a public proxy needs what that helper
 //! does not give: a deadline for the request head (a slowloris client must not hold a
 //! connection forever), `TCP_NODELAY`, and a graceful drain of in-flight requests.
+//!
+//! The public listener is not an axum `Router`: every path is proxied, so routing
+//! would decide nothing, and calling [`Gateway::handle`] straight from the hyper
+//! service hands hyper's request body to the upstream client without boxing it
+//! (measured: the router, its extension map and the two boxed bodies cost about a
+//! tenth of the gateway's CPU per small request). The admin listener, with real
+//! routes, is an axum `Router`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,10 +19,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, State};
-use axum::response::Response;
+use axum::extract::ConnectInfo;
 use axum::Router;
-use http::Request;
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -24,7 +30,7 @@ use tower::ServiceExt;
 
 use crate::affinity::Clock;
 use crate::config::Config;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, ProxyBody};
 
 /// How often expired sessions are swept out of the table.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -57,13 +63,6 @@ impl App {
         &self.gateway
     }
 
-    /// The public router: every path is proxied.
-    pub fn public_router(&self) -> Router {
-        Router::new()
-            .fallback(proxy_handler)
-            .with_state(self.gateway.clone())
-    }
-
     /// Serves the public listener (and the admin one, when configured) until
     /// `shutdown` completes, then drains in-flight requests.
     pub async fn serve(
@@ -74,24 +73,24 @@ impl App {
     ) -> std::io::Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let sweeper = tokio::spawn(sweep(self.gateway.clone(), stop_rx.clone()));
+        let timeout = self.config.timeouts.request_headers;
         let admin_task = match (admin, &self.config.admin) {
             (Some(listener), Some(settings)) => {
                 let router = crate::admin::router(self.gateway.clone(), settings.token.clone());
-                let timeout = self.config.timeouts.request_headers;
-                Some(tokio::spawn(serve_router(
-                    listener,
-                    router,
-                    timeout,
-                    stopped(stop_rx.clone()),
-                )))
+                let serving =
+                    serve_connections(listener, timeout, stopped(stop_rx.clone()), move |peer| {
+                        admin_service(router.clone(), peer)
+                    });
+                Some(tokio::spawn(serving))
             }
             _ => None,
         };
-        let public_task = tokio::spawn(serve_router(
+        let gateway = self.gateway.clone();
+        let public_task = tokio::spawn(serve_connections(
             public,
-            self.public_router(),
-            self.config.timeouts.request_headers,
+            timeout,
             stopped(stop_rx),
+            move |peer| public_service(gateway.clone(), peer),
         ));
         shutdown.await;
         let _ = stop_tx.send(true);
@@ -108,12 +107,37 @@ async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
     let _ = stop.wait_for(|&stopped| stopped).await;
 }
 
-async fn proxy_handler(
-    State(gateway): State<Arc<Gateway>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request<axum::body::Body>,
-) -> Response {
-    gateway.handle(request, peer.ip()).await
+/// The public service of one connection: every request goes to the gateway.
+fn public_service(
+    gateway: Arc<Gateway>,
+    peer: SocketAddr,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<ProxyBody>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send,
+> + Send {
+    hyper::service::service_fn(move |request: Request<Incoming>| {
+        let gateway = gateway.clone();
+        async move { Ok(gateway.handle(request, peer.ip()).await) }
+    })
+}
+
+/// The admin service of one connection: the router, told who is asking.
+fn admin_service(
+    router: Router,
+    peer: SocketAddr,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<axum::body::Body>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<axum::body::Body>, Infallible>> + Send,
+> + Send {
+    hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let router = router.clone();
+        async move { Ok(router.oneshot(request).await.unwrap_or_else(|e| match e {})) }
+    })
 }
 
 /// Expires idle sessions in the background; each pass locks one shard at a time.
@@ -136,14 +160,23 @@ async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<boo
     }
 }
 
-/// Accepts connections and serves `router` on each with HTTP/1.1 keep-alive, until
-/// `shutdown`; then waits up to [`DRAIN_DEADLINE`] for open requests to finish.
-pub async fn serve_router(
+/// Accepts connections and serves each with the service `service_for(peer)` builds,
+/// HTTP/1.1 with keep-alive, until `shutdown`; then waits up to [`DRAIN_DEADLINE`]
+/// for open requests to finish.
+async fn serve_connections<S, B>(
     listener: TcpListener,
-    router: Router,
     request_headers: Duration,
     shutdown: impl Future<Output = ()>,
-) {
+    service_for: impl Fn(SocketAddr) -> S,
+) where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -165,15 +198,7 @@ pub async fn serve_router(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let router = router.clone();
-        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(peer));
-            let router = router.clone();
-            async move {
-                Ok::<_, Infallible>(router.oneshot(request).await.unwrap_or_else(|e| match e {}))
-            }
-        });
-        let connection = http.serve_connection(TokioIo::new(stream), service);
+        let connection = http.serve_connection(TokioIo::new(stream), service_for(peer));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {

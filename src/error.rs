@@ -5,8 +5,9 @@
 //! so it names the condition and never an upstream address, a session id or an
 //! internal error chain. The detail is logged instead, once, where the error is made.
 
-use axum::response::{IntoResponse, Response};
-use http::{header, HeaderValue, StatusCode};
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
 
 /// A request the gateway answers itself because it could not be proxied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,9 +43,11 @@ impl GatewayError {
     }
 }
 
-impl IntoResponse for GatewayError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status(), self.message()).into_response();
+impl GatewayError {
+    /// The error page: plain text, never cached.
+    pub fn response(self) -> Response<Full<Bytes>> {
+        let mut response = Response::new(Full::new(Bytes::from_static(self.message().as_bytes())));
+        *response.status_mut() = self.status();
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,
@@ -84,7 +87,7 @@ mod tests {
 
     #[test]
     fn error_page_is_plain_and_uncached() {
-        let response = GatewayError::UpstreamTimeout.into_response();
+        let response = GatewayError::UpstreamTimeout.response();
         assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(response.headers()[header::CACHE_CONTROL], "no-store");
         assert!(response.headers()[header::CONTENT_TYPE]

@@ -10,9 +10,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::response::{IntoResponse, Response};
-use http::{Method, Request};
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
 use ipnet::IpNet;
 
 use crate::affinity::{AffinityTable, Clock, Limits, SessionKey, SessionState};
@@ -21,6 +22,9 @@ use crate::config::{Balance, Config};
 use crate::error::GatewayError;
 use crate::moodle::{IssuedSession, PageKind, RequestKind, Site};
 use crate::proxy::{self, Peer, UpstreamClient};
+
+/// What a student receives: the node's streaming body, or the gateway's own short page.
+pub type ProxyBody = Either<Incoming, Full<Bytes>>;
 
 /// One upstream as the request path needs it.
 #[derive(Debug, Clone)]
@@ -105,11 +109,11 @@ impl Gateway {
     }
 
     /// Proxies one request and returns the streaming response or an error page.
-    pub async fn handle(&self, request: Request<Body>, peer: IpAddr) -> Response {
+    pub async fn handle(&self, request: Request<Incoming>, peer: IpAddr) -> Response<ProxyBody> {
         let uri = request.uri();
         let kind = match self.site.classify(uri.path(), uri.query()) {
             Ok(kind) => kind,
-            Err(_) => return GatewayError::AmbiguousPath.into_response(),
+            Err(_) => return GatewayError::AmbiguousPath.response().map(Either::Right),
         };
         let session = self
             .site
@@ -138,9 +142,9 @@ impl Gateway {
                 if let Some(issued) = self.site.issued_session(response.headers()) {
                     self.learn(route, kind, login_post, issued);
                 }
-                response
+                response.map(Either::Left)
             }
-            Err(error) => error.into_response(),
+            Err(error) => error.response().map(Either::Right),
         }
     }
 

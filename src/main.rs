@@ -108,13 +108,21 @@ fn check(path: &std::path::Path) -> ExitCode {
     }
 }
 
-/// The multi-thread runtime sizes itself from `TOKIO_WORKER_THREADS` when set, else
-/// from the number of cores.
+/// The runtime: as many worker threads as `TOKIO_WORKER_THREADS` says, else one per
+/// core. With a single worker, tokio's current-thread scheduler does the same work
+/// without the multi-thread scheduler's cross-thread bookkeeping.
 fn runtime() -> Option<tokio::runtime::Runtime> {
-    match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let workers = std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1);
+    let mut builder = if workers <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    match builder.enable_all().build() {
         Ok(runtime) => Some(runtime),
         Err(error) => {
             eprintln!("cannot start the runtime: {error}");

@@ -9,11 +9,10 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::response::Response;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, Scheme, Uri};
-use http::Request;
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -22,8 +21,9 @@ use crate::config::Timeouts;
 use crate::error::GatewayError;
 
 /// The one pooled client shared by every upstream: keep-alive connections are reused
-/// per upstream authority.
-pub type UpstreamClient = Client<HttpConnector, Body>;
+/// per upstream authority. Its request body is the student's own `Incoming` body,
+/// handed over as is: no boxing, no copy.
+pub type UpstreamClient = Client<HttpConnector, Incoming>;
 
 /// Builds the pooled client with the configured connect and idle timeouts.
 pub fn client(timeouts: &Timeouts) -> UpstreamClient {
@@ -51,10 +51,10 @@ pub struct Peer {
 pub async fn forward(
     client: &UpstreamClient,
     upstream: &Authority,
-    mut request: Request<Body>,
+    mut request: Request<Incoming>,
     peer: Peer,
     response_timeout: Duration,
-) -> Result<Response, GatewayError> {
+) -> Result<Response<Incoming>, GatewayError> {
     *request.uri_mut() = upstream_uri(upstream, request.uri());
     prepare_request_headers(request.headers_mut(), peer);
     let response = match tokio::time::timeout(response_timeout, client.request(request)).await {
@@ -65,7 +65,7 @@ pub async fn forward(
             return Err(GatewayError::UpstreamTimeout);
         }
     };
-    let mut response = response.map(Body::new);
+    let mut response = response;
     strip_hop_by_hop(response.headers_mut());
     Ok(response)
 }
