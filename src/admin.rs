@@ -278,7 +278,12 @@ async fn affinity(
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|_| bad_request("malformed query"))?;
     let (limit, after, node) = page_request(&gateway, query)?;
-    let page = gateway.table().page(after, limit, node);
+    // A page scans the whole table (a million entries at most): not on a worker
+    // thread that is serving students.
+    let table = gateway.table().clone();
+    let page = tokio::task::spawn_blocking(move || table.page(after, limit, node))
+        .await
+        .unwrap_or_default();
     let full = page.len() == limit;
     let next_cursor = page.last().filter(|_| full).map(|e| e.key.to_string());
     let nodes = node_rows(&gateway, false);

@@ -140,22 +140,25 @@ fn admin_service(
     })
 }
 
-/// Expires idle sessions in the background; each pass locks one shard at a time.
+/// Keeps the table in shape in the background: expires idle sessions every
+/// [`SWEEP_EVERY`], and sheds the least recently used ones as soon as a bind takes it
+/// over `max_sessions`. Both scan the table, so they run on a blocking thread, never
+/// on a worker that is serving students; each locks one shard at a time.
 async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     every.tick().await;
     loop {
+        let table = gateway.table().clone();
         tokio::select! {
             _ = every.tick() => {}
+            () = table.over_bound() => {}
             _ = stop.changed() => return,
         }
-        let removed = gateway.table().sweep();
-        if removed > 0 {
-            tracing::debug!(
-                removed,
-                live = gateway.table().len(),
-                "expired idle sessions"
-            );
+        let pass = tokio::task::spawn_blocking(move || (table.shed(), table.sweep(), table.len()));
+        if let Ok((shed, expired, live)) = pass.await {
+            if shed + expired > 0 {
+                tracing::debug!(shed, expired, live, "swept the affinity table");
+            }
         }
     }
 }

@@ -48,7 +48,7 @@ pub const DEFAULT_CONNECT: Duration = Duration::from_secs(5);
 pub const DEFAULT_RESPONSE_HEADERS: Duration = Duration::from_secs(60);
 /// `timeouts.upstream_idle` default: warm connections survive a pause between
 /// clicks; long-idle ones are closed before they go stale.
-pub const DEFAULT_UPSTREAM_IDLE: Duration = Duration::from_secs(90);
+pub const DEFAULT_UPSTREAM_IDLE: Duration = Duration::from_secs(4);
 /// `timeouts.request_headers` default: bounds slow-header (slowloris) clients.
 pub const DEFAULT_REQUEST_HEADERS: Duration = Duration::from_secs(10);
 /// `nodes[].weight` default: all nodes equal.
@@ -166,7 +166,9 @@ pub struct Timeouts {
     pub connect: Duration,
     /// `response_headers`: from sending the request to the upstream's response head, default 60s.
     pub response_headers: Duration,
-    /// `upstream_idle`: how long a pooled upstream keep-alive connection may sit idle, default 90s.
+    /// `upstream_idle`: how long a pooled upstream keep-alive connection may sit idle,
+    /// default 4s: below the nodes' own keep-alive timeout (Apache: 5 s), so the gateway
+    /// never reuses a connection the node is closing.
     pub upstream_idle: Duration,
     /// `request_headers`: how long a client may take to send its request head, default 10s.
     pub request_headers: Duration,
@@ -973,7 +975,7 @@ site path: / (Moodle at the host root)
 session cookie: MoodleSession (path /)
 balance: round-robin
 sessions: at most 1000000; forgotten after 8h 30m idle when logged in, 1h when anonymous
-timeouts: connect 5s, response headers 1m, upstream idle 1m 30s, request headers 10s
+timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s
 nodes:
   web1 http://192.168.1.1 weight 1
 data server: data http://192.168.1.5

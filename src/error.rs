@@ -14,6 +14,8 @@ use http_body_util::Full;
 pub enum GatewayError {
     /// The path could be read two ways by PHP (encoded `/`, NUL, backslash, `..` above root).
     AmbiguousPath,
+    /// `CONNECT`: the gateway is a reverse proxy, not a tunnel to anywhere.
+    MethodNotAllowed,
     /// The upstream refused the connection, was unreachable, or did not accept it in time.
     UpstreamUnreachable,
     /// The upstream accepted the request but broke the exchange before a response head.
@@ -27,6 +29,7 @@ impl GatewayError {
     pub fn status(self) -> StatusCode {
         match self {
             Self::AmbiguousPath => StatusCode::BAD_REQUEST,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::UpstreamUnreachable | Self::UpstreamBroken => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -36,6 +39,7 @@ impl GatewayError {
     pub fn message(self) -> &'static str {
         match self {
             Self::AmbiguousPath => "bad request: ambiguous path\n",
+            Self::MethodNotAllowed => "method not allowed\n",
             Self::UpstreamUnreachable => "bad gateway: the moodle server could not be reached\n",
             Self::UpstreamBroken => "bad gateway: the moodle server closed the connection\n",
             Self::UpstreamTimeout => "gateway timeout: the moodle server did not answer in time\n",
@@ -75,6 +79,7 @@ mod tests {
     fn every_condition_has_its_status() {
         let table = [
             (GatewayError::AmbiguousPath, 400),
+            (GatewayError::MethodNotAllowed, 405),
             (GatewayError::UpstreamUnreachable, 502),
             (GatewayError::UpstreamBroken, 502),
             (GatewayError::UpstreamTimeout, 504),

@@ -20,7 +20,7 @@ use crate::affinity::{AffinityTable, Clock, Limits, SessionKey, SessionState};
 use crate::balancer::{Balancer, NodeId};
 use crate::config::{Balance, Config};
 use crate::error::GatewayError;
-use crate::moodle::{IssuedSession, PageKind, RequestKind, Site};
+use crate::moodle::{self, IssuedSession, RequestKind, Site};
 use crate::proxy::{self, Peer, UpstreamClient};
 
 /// What a student receives: the node's streaming body, or the gateway's own short page.
@@ -37,16 +37,23 @@ pub struct Upstream {
     pub weight: u32,
 }
 
+/// A session the table knows: the key of its id and the node that holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Known {
+    key: SessionKey,
+    node: NodeId,
+}
+
 /// Where one request goes, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     /// A SCORM file: the data server.
     Data,
     /// A session the table knows: its node.
-    Sticky(NodeId, SessionKey),
+    Sticky(NodeId),
     /// No known session: a freshly dealt node.
     Deal(NodeId),
-    /// Needs no session: any node, outside the deal.
+    /// No known session and none needed: any node, outside the deal.
     Spread(NodeId),
 }
 
@@ -110,21 +117,20 @@ impl Gateway {
 
     /// Proxies one request and returns the streaming response or an error page.
     pub async fn handle(&self, request: Request<Incoming>, peer: IpAddr) -> Response<ProxyBody> {
+        if request.method() == Method::CONNECT {
+            return GatewayError::MethodNotAllowed.response().map(Either::Right);
+        }
         let uri = request.uri();
         let kind = match self.site.classify(uri.path(), uri.query()) {
             Ok(kind) => kind,
             Err(_) => return GatewayError::AmbiguousPath.response().map(Either::Right),
         };
-        let session = self
-            .site
-            .session_id(request.headers())
-            .map(|id| self.table.key(id));
-        let route = self.route(kind, session);
-        let login_post =
-            kind == RequestKind::Page(PageKind::Login) && request.method() == Method::POST;
+        let known = self.known_session(request.headers());
+        let route = self.route(kind, known);
+        let is_post = request.method() == Method::POST;
         let upstream = match route {
             Route::Data => &self.data,
-            Route::Sticky(node, _) | Route::Deal(node) | Route::Spread(node) => &self.nodes[node],
+            Route::Sticky(node) | Route::Deal(node) | Route::Spread(node) => &self.nodes[node],
         };
         let peer = Peer {
             ip: peer,
@@ -140,7 +146,8 @@ impl Gateway {
         match forwarded.await {
             Ok(response) => {
                 if let Some(issued) = self.site.issued_session(response.headers()) {
-                    self.learn(route, kind, login_post, issued);
+                    let logged_in = |rotated| moodle::logged_in_after(kind, is_post, rotated);
+                    self.learn(route, known, issued, logged_in);
                 }
                 response.map(Either::Left)
             }
@@ -148,17 +155,26 @@ impl Gateway {
         }
     }
 
+    /// The session the request carries, if one of our nodes issued it and it is live.
+    fn known_session(&self, headers: &http::HeaderMap) -> Option<Known> {
+        let key = self.table.key(self.site.session_id(headers)?);
+        let node = self.table.lookup(key)?;
+        Some(Known { key, node })
+    }
+
     /// The routing rule, in full.
-    fn route(&self, kind: RequestKind, session: Option<SessionKey>) -> Route {
-        let known = session.and_then(|key| self.table.lookup(key).map(|node| (node, key)));
+    fn route(&self, kind: RequestKind, known: Option<Known>) -> Route {
         match (kind, known) {
             // SCORM content lives on the data server, whoever asks and whatever session.
             (RequestKind::ScormFile, _) => Route::Data,
-            // Theme, JavaScript and static files never touch a session: any node, and
-            // they must not move the deal of new sessions.
-            (RequestKind::Sessionless, _) => Route::Spread(self.balancer.spread()),
-            // A session one of our nodes issued: only that node has its data.
-            (RequestKind::Page(_), Some((node, key))) => Route::Sticky(node, key),
+            // A session one of our nodes issued: only that node has its data. Assets
+            // too: a "static" file that is missing is answered by PHP (Moodle 4.5+
+            // sends it to r.php, older sites to error/index.php) inside the session,
+            // and on another node that would log the student out.
+            (_, Some(known)) => Route::Sticky(known.node),
+            // Theme, JavaScript and static files without a session start none: any
+            // node, and they must not move the deal of new sessions.
+            (RequestKind::Sessionless, None) => Route::Spread(self.balancer.spread()),
             // No session, or one no node issued through us (forged, stale, expired):
             // a new visitor as far as we know, dealt the next node.
             (RequestKind::Page(_), None) => Route::Deal(self.pick_new()),
@@ -167,38 +183,41 @@ impl Gateway {
 
     /// The learning rule: a node's `Set-Cookie` for the session cookie binds the id it
     /// issued to that node; a new id on a request that carried a known one is a
-    /// rotation (login, logout, timeout) and replaces it in one step.
-    fn learn(&self, route: Route, kind: RequestKind, login_post: bool, issued: IssuedSession<'_>) {
-        let old = match route {
-            Route::Sticky(_, key) => Some(key),
-            _ => None,
-        };
+    /// rotation (login, logout, timeout) and replaces it on the same node in one step.
+    fn learn(
+        &self,
+        route: Route,
+        known: Option<Known>,
+        issued: IssuedSession<'_>,
+        logged_in: impl Fn(bool) -> bool,
+    ) {
         let id = match issued {
             IssuedSession::Id(id) => id,
             IssuedSession::Cleared => {
-                old.map(|key| self.table.forget(key));
+                known.map(|known| self.table.forget(known.key));
                 return;
             }
         };
         let new = self.table.key(id);
-        if old == Some(new) {
+        if known.is_some_and(|known| known.key == new) {
             return; // the node re-sent the same id: nothing changed
         }
-        let state = match (kind, old) {
-            _ if login_post => SessionState::LoggedIn,
-            (RequestKind::Page(PageKind::Logout), _) => SessionState::Anonymous,
-            // Moodle regenerates a live id only at login (any auth plugin's URL), or
-            // when it times out or kills a session. Calling it logged in keeps the
-            // longer idle limit: the safe mistake for node-local sessions.
-            (_, Some(_)) => SessionState::LoggedIn,
-            (_, None) => SessionState::Anonymous,
+        let state = if logged_in(known.is_some()) {
+            SessionState::LoggedIn
+        } else {
+            SessionState::Anonymous
         };
-        match route {
-            Route::Sticky(node, old) => self.table.rotate(old, new, node, state),
-            Route::Deal(node) | Route::Spread(node) => self.table.bind(new, node, state),
-            // The data server runs Moodle too and may start a session (its sessions are
-            // shared, or it could not serve SCORM): bind it like a new visitor's.
-            Route::Data => self.table.bind(new, self.pick_new(), state),
+        let node = match (route, known) {
+            (Route::Sticky(node) | Route::Deal(node) | Route::Spread(node), _) => node,
+            // The data server runs Moodle on the same shared sessions (it could not
+            // serve SCORM otherwise): its new id belongs with the student's node, or
+            // with a new visitor's dealt one.
+            (Route::Data, Some(known)) => known.node,
+            (Route::Data, None) => self.pick_new(),
+        };
+        match known {
+            Some(known) => self.table.rotate(known.key, new, node, state),
+            None => self.table.bind(new, node, state),
         }
     }
 

@@ -53,6 +53,20 @@ pub enum IssuedSession<'a> {
     Cleared,
 }
 
+/// Whether the student holding a freshly issued session id is logged in, judged from
+/// the request on which the node issued it: a successful login POST rotates the id
+/// into a logged-in session, a logout into a new anonymous one. Elsewhere Moodle
+/// regenerates a live id only at login through another auth plugin's URL, or when it
+/// times out or kills a session; calling that logged in keeps the longer idle limit,
+/// the safe mistake for node-local sessions. A first id (`rotated` false) is a guest's.
+pub fn logged_in_after(kind: RequestKind, is_post: bool, rotated: bool) -> bool {
+    match kind {
+        RequestKind::Page(PageKind::Login) if is_post => true,
+        RequestKind::Page(PageKind::Logout) => false,
+        _ => rotated,
+    }
+}
+
 /// One Moodle site as the gateway sees it: its sub-path and session cookie.
 #[derive(Debug, Clone)]
 pub struct Site {
@@ -162,23 +176,26 @@ impl Site {
     /// The last line wins because the browser applies them in order (PHP sends two when it
     /// regenerates an id); a last line with an invalid value leaves nothing to bind, so `None`.
     pub fn issued_session<'a>(&self, headers: &'a HeaderMap) -> Option<IssuedSession<'a>> {
-        self.issued_session_at(headers, OffsetDateTime::now_utc())
+        self.issued_session_at(headers, OffsetDateTime::now_utc)
     }
 
+    /// Runs on every response: lines for other cookies are skipped before any parsing,
+    /// and the clock is read only for a session cookie that carries `Expires`.
     fn issued_session_at<'a>(
         &self,
         headers: &'a HeaderMap,
-        now: OffsetDateTime,
+        now: impl FnOnce() -> OffsetDateTime,
     ) -> Option<IssuedSession<'a>> {
         let line = headers
             .get_all(SET_COOKIE)
             .iter()
+            .filter(|h| self.names_session_cookie(h.as_bytes()))
             .filter_map(|h| Cookie::parse(std::str::from_utf8(h.as_bytes()).ok()?).ok())
             .rfind(|c| c.name() == self.cookie && c.path().is_none_or(|p| p == self.cookie_path))?;
         // RFC 6265: Max-Age, when present, overrides Expires.
         let expired = match (line.max_age(), line.expires_datetime()) {
             (Some(age), _) => age <= Duration::ZERO,
-            (None, Some(at)) => at <= now,
+            (None, Some(at)) => at <= now(),
             (None, None) => false,
         };
         let value = line.value_raw()?;
@@ -186,6 +203,13 @@ impl Site {
             return Some(IssuedSession::Cleared);
         }
         is_valid_session_id(value).then_some(IssuedSession::Id(value))
+    }
+
+    /// A cheap first look at a `Set-Cookie` line: does it set a cookie of our name?
+    fn names_session_cookie(&self, line: &[u8]) -> bool {
+        line.trim_ascii_start()
+            .strip_prefix(self.cookie.as_bytes())
+            .is_some_and(|rest| rest.trim_ascii_start().first() == Some(&b'='))
     }
 
     /// The path relative to the site, `None` when it lies outside the site's sub-path.
@@ -209,7 +233,8 @@ pub fn is_valid_session_id(s: &str) -> bool {
 /// The path as the web server hands it to PHP: decoded, `.`/`..` resolved, `//` collapsed.
 /// Borrows when there is nothing to do, because this runs on every proxied request.
 fn normalise_path(raw: &str) -> Result<Cow<'_, str>, AmbiguousPath> {
-    if raw.contains(['\0', '\\']) {
+    // `*` (OPTIONS *) and other non-path targets name no script a node could run.
+    if !raw.starts_with('/') || raw.contains(['\0', '\\']) {
         return Err(AmbiguousPath);
     }
     let plain = raw.starts_with('/') && !raw.contains('%') && !raw.contains("//");
@@ -763,7 +788,7 @@ mod tests {
         let line = format!("MoodleSession={ID}; Expires=Thu, 29 Feb 2024 10:00:00 GMT");
         let map = headers(SET_COOKIE, &[line.as_bytes()]);
         let at = |h: i64| OffsetDateTime::from_unix_timestamp(1_709_164_800 + h * 3600).unwrap();
-        assert_eq!(root().issued_session_at(&map, at(12)), Some(Cleared));
-        assert_eq!(root().issued_session_at(&map, at(9)), Some(Id(ID)));
+        assert_eq!(root().issued_session_at(&map, || at(12)), Some(Cleared));
+        assert_eq!(root().issued_session_at(&map, || at(9)), Some(Id(ID)));
     }
 }

@@ -7,6 +7,8 @@
 //! back-pressure flows from the slow side to the fast one.
 
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -16,6 +18,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::sync::oneshot;
 
 use crate::config::Timeouts;
 use crate::error::GatewayError;
@@ -23,7 +26,51 @@ use crate::error::GatewayError;
 /// The one pooled client shared by every upstream: keep-alive connections are reused
 /// per upstream authority. Its request body is the student's own `Incoming` body,
 /// handed over as is: no boxing, no copy.
-pub type UpstreamClient = Client<HttpConnector, Incoming>;
+pub type UpstreamClient = Client<HttpConnector, RequestBody>;
+
+/// The student's request body on its way to a node, saying when it has been sent in
+/// full. The response-header timeout starts only then: PHP reads a whole upload
+/// before the script runs, so a 300 MB SCORM package that takes two minutes to
+/// arrive must not be cut off by a 60 s wait for the answer.
+#[derive(Debug)]
+pub struct RequestBody {
+    inner: Incoming,
+    sent: Option<oneshot::Sender<()>>,
+}
+
+impl RequestBody {
+    fn finished(&mut self) {
+        if let Some(sent) = self.sent.take() {
+            let _ = sent.send(());
+        }
+    }
+}
+
+impl http_body::Body for RequestBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        // hyper stops polling once a sized body reports its end, so check after
+        // every frame, not only for the final `None`.
+        if matches!(frame, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream() {
+            self.finished();
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// Builds the pooled client with the configured connect and idle timeouts.
 pub fn client(timeouts: &Timeouts) -> UpstreamClient {
@@ -57,15 +104,32 @@ pub async fn forward(
 ) -> Result<Response<Incoming>, GatewayError> {
     *request.uri_mut() = upstream_uri(upstream, request.uri());
     prepare_request_headers(request.headers_mut(), peer);
-    let response = match tokio::time::timeout(response_timeout, client.request(request)).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => return Err(classify_client_error(upstream, &error)),
-        Err(_elapsed) => {
+    // A body-less request (most of them) needs no signal: its timer starts now.
+    let (sent, body_sent) = match http_body::Body::is_end_stream(request.body()) {
+        true => (None, None),
+        false => {
+            let (sent, body_sent) = oneshot::channel();
+            (Some(sent), Some(body_sent))
+        }
+    };
+    let request = request.map(|inner| RequestBody { inner, sent });
+    let deadline = async {
+        if let Some(body_sent) = body_sent {
+            let _ = body_sent.await;
+        }
+        tokio::time::sleep(response_timeout).await;
+    };
+    let mut response = tokio::select! {
+        biased;
+        answer = client.request(request) => match answer {
+            Ok(response) => response,
+            Err(error) => return Err(classify_client_error(upstream, &error)),
+        },
+        () = deadline => {
             tracing::warn!(%upstream, "no response headers within {response_timeout:?}");
             return Err(GatewayError::UpstreamTimeout);
         }
     };
-    let mut response = response;
     strip_hop_by_hop(response.headers_mut());
     Ok(response)
 }
@@ -118,6 +182,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        // A client listing Cookie or Host as hop-by-hop would make the node read a
+        // different session or site than the one the gateway routed on.
+        .filter(|name| name != header::COOKIE && name != header::HOST)
         .collect();
     for name in listed.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
@@ -244,6 +311,20 @@ mod tests {
         strip_hop_by_hop(&mut map);
         let left: Vec<_> = map.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["cookie"]);
+    }
+
+    #[test]
+    fn connection_cannot_strip_the_cookie_or_host_the_gateway_routed_on() {
+        let mut map = headers(&[
+            ("connection", "cookie, host, x-hop"),
+            ("cookie", "MoodleSession=abc"),
+            ("host", "moodle.example.edu"),
+            ("x-hop", "1"),
+        ]);
+        strip_hop_by_hop(&mut map);
+        let mut left: Vec<_> = map.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["cookie", "host"]);
     }
 
     #[test]

@@ -336,3 +336,41 @@ async fn an_ambiguous_path_is_refused_before_any_node_sees_it() {
     }
     assert_eq!(hits.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn an_upload_slower_than_the_response_timeout_still_gets_its_answer() {
+    // PHP answers only after reading the whole upload, so the wait for the response
+    // head starts when the body has been sent, not when the request started.
+    let node = support::upstream(|request| async move {
+        let body = request.into_body().collect().await.unwrap().to_bytes();
+        Response::new(Body::from(format!("stored {} bytes", body.len())))
+    })
+    .await;
+    let data = named_upstream("data").await;
+    let config = config_for(&[node], data, "[timeouts]\nresponse_headers = \"1s\"\n");
+    let gateway = TestGateway::start(&config).await;
+    let (mut sender, body) = Channel::<Bytes>::new(1);
+    tokio::spawn(async move {
+        for _ in 0..5 {
+            sender
+                .send_data(Bytes::from(vec![b'z'; 1000]))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    let started = Instant::now();
+    let seen = send(
+        &gateway.url("/mod/scorm/upload.php"),
+        "POST",
+        &[],
+        Body::new(body),
+    )
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the upload took its time"
+    );
+    assert_eq!(seen.status, 200, "{}", seen.text());
+    assert_eq!(seen.text(), "stored 5000 bytes");
+}

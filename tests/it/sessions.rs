@@ -137,6 +137,13 @@ async fn the_table_stays_within_max_sessions_and_sheds_guests_before_students() 
         support::get(&gateway.url("/")).await;
     }
     let table = gateway.app.gateway().table();
+    // The sweeper sheds in the background as soon as a bind crosses the bound.
+    for _ in 0..100 {
+        if table.len() <= 100 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(table.len() <= 100, "table holds {}", table.len());
     for browser in &mut kept {
         let page = browser.get("/my/").await.unwrap();
