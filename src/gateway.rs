@@ -3,8 +3,8 @@
 //!
 //! This is the only place where Moodle knowledge ([`crate::moodle`]), the deal
 //! ([`crate::balancer`]) and the affinity table ([`crate::affinity`]) meet, so the
-//! routing rule reads top to bottom in [`Gateway::route`] and the learning rule in
-//! [`Gateway::learn`].
+//! routing rule reads top to bottom in `Gateway::route` and the learning rule in
+//! `Gateway::learn`.
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -1,0 +1,397 @@
+//! The gateway's configuration: the typed [`Config`] the rest of the crate reads,
+//! parsed and validated from `config.toml`.
+//!
+//! Why it is strict: a gateway running on a half-understood config misroutes
+//! students, and one misrouted request can log a student out of every node
+//! (MOODLE.md). So a typo such as `max_session` is an error, never a silent
+//! default; every value is checked before a port is bound; and *all* problems are
+//! reported in one run, each with its dotted key and line, so an admin fixes the
+//! file once instead of once per restart.
+//!
+//! Why it walks a spanned TOML tree ([`toml::de::DeTable`]) instead of deriving
+//! serde: serde stops at the first type error and cannot give the line of an
+//! unknown key, the two things an admin most needs. Parsing ([`Config::parse`],
+//! pure but for `token_file`) is separate from reading the file and environment
+//! ([`Config::load`]) so tests feed it strings.
+//!
+//! Layout: this file holds the public types, their errors and the entry points
+//! ([`Config::parse`], [`Config::load`], [`Config::describe`]); `check` walks the
+//! TOML tree collecting errors; `values` holds the pure parsers for single values;
+//! `tests` pins every message and line.
+
+use std::fmt;
+use std::fs;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::uri::Authority;
+use ipnet::IpNet;
+use toml::de::DeTable;
+
+use check::Checker;
+
+mod check;
+#[cfg(test)]
+mod tests;
+mod values;
+
+/// `listen` default: all interfaces, a port that needs no privileges.
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8080));
+/// `admin.listen` default: loopback, so the admin API is never public by accident.
+pub const DEFAULT_ADMIN_LISTEN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9090));
+/// `session.cookie` default: Moodle's name when `$CFG->sessioncookie` is empty.
+pub const DEFAULT_COOKIE: &str = "MoodleSession";
+/// `session.max_sessions` default: a million entries is tens of megabytes.
+pub const DEFAULT_MAX_SESSIONS: usize = 1_000_000;
+/// `session.logged_in_idle` default: Moodle's 8 h `sessiontimeout` plus slack, so
+/// the gateway never forgets a session Moodle still honours.
+pub const DEFAULT_LOGGED_IN_IDLE: Duration = Duration::from_secs(8 * 3600 + 30 * 60);
+/// `session.anonymous_idle` default: guests and crawlers churn, but a login form
+/// (its `logintoken` lives in the anonymous session) must stay sticky for a while.
+pub const DEFAULT_ANONYMOUS_IDLE: Duration = Duration::from_secs(3600);
+/// `timeouts.connect` default: a LAN node that cannot accept in 5 s is down.
+pub const DEFAULT_CONNECT: Duration = Duration::from_secs(5);
+/// `timeouts.response_headers` default: long enough for slow reports and backups.
+pub const DEFAULT_RESPONSE_HEADERS: Duration = Duration::from_secs(60);
+/// `timeouts.upstream_idle` default: warm connections survive a pause between
+/// clicks; long-idle ones are closed before they go stale.
+pub const DEFAULT_UPSTREAM_IDLE: Duration = Duration::from_secs(4);
+/// `timeouts.request_headers` default: bounds slow-header (slowloris) clients.
+pub const DEFAULT_REQUEST_HEADERS: Duration = Duration::from_secs(10);
+/// `nodes[].weight` default: all nodes equal.
+pub const DEFAULT_WEIGHT: u32 = 1;
+/// Largest `nodes[].weight`: keeps weighted round-robin arithmetic small.
+pub const MAX_WEIGHT: u32 = 1000;
+/// The environment variable that overrides `admin.token`/`admin.token_file`, so
+/// the secret can come from a service manager instead of a file on disk.
+pub const ADMIN_TOKEN_ENV: &str = "MOODLE_GATEWAY_ADMIN_TOKEN";
+
+/// A fully validated configuration. Every field has its default applied.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Public listener for students (`listen`).
+    pub listen: SocketAddr,
+    /// Peers whose `X-Forwarded-For` is extended rather than replaced (`trusted_proxies`).
+    pub trusted_proxies: Vec<IpNet>,
+    /// Where Moodle lives under the public host (`[site]`).
+    pub site: SiteConfig,
+    /// The admin listener (`[admin]`); `None` when the section is absent.
+    pub admin: Option<AdminConfig>,
+    /// Session cookie and affinity table settings (`[session]`).
+    pub session: SessionConfig,
+    /// Timeouts (`[timeouts]`).
+    pub timeouts: Timeouts,
+    /// The PHP web nodes (`[[nodes]]`), in file order; at least one.
+    pub nodes: Vec<UpstreamConfig>,
+    /// The data server that serves SCORM files (`[data]`).
+    pub data: UpstreamConfig,
+    /// Directory of the config file, for resolving relative paths.
+    pub base_dir: PathBuf,
+}
+
+/// `[site]`
+#[derive(Debug, Clone)]
+pub struct SiteConfig {
+    /// `path`: the wwwroot sub-path, `""` for a site at the host root, else `"/moodle"`
+    /// (leading slash, no trailing slash).
+    pub path: String,
+}
+
+/// `[admin]`. `Debug` is written by hand so the token never reaches a log.
+#[derive(Clone)]
+pub struct AdminConfig {
+    /// `listen`: never the public listener.
+    pub listen: SocketAddr,
+    /// The resolved token: `MOODLE_GATEWAY_ADMIN_TOKEN`, else `token`, else the
+    /// first line of `token_file`.
+    pub token: String,
+    /// Where `token` came from, so `check` can say so without printing it.
+    pub token_source: TokenSource,
+}
+
+/// Which of the three token settings won (the environment beats `token`, which
+/// beats `token_file`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `MOODLE_GATEWAY_ADMIN_TOKEN`.
+    Env,
+    /// `admin.token`.
+    Token,
+    /// `admin.token_file`.
+    TokenFile,
+}
+
+impl fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &"<redacted>")
+            .field("token_source", &self.token_source)
+            .finish()
+    }
+}
+
+/// `balance`: how a new session picks its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    /// `"round-robin"` (default): smooth weighted round robin.
+    RoundRobin,
+    /// `"least-sessions"`: the node with the fewest live sessions per weight.
+    LeastSessions,
+}
+
+/// `[session]`
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// `cookie`: `MoodleSession` plus `$CFG->sessioncookie`.
+    pub cookie: String,
+    /// `cookie_path`: default `site.path + "/"`.
+    pub cookie_path: String,
+    /// `balance`.
+    pub balance: Balance,
+    /// `max_sessions`: default 1,000,000.
+    pub max_sessions: usize,
+    /// `logged_in_idle`: default 8h30m (Moodle's `sessiontimeout` plus slack).
+    pub logged_in_idle: Duration,
+    /// `anonymous_idle`: default 1h.
+    pub anonymous_idle: Duration,
+}
+
+/// `[timeouts]`
+#[derive(Debug, Clone)]
+pub struct Timeouts {
+    /// `connect`: TCP connect to an upstream, default 5s.
+    pub connect: Duration,
+    /// `response_headers`: from sending the request to the upstream's response head, default 60s.
+    pub response_headers: Duration,
+    /// `upstream_idle`: how long a pooled upstream keep-alive connection may sit idle,
+    /// default 4s: below the nodes' own keep-alive timeout (Apache: 5 s), so the gateway
+    /// never reuses a connection the node is closing.
+    pub upstream_idle: Duration,
+    /// `request_headers`: how long a client may take to send its request head, default 10s.
+    pub request_headers: Duration,
+}
+
+/// One `[[nodes]]` block or the `[data]` block.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// `name`: unique among nodes and data.
+    pub name: String,
+    /// `url`: `http://host[:port]` only (no path, no TLS yet); kept as the authority.
+    pub authority: Authority,
+    /// `weight`: 1..=1000, default 1 (always 1 for `[data]`).
+    pub weight: u32,
+}
+
+impl fmt::Display for Balance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Balance::RoundRobin => "round-robin",
+            Balance::LeastSessions => "least-sessions",
+        })
+    }
+}
+
+impl fmt::Display for TokenSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TokenSource::Env => ADMIN_TOKEN_ENV,
+            TokenSource::Token => "admin.token",
+            TokenSource::TokenFile => "admin.token_file",
+        })
+    }
+}
+
+/// One problem in the config file. Displays as `<line>: <key>: <message>`,
+/// without `<line>: ` when there is no line and without `<key>: ` when the
+/// problem is the file itself (unreadable, not TOML).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted path of the offending key, like `nodes[2].url` (0-based index) or
+    /// `admin.token`; empty for problems with the file itself.
+    pub key: String,
+    /// 1-based line of the offending key or value, when there is one.
+    pub line: Option<usize>,
+    /// Lowercase reason, quoting the bad value.
+    pub message: String,
+}
+
+/// Every problem found in one run, sorted by line (line-less ones last).
+///
+/// Displays one error per line, no trailing newline, prefixed by the source
+/// (the path as given to [`Config::load`]) when known:
+/// `<source>:<line>: <key>: <message>`, or `<source>: <key>: <message>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>, Option<String>);
+
+impl ConfigErrors {
+    /// Errors with no source name yet (what [`Config::parse`] returns).
+    pub fn new(errors: Vec<ConfigError>) -> Self {
+        ConfigErrors(errors, None)
+    }
+
+    /// Names the file the errors came from, for the `<source>:` prefix.
+    pub fn with_source(mut self, source: impl Into<String>) -> Self {
+        self.1 = Some(source.into());
+        self
+    }
+
+    /// The name the errors are prefixed with, if any.
+    pub fn source(&self) -> Option<&str> {
+        self.1.as_deref()
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(line) = self.line {
+            write!(f, "{line}: ")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, "{}: ", self.key)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            f.write_str(if i == 0 { "" } else { "\n" })?;
+            match (&self.1, e.line) {
+                (Some(src), Some(_)) => write!(f, "{src}:{e}")?,
+                (Some(src), None) => write!(f, "{src}: {e}")?,
+                (None, _) => write!(f, "{e}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+impl std::error::Error for ConfigErrors {}
+
+fn error(key: impl Into<String>, line: Option<usize>, message: impl Into<String>) -> ConfigError {
+    let (key, message) = (key.into(), message.into());
+    ConfigError { key, line, message }
+}
+
+impl Config {
+    /// Reads `path` and [`ADMIN_TOKEN_ENV`], then [`parse`](Config::parse)s.
+    /// Errors carry `path` exactly as given, so `check` prints what the user typed.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let source = path.display().to_string();
+        let text = fs::read_to_string(path).map_err(|e| {
+            let message = format!("cannot read config file: {}", io_reason(&e));
+            ConfigErrors::new(vec![error("", None, message)]).with_source(&source)
+        })?;
+        let base_dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        let env_token = std::env::var(ADMIN_TOKEN_ENV).ok();
+        Config::parse(&text, base_dir, env_token).map_err(|e| e.with_source(source))
+    }
+
+    /// Parses and validates `text`, collecting every problem. Pure except that it
+    /// reads `admin.token_file` (relative to `base_dir`) when no token beats it.
+    /// `env_token` is the value of [`ADMIN_TOKEN_ENV`]; blank counts as unset.
+    pub fn parse(
+        text: &str,
+        base_dir: &Path,
+        env_token: Option<String>,
+    ) -> Result<Config, ConfigErrors> {
+        let doc = DeTable::parse(text).map_err(|e| syntax_error(text, &e))?;
+        let env_token = env_token
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty());
+        let mut c = Checker {
+            text,
+            base_dir,
+            env_token,
+            errors: Vec::new(),
+        };
+        match c.config(doc.get_ref()) {
+            Some(config) if c.errors.is_empty() => Ok(config),
+            // Whatever is missing recorded an error when it went missing.
+            _ => Err(c.finish()),
+        }
+    }
+
+    /// The resolved setup in plain words, for `moodle-gateway check`. Names
+    /// where the admin token came from, never the token.
+    pub fn describe(&self) -> String {
+        let (s, t) = (&self.session, &self.timeouts);
+        let admin = match &self.admin {
+            Some(a) => format!("{} (token: set, from {})", a.listen, a.token_source),
+            None => "none (no [admin] section)".to_owned(),
+        };
+        let proxies: Vec<String> = self.trusted_proxies.iter().map(|n| n.to_string()).collect();
+        let proxies = match proxies.is_empty() {
+            true => "none (X-Forwarded-For from clients is replaced)".to_owned(),
+            false => format!("{} (their X-Forwarded-For is extended)", proxies.join(", ")),
+        };
+        let site = Some(self.site.path.as_str()).filter(|p| !p.is_empty());
+        let site = site.unwrap_or("/ (Moodle at the host root)");
+        let d = |d| humantime::format_duration(d).to_string();
+        let (login, anon) = (d(s.logged_in_idle), d(s.anonymous_idle));
+        let [conn, head, pool, req] = [
+            t.connect,
+            t.response_headers,
+            t.upstream_idle,
+            t.request_headers,
+        ]
+        .map(d);
+        format!(
+            "public listener: {}\nadmin listener: {admin}\ntrusted proxies: {proxies}\n\
+             site path: {site}\nsession cookie: {} (path {})\nbalance: {}\n\
+             sessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
+             timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}\n{}",
+            self.listen, s.cookie, s.cookie_path, s.balance, s.max_sessions, self.describe_routing()
+        )
+    }
+
+    /// The upstreams and which requests go where.
+    fn describe_routing(&self) -> String {
+        let (p, data) = (&self.site.path, &self.data);
+        let mut out = "nodes:\n".to_owned();
+        for n in &self.nodes {
+            out += &format!("  {} http://{} weight {}\n", n.name, n.authority, n.weight);
+        }
+        out + &format!(
+            "data server: {} http://{}\n\
+             routing: SCORM files ({p}/pluginfile.php/*/mod_scorm/..., and the same files via \
+             {p}/webservice/pluginfile.php, {p}/tokenpluginfile.php and legacy {p}/file.php) go to \
+             the data server \"{}\"; every other request goes to a PHP node: the one its {} cookie \
+             is bound to, otherwise the next by {}.\n",
+            data.name, data.authority, data.name, self.session.cookie, self.session.balance
+        )
+    }
+}
+
+/// A TOML syntax error leaves no tree to check, so it is reported alone.
+fn syntax_error(text: &str, e: &toml::de::Error) -> ConfigErrors {
+    let line = e.span().map(|s| line_of(text, s.start));
+    let message = format!("invalid TOML: {}", e.message().replace('\n', "; "));
+    ConfigErrors::new(vec![error("", line, message)])
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// `std::io::Error` messages start with a capital; ours are lowercase.
+fn io_reason(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    let mut chars = s.chars();
+    chars
+        .next()
+        .map_or(String::new(), |c| c.to_lowercase().chain(chars).collect())
+}

@@ -1,0 +1,348 @@
+//! Unit tests for `config`: every message, key and line number an admin can see,
+//! pinned here so the parser can change shape without changing what it reports.
+
+use super::*;
+
+const NODES: &str = "[[nodes]]\nname = \"web1\"\nurl = \"http://192.168.1.1\"\n";
+const DATA: &str = "[data]\nname = \"data\"\nurl = \"http://192.168.1.5\"\n";
+
+fn parse(text: &str, env: Option<&str>) -> Result<Config, ConfigErrors> {
+    Config::parse(text, Path::new("/nonexistent"), env.map(String::from))
+}
+
+/// The errors for `text`, one `<line>: <key>: <message>` per line.
+fn errors(text: &str) -> String {
+    let errors = parse(text, None).expect_err("config should be rejected").0;
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_minimal_config_gets_every_default() {
+    let c = parse(&format!("{NODES}{DATA}"), None).unwrap();
+    assert_eq!(
+        c.describe(),
+        r#"public listener: 0.0.0.0:8080
+admin listener: none (no [admin] section)
+trusted proxies: none (X-Forwarded-For from clients is replaced)
+site path: / (Moodle at the host root)
+session cookie: MoodleSession (path /)
+balance: round-robin
+sessions: at most 1000000; forgotten after 8h 30m idle when logged in, 1h when anonymous
+timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s
+nodes:
+  web1 http://192.168.1.1 weight 1
+data server: data http://192.168.1.5
+routing: SCORM files (/pluginfile.php/*/mod_scorm/..., and the same files via /webservice/pluginfile.php, /tokenpluginfile.php and legacy /file.php) go to the data server "data"; every other request goes to a PHP node: the one its MoodleSession cookie is bound to, otherwise the next by round-robin.
+"#
+    );
+    assert_eq!(c.session.logged_in_idle, DEFAULT_LOGGED_IN_IDLE);
+    assert_eq!(c.base_dir, Path::new("/nonexistent"));
+}
+
+const FULL: &str = r#"listen = "[::]:80"
+trusted_proxies = ["10.1.2.3/8", "192.0.2.7", "2001:db8::/32"]
+[site]
+path = "/moodle/"
+[admin]
+listen = "127.0.0.1:9999"
+token = "s3cret-token"
+[session]
+cookie = "MoodleSessionprod"
+balance = "least-sessions"
+max_sessions = 5_000
+logged_in_idle = "2h 30m"
+anonymous_idle = "15m"
+[timeouts]
+connect = "1s"
+response_headers = "2m"
+upstream_idle = "30s"
+request_headers = "3s"
+[[nodes]]
+name = "web1"
+url = "http://192.168.1.1:8080/"
+weight = 3
+[[nodes]]
+name = "web-2.b_c"
+url = "HTTP://[fd00::2]"
+[data]
+name = "data"
+url = "http://192.168.1.1:8081"
+"#;
+
+#[test]
+fn a_full_config_reads_every_key() {
+    let c = parse(FULL, None).unwrap();
+    assert_eq!(
+        c.describe(),
+        r#"public listener: [::]:80
+admin listener: 127.0.0.1:9999 (token: set, from admin.token)
+trusted proxies: 10.0.0.0/8, 192.0.2.7/32, 2001:db8::/32 (their X-Forwarded-For is extended)
+site path: /moodle
+session cookie: MoodleSessionprod (path /moodle/)
+balance: least-sessions
+sessions: at most 5000; forgotten after 2h 30m idle when logged in, 15m when anonymous
+timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s
+nodes:
+  web1 http://192.168.1.1:8080 weight 3
+  web-2.b_c http://[fd00::2] weight 1
+data server: data http://192.168.1.1:8081
+routing: SCORM files (/moodle/pluginfile.php/*/mod_scorm/..., and the same files via /moodle/webservice/pluginfile.php, /moodle/tokenpluginfile.php and legacy /moodle/file.php) go to the data server "data"; every other request goes to a PHP node: the one its MoodleSessionprod cookie is bound to, otherwise the next by least-sessions.
+"#
+    );
+    assert_eq!(c.admin.map(|a| a.token).as_deref(), Some("s3cret-token"));
+}
+
+/// Asserts the errors for `doc` followed by a valid `[[nodes]]` and `[data]`.
+fn check(doc: &str, want: &str) {
+    assert_eq!(
+        errors(&format!("{doc}\n{NODES}{DATA}")),
+        want.trim(),
+        "for {doc:?}"
+    );
+}
+
+#[test]
+fn top_level_site_session_and_timeout_problems() {
+    let doc = r#"listen = "localhost:80"
+trusted_proxies = ["10.0.0.0/33", 7]
+lisen = 1
+[site]
+path = "moodle"
+[session]
+cookie = "Moodle Session"
+cookie_path = "moodle/"
+balance = "random"
+max_sessions = 0
+logged_in_idle = "8"
+anonymous_idle = 60
+[timeouts]
+connect = "0s"
+read = "5s"
+upstream_idle = "400 days""#;
+    check(
+        doc,
+        r#"
+1: listen: "localhost:80" is not an ip:port address (like "0.0.0.0:8080")
+2: trusted_proxies[0]: "10.0.0.0/33" is not an IP address or CIDR (like "10.0.0.0/8")
+2: trusted_proxies[1]: expected a string, found integer
+3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, nodes, data)
+5: site.path: "moodle" must start with "/" (like "/moodle")
+7: session.cookie: "Moodle Session" is not a valid cookie name
+8: session.cookie_path: "moodle/" must start with "/"
+9: session.balance: "random" is not "round-robin" or "least-sessions"
+10: session.max_sessions: must be at least 1, got 0
+11: session.logged_in_idle: "8" is not a duration (like "5s", "90s" or "8h30m")
+12: session.anonymous_idle: expected a duration string (like "90s"), found integer
+14: timeouts.connect: "0s" must be greater than 0
+15: timeouts.read: unknown key (expected one of: connect, response_headers, upstream_idle, request_headers)
+16: timeouts.upstream_idle: "400 days" is longer than a year"#,
+    );
+    check("site = 3", "1: site: expected a table, found integer");
+    check(
+        "site.path = \"/a//b\"",
+        r#"1: site.path: "/a//b" has an empty, "." or ".." segment"#,
+    );
+    let want = r#"1: site.path: "/mo odle" contains a character not allowed in a URL path"#;
+    check("site.path = \"/mo odle\"", want);
+    let want = "1: session.max_sessions: expected an integer, found string";
+    check("session.max_sessions = \"many\"", want);
+}
+
+#[test]
+fn admin_problems() {
+    let no_token = "no admin token: set token, token_file or MOODLE_GATEWAY_ADMIN_TOKEN";
+    check("[admin]", &format!("1: admin.token: {no_token}"));
+    check(
+        "admin = \"yes\"",
+        "1: admin: expected a table, found string",
+    );
+    let want = "1: admin.listen: 127.0.0.1:8080 clashes with the public listen 0.0.0.0:8080";
+    check(
+        "admin = { listen = \"127.0.0.1:8080\", token = \"t\" }",
+        want,
+    );
+    let want = "1: admin.token_file: set either token or token_file, not both";
+    check("admin = { token = \"t\", token_file = \"t.txt\" }", want);
+    let want = "1: admin.token: must be printable ASCII without spaces";
+    check("admin.token = \"two words\"", want);
+    check("admin.token = \"\"", "1: admin.token: must not be empty");
+    let want = "1: admin.token_file: cannot read /nonexistent/t.txt: no such file or directory";
+    assert!(errors(&format!("admin.token_file = \"t.txt\"\n{NODES}{DATA}")).starts_with(want));
+}
+
+#[test]
+fn node_problems() {
+    let doc = r#"[[nodes]]
+name = "web 2"
+url = "ftp://x"
+weight = 1001
+port = 80
+[[nodes]]
+name = ""
+url = "https://x"
+weight = "x"
+[[nodes]]
+weight = 2
+[[nodes]]
+name = "n3"
+url = "http://x/moodle"
+[[nodes]]
+name = "n4"
+url = "http://x?a=1"
+[[nodes]]
+name = "n5"
+url = "http://u:p@x"
+[[nodes]]
+name = "n6"
+url = "http://x:0"
+[[nodes]]
+name = "n7"
+url = "http://:80"
+[[nodes]]
+name = "web1"
+url = "http://192.168.1.1:80"
+[[nodes]]
+name = "n9"
+url = "192.168.1.2""#;
+    check(
+        doc,
+        r#"
+2: nodes[0].name: "web 2" may only contain letters, digits, ".", "_" and "-"
+3: nodes[0].url: "ftp://x" is not an http:// URL
+4: nodes[0].weight: must be between 1 and 1000, got 1001
+5: nodes[0].port: unknown key (expected one of: name, url, weight)
+7: nodes[1].name: must not be empty
+8: nodes[1].url: "https://x": TLS to upstreams is not supported yet
+9: nodes[1].weight: expected an integer, found string
+10: nodes[2].name: missing required key
+10: nodes[2].url: missing required key
+14: nodes[3].url: "http://x/moodle" must be just http://host[:port], without a path
+17: nodes[4].url: "http://x?a=1" must be just http://host[:port], without a path
+20: nodes[5].url: "http://u:p@x" must not contain user info
+23: nodes[6].url: "http://x:0" has no valid host[:port]
+26: nodes[7].url: "http://:80" has no valid host[:port]
+32: nodes[9].url: "192.168.1.2" is not an http:// URL
+34: nodes[10].name: duplicate name "web1" (already used by nodes[8])
+35: nodes[10].url: duplicate address "192.168.1.1:80" (already used by nodes[8])"#,
+    );
+}
+
+#[test]
+fn whole_file_problems() {
+    let bad = |text: &str, want: &str| assert_eq!(errors(text), want, "for {text:?}");
+    let no_nodes = "nodes: at least one [[nodes]] block is required";
+    let no_data = "data: missing required section [data] (the server for SCORM files)";
+    bad("", &format!("{no_nodes}\n{no_data}"));
+    bad(NODES, no_data);
+    bad(&format!("nodes = []\n{DATA}"), &format!("1: {no_nodes}"));
+    let want = "1: nodes: expected an array of tables, found string";
+    bad(&format!("nodes = \"web1\"\n{DATA}"), want);
+    bad(
+        &format!("nodes = [1]\n{DATA}"),
+        "1: nodes[0]: expected a table, found integer",
+    );
+    let want = "7: data.weight: unknown key (expected one of: name, url)";
+    bad(&format!("{NODES}{DATA}weight = 2"), want);
+    let want = r#"5: data.name: duplicate name "web1" (already used by nodes[0])
+6: data.url: duplicate address "192.168.1.1:80" (already used by nodes[0])"#;
+    bad(
+        &format!("{NODES}[data]\nname = \"web1\"\nurl = \"http://192.168.1.1/\""),
+        want,
+    );
+    let want = "1: invalid TOML: string values must be quoted, expected literal string";
+    bad("listen = \n", want);
+    bad(
+        &format!("{NODES}{DATA}name = \"again\""),
+        "7: invalid TOML: duplicate key",
+    );
+}
+
+#[test]
+fn all_problems_come_back_together_sorted_by_line() {
+    let text = format!(
+        "[[nodes]]\nname = \"web1\"\nurl = \"ftp://h\"\n[session]\ncookies = \"x\"\n{NODES}{DATA}"
+    );
+    let errors = parse(&text, None).unwrap_err().with_source("gw.toml");
+    assert_eq!(
+        errors.to_string(),
+        "gw.toml:3: nodes[0].url: \"ftp://h\" is not an http:// URL\n\
+         gw.toml:5: session.cookies: unknown key (expected one of: cookie, cookie_path, balance, max_sessions, logged_in_idle, anonymous_idle)\n\
+         gw.toml:7: nodes[1].name: duplicate name \"web1\" (already used by nodes[0])"
+    );
+}
+
+#[test]
+fn admin_token_precedence_is_env_then_token_then_file() {
+    let dir = std::env::temp_dir().join(format!("moodle-gateway-config-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("admin.token"), "  from-file  \nsecond line\n").unwrap();
+    let admin = |keys: &str, env: Option<&str>| {
+        let text = format!("[admin]\n{keys}\n{NODES}{DATA}");
+        let a = Config::parse(&text, &dir, env.map(String::from))
+            .unwrap()
+            .admin
+            .unwrap();
+        (a.token, a.token_source)
+    };
+    let env = ("from-env".to_owned(), TokenSource::Env);
+    assert_eq!(admin("token = \"inline\"", Some(" from-env\n")), env);
+    assert_eq!(admin("token_file = \"admin.token\"", Some("from-env")), env);
+    assert_eq!(admin("token_file = \"not-read\"", Some("from-env")), env);
+    assert_eq!(
+        admin("token = \"inline\"", Some("  ")),
+        ("inline".into(), TokenSource::Token)
+    );
+    let file = ("from-file".to_owned(), TokenSource::TokenFile);
+    assert_eq!(admin("token_file = \"admin.token\"", None), file);
+    let abs = format!(
+        "token_file = {:?}",
+        dir.join("admin.token").display().to_string()
+    );
+    assert_eq!(admin(&abs, None), file);
+    fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn describe_and_debug_never_show_the_token() {
+    let c = parse(FULL, Some("env-secret")).unwrap();
+    let want = "admin listener: 127.0.0.1:9999 (token: set, from MOODLE_GATEWAY_ADMIN_TOKEN)\n";
+    assert!(c.describe().contains(want), "{}", c.describe());
+    assert!(!c.describe().contains("env-secret") && !format!("{c:?}").contains("env-secret"));
+}
+
+#[test]
+fn the_shipped_config_parses() {
+    let c = parse(include_str!("../../config.toml"), Some("from-env")).unwrap();
+    let names: Vec<_> = c.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["web1", "web2", "web3", "web4"]);
+    assert_eq!(c.data.authority.as_str(), "192.168.1.5");
+    assert_eq!(c.admin.unwrap().token_source, TokenSource::Env);
+}
+
+/// Pins the exact `check` stderr the integration test compares against:
+/// every `fixtures/config/X.toml` fails with exactly `X.expected`.
+#[test]
+fn broken_fixtures_report_exactly_their_expected_lines() {
+    let mut checked = 0;
+    for entry in fs::read_dir("fixtures/config").unwrap() {
+        let path = format!(
+            "fixtures/config/{}",
+            entry.unwrap().file_name().to_string_lossy()
+        );
+        let Some(stem) = path.strip_suffix(".toml") else {
+            continue;
+        };
+        let expected = fs::read_to_string(format!("{stem}.expected")).unwrap();
+        let errors = Config::load(Path::new(&path)).expect_err(&path);
+        assert_eq!(format!("{errors}\n"), expected, "for {path}");
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} fixtures");
+    let missing = Config::load(Path::new("fixtures/config/nope.toml")).unwrap_err();
+    let want = "fixtures/config/nope.toml: cannot read config file: no such file or directory";
+    assert!(missing.to_string().starts_with(want), "{missing}");
+}

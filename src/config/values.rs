@@ -1,0 +1,166 @@
+//! Parsers and validators for single config values (addresses, durations, paths,
+//! cookie and node names, upstream URLs, tokens): pure functions from a raw value
+//! to a typed one or the message to report. Separate from the tree walk so each
+//! rule can be read, and changed, on its own.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use http::uri::Authority;
+use ipnet::IpNet;
+
+use super::{Balance, TokenSource, ADMIN_TOKEN_ENV};
+
+/// `Err(message())` unless `ok`: keeps the value checks below flat.
+fn ensure(ok: bool, message: impl FnOnce() -> String) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(message())
+    }
+}
+
+pub(super) fn parse_addr(raw: &str) -> Result<SocketAddr, String> {
+    raw.parse()
+        .map_err(|_| format!("{raw:?} is not an ip:port address (like \"0.0.0.0:8080\")"))
+}
+
+/// Longest accepted duration: far beyond any sensible timeout, and small enough
+/// that `Instant::now() + d` can never overflow anywhere in the crate.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+pub(super) fn parse_duration(raw: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(raw)
+        .map_err(|_| format!("{raw:?} is not a duration (like \"5s\", \"90s\" or \"8h30m\")"))?;
+    ensure(!d.is_zero(), || format!("{raw:?} must be greater than 0"))?;
+    ensure(d <= MAX_DURATION, || {
+        format!("{raw:?} is longer than a year")
+    })
+    .map(|()| d)
+}
+
+/// A bare address means just that host; host bits under a CIDR mask are dropped.
+pub(super) fn parse_net(raw: &str) -> Result<IpNet, String> {
+    let net = raw.parse::<IpNet>().map(|n| n.trunc());
+    net.or_else(|_| raw.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("{raw:?} is not an IP address or CIDR (like \"10.0.0.0/8\")"))
+}
+
+pub(super) fn parse_balance(raw: &str) -> Result<Balance, String> {
+    match raw {
+        "round-robin" => Ok(Balance::RoundRobin),
+        "least-sessions" => Ok(Balance::LeastSessions),
+        _ => Err(format!(
+            "{raw:?} is not \"round-robin\" or \"least-sessions\""
+        )),
+    }
+}
+
+/// `""` and `"/"` mean the host root; a trailing slash is dropped so that
+/// `path + "/pluginfile.php"` is always right.
+pub(super) fn site_path(raw: &str) -> Result<String, String> {
+    let path = raw.strip_suffix('/').unwrap_or(raw);
+    let rooted = path.is_empty() || path.starts_with('/');
+    ensure(rooted, || {
+        format!("{raw:?} must start with \"/\" (like \"/moodle\")")
+    })?;
+    let bad_segment = path
+        .split('/')
+        .skip(1)
+        .any(|s| matches!(s, "" | "." | ".."));
+    ensure(!bad_segment, || {
+        format!("{raw:?} has an empty, \".\" or \"..\" segment")
+    })?;
+    path_chars(raw).map(|()| path.to_owned())
+}
+
+pub(super) fn cookie_path(raw: &str) -> Result<String, String> {
+    ensure(raw.starts_with('/'), || {
+        format!("{raw:?} must start with \"/\"")
+    })?;
+    path_chars(raw).map(|()| raw.to_owned())
+}
+
+/// Plain URL path characters only: no query, fragment, escapes or `;`, which
+/// would change meaning inside a URL or a `Set-Cookie` attribute.
+fn path_chars(raw: &str) -> Result<(), String> {
+    let plain = raw
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/-._~!$&'()*+=:@".contains(c));
+    ensure(plain, || {
+        format!("{raw:?} contains a character not allowed in a URL path")
+    })
+}
+
+/// An RFC 6265 cookie-name token, since the gateway matches it byte for byte.
+pub(super) fn cookie_name(raw: &str) -> Result<String, String> {
+    let token = |b: u8| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b);
+    let ok = !raw.is_empty() && raw.bytes().all(token);
+    ensure(ok, || format!("{raw:?} is not a valid cookie name")).map(|()| raw.to_owned())
+}
+
+/// Names appear in logs, metrics labels and admin URLs: keep them plain.
+pub(super) fn node_name(raw: &str) -> Result<String, String> {
+    ensure(!raw.is_empty(), || "must not be empty".to_owned())?;
+    let plain = raw
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    let why = || format!("{raw:?} may only contain letters, digits, \".\", \"_\" and \"-\"");
+    ensure(plain, why).map(|()| raw.to_owned())
+}
+
+/// The gateway forwards the browser's path unchanged, so an upstream is only a
+/// host and port: a path here would be silently ignored, hence an error.
+pub(super) fn upstream_authority(raw: &str) -> Result<Authority, String> {
+    let scheme_end = raw.find("://").map_or(0, |i| i + 3);
+    match raw[..scheme_end].to_ascii_lowercase().as_str() {
+        "http://" => {}
+        "https://" => return Err(format!("{raw:?}: TLS to upstreams is not supported yet")),
+        _ => return Err(format!("{raw:?} is not an http:// URL")),
+    }
+    let rest = &raw[scheme_end..];
+    let (auth, tail) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
+    let no_path = tail.is_empty() || tail == "/";
+    ensure(no_path, || {
+        format!("{raw:?} must be just http://host[:port], without a path")
+    })?;
+    ensure(!auth.contains('@'), || {
+        format!("{raw:?} must not contain user info")
+    })?;
+    let bad = || format!("{raw:?} has no valid host[:port]");
+    let authority: Authority = auth.parse().map_err(|_| bad())?;
+    let port = authority.as_str().get(authority.host().len() + 1..);
+    let bad_port = port.is_some_and(|p| !matches!(p.parse::<u16>(), Ok(1..)));
+    ensure(!authority.host().is_empty() && !bad_port, bad).map(|()| authority)
+}
+
+/// Two URLs name the same server when host (case-insensitively) and port match.
+pub(super) fn server_key(a: &Authority) -> String {
+    format!(
+        "{}:{}",
+        a.host().to_ascii_lowercase(),
+        a.port_u16().unwrap_or(80)
+    )
+}
+
+/// Port 0 asks the OS for a free port, so it never clashes (tests rely on it).
+/// A wildcard address takes its port on every interface (`[::]` usually on IPv4
+/// too), so it clashes with anything on the same port.
+pub(super) fn listeners_clash(a: SocketAddr, b: SocketAddr) -> bool {
+    let wildcard = a.ip().is_unspecified() || b.ip().is_unspecified();
+    a.port() != 0 && a.port() == b.port() && (a.ip() == b.ip() || wildcard)
+}
+
+/// The token travels in an HTTP header and is compared byte for byte.
+pub(super) fn token_problem(token: &str, source: TokenSource) -> Option<String> {
+    let from = match source {
+        TokenSource::Env => format!("{ADMIN_TOKEN_ENV} "),
+        TokenSource::Token => String::new(),
+        TokenSource::TokenFile => "its first line ".to_owned(),
+    };
+    if token.is_empty() {
+        return Some(format!("{from}must not be empty"));
+    }
+    let printable = token.bytes().all(|b| b.is_ascii_graphic());
+    (!printable).then(|| format!("{from}must be printable ASCII without spaces"))
+}

@@ -1,0 +1,197 @@
+//! A PHP node's Moodle-like session behaviour: which scripts run in a session, the
+//! login form, login and logout rotating the id, and pages behind `require_login()`.
+
+use bytes::Bytes;
+use http::header::{HeaderValue, COOKIE, LOCATION, SET_COOKIE};
+use http::request::Parts;
+use http::{HeaderMap, Method, Response, StatusCode};
+use http_body_util::Full;
+
+use super::registry::Current;
+use super::{reply, Inner, StandInConfig};
+
+/// Scripts that never start a session (`NO_MOODLE_COOKIES`), relative to the site path.
+/// Deliberately written out again rather than taken from `crate::moodle`: the
+/// stand-in plays Moodle, and a test double that shared the gateway's classifier would
+/// agree with any mistake in it.
+const SESSIONLESS: &[&str] = &[
+    "/theme/styles.php",
+    "/theme/javascript.php",
+    "/theme/image.php",
+    "/theme/font.php",
+    "/theme/yui_combo.php",
+    "/lib/javascript.php",
+    "/lib/requirejs.php",
+    "/tokenpluginfile.php",
+];
+/// Scripts that call `require_login()`.
+const LOGIN_REQUIRED: &[&str] = &[
+    "/my/",
+    "/course/view.php",
+    "/mod/scorm/player.php",
+    "/mod/scorm/datamodel.php",
+];
+
+/// What a path under the site is, as Moodle's scripts see it.
+#[derive(Debug, PartialEq, Eq)]
+enum Target<'a> {
+    /// `tool_heartbeat`: no session, a fixed answer.
+    Heartbeat,
+    /// `NO_MOODLE_COOKIES` scripts and static files.
+    Sessionless,
+    /// A script (or directory index) that runs in a session.
+    Script(&'a str),
+}
+
+/// `rest` is the path below the site; a script is the path up to its first `.php`
+/// segment, so slash arguments (`/theme/styles.php/boost/1/all`) name their script.
+fn target(rest: &str) -> Target<'_> {
+    if rest.starts_with("/admin/tool/heartbeat/") {
+        return Target::Heartbeat;
+    }
+    if rest.starts_with("/webservice/") {
+        return Target::Sessionless;
+    }
+    let script = rest
+        .match_indices(".php")
+        .map(|(i, _)| &rest[..i + 4])
+        .find(|s| matches!(rest.as_bytes().get(s.len()), None | Some(b'/')));
+    match script {
+        Some(s) if SESSIONLESS.contains(&s) => Target::Sessionless,
+        Some(s) => Target::Script(s),
+        None if rest.ends_with('/') => Target::Script(rest),
+        None => Target::Sessionless,
+    }
+}
+
+/// The path below `site`, or `None` when the request is outside the site.
+fn under<'a>(path: &'a str, site: &str) -> Option<&'a str> {
+    match path.strip_prefix(site)? {
+        "" => Some("/"),
+        rest if rest.starts_with('/') => Some(rest),
+        _ => None,
+    }
+}
+
+impl Inner {
+    pub(super) fn node(&self, parts: &Parts, body: &[u8]) -> Response<Full<Bytes>> {
+        let Some(rest) = under(parts.uri.path(), &self.config.site_path) else {
+            return reply(StatusCode::NOT_FOUND, "not under the site path\n");
+        };
+        match target(rest) {
+            Target::Heartbeat => reply(StatusCode::OK, "Server is ALIVE\n"),
+            Target::Sessionless => reply(
+                StatusCode::OK,
+                format!("/* {rest} from {} */\n", self.config.name),
+            ),
+            Target::Script(script) => self.script(script, parts, body),
+        }
+    }
+
+    /// One script inside a session, then `Set-Cookie` if the session started or rotated.
+    fn script(&self, script: &str, parts: &Parts, body: &[u8]) -> Response<Full<Bytes>> {
+        let StandInConfig {
+            name,
+            site_path: site,
+            cookie,
+            ..
+        } = &self.config;
+        let mut current = self
+            .registry
+            .resolve(name, session_cookie(&parts.headers, cookie));
+        let post = parts.method == Method::POST;
+        let mut response = match script {
+            "/login/index.php" if post => self.log_in(&mut current, body),
+            "/login/index.php" => login_form(site, name, &current.logintoken, ""),
+            "/login/logout.php" => self.log_out(&mut current),
+            s if LOGIN_REQUIRED.contains(&s) || s == "/my/index.php" => match &current.user {
+                None => redirect(format!("{site}/login/index.php")),
+                Some(_) if post && s == "/mod/scorm/datamodel.php" => reply(StatusCode::OK, "true"),
+                Some(user) => reply(StatusCode::OK, hello(site, user, name)),
+            },
+            _ => reply(StatusCode::OK, format!("<p>{script} from {name}\n")),
+        };
+        if current.issue {
+            let line = format!("{cookie}={}; path={site}/; HttpOnly", current.id);
+            let line =
+                HeaderValue::try_from(line).expect("ids and validated names are header-safe");
+            response.headers_mut().append(SET_COOKIE, line);
+        }
+        response
+    }
+
+    /// `login_user()` after the `logintoken` check: any username and password pass.
+    fn log_in(&self, current: &mut Current, body: &[u8]) -> Response<Full<Bytes>> {
+        let (name, site) = (&self.config.name, &self.config.site_path);
+        if form_value(body, "logintoken").as_deref() != Some(current.logintoken.as_str()) {
+            let error = "<p class=\"error\">invalidlogintoken: your session may have timed out\n";
+            return login_form(site, name, &current.logintoken, error);
+        }
+        let user = form_value(body, "username").filter(|u| !u.is_empty());
+        let user = user.unwrap_or_else(|| "student".to_owned());
+        self.registry.rotate(name, current, Some(user));
+        redirect(format!("{site}/my/"))
+    }
+
+    /// `terminate_current()`: a logged-in student gets a new anonymous session.
+    fn log_out(&self, current: &mut Current) -> Response<Full<Bytes>> {
+        if current.user.is_some() {
+            self.registry.rotate(&self.config.name, current, None);
+        }
+        redirect(format!("{}/", self.config.site_path))
+    }
+}
+
+/// Moodle's `redirect()` answers 303 See Other.
+fn redirect(location: String) -> Response<Full<Bytes>> {
+    let mut response = reply(StatusCode::SEE_OTHER, "");
+    let location = HeaderValue::try_from(location).expect("site paths are header-safe");
+    response.headers_mut().insert(LOCATION, location);
+    response
+}
+
+/// A usable form for a real browser (the demo), and `logintoken=TOKEN` for scripts.
+fn login_form(site: &str, node: &str, token: &str, error: &str) -> Response<Full<Bytes>> {
+    reply(StatusCode::OK, format!(
+        "<!doctype html><title>Log in</title>{error}<p>Log in on {node} (any name and password)\n\
+         <form method=\"post\" action=\"{site}/login/index.php\">\
+         <input type=\"hidden\" name=\"logintoken\" value=\"{token}\">\
+         <input name=\"username\" value=\"student\"><input name=\"password\" type=\"password\" value=\"x\">\
+         <button>Log in</button></form>\n<!-- logintoken={token} -->\n"
+    ))
+}
+
+fn hello(site: &str, user: &str, node: &str) -> String {
+    format!(
+        "Hello {user} from {node}\n<p><a href=\"{site}/course/view.php?id=2\">course</a> \
+         <a href=\"{site}/mod/scorm/player.php?a=1\">SCORM</a> \
+         <a href=\"{site}/login/logout.php?sesskey=x\">log out</a>\n"
+    )
+}
+
+/// The first cookie called `name` across all `Cookie` headers, as PHP reads it;
+/// empty and `deleted` count as no cookie.
+fn session_cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    let (_, value) = headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(n, _)| *n == name)?;
+    (!value.is_empty() && value != "deleted").then_some(value)
+}
+
+fn form_value(body: &[u8], key: &str) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    let (_, value) = text
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+        .find(|(k, _)| *k == key)?;
+    let value = value.replace('+', " ");
+    Some(
+        percent_encoding::percent_decode_str(&value)
+            .decode_utf8_lossy()
+            .into_owned(),
+    )
+}
