@@ -16,6 +16,8 @@ pub enum GatewayError {
     AmbiguousPath,
     /// `CONNECT`: the gateway is a reverse proxy, not a tunnel to anywhere.
     MethodNotAllowed,
+    /// The student's upload paused longer than `timeouts.body_idle`.
+    ClientTimeout,
     /// The upstream refused the connection, was unreachable, or did not accept it in time.
     UpstreamUnreachable,
     /// The upstream accepted the request but broke the exchange before a response head.
@@ -30,6 +32,7 @@ impl GatewayError {
         match self {
             Self::AmbiguousPath => StatusCode::BAD_REQUEST,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::UpstreamUnreachable | Self::UpstreamBroken => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -40,6 +43,7 @@ impl GatewayError {
         match self {
             Self::AmbiguousPath => "bad request: ambiguous path\n",
             Self::MethodNotAllowed => "method not allowed\n",
+            Self::ClientTimeout => "request timeout: the upload stopped arriving\n",
             Self::UpstreamUnreachable => "bad gateway: the moodle server could not be reached\n",
             Self::UpstreamBroken => "bad gateway: the moodle server closed the connection\n",
             Self::UpstreamTimeout => "gateway timeout: the moodle server did not answer in time\n",
@@ -80,6 +84,7 @@ mod tests {
         let table = [
             (GatewayError::AmbiguousPath, 400),
             (GatewayError::MethodNotAllowed, 405),
+            (GatewayError::ClientTimeout, 408),
             (GatewayError::UpstreamUnreachable, 502),
             (GatewayError::UpstreamBroken, 502),
             (GatewayError::UpstreamTimeout, 504),

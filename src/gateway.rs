@@ -8,7 +8,6 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response};
@@ -18,13 +17,14 @@ use ipnet::IpNet;
 
 use crate::affinity::{AffinityTable, Clock, Limits, SessionKey, SessionState};
 use crate::balancer::{Balancer, NodeId};
+use crate::body::IdleLimited;
 use crate::config::{Balance, Config};
 use crate::error::GatewayError;
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
-use crate::proxy::{self, Peer, UpstreamClient};
+use crate::proxy::{self, Deadlines, Peer, UpstreamClient};
 
 /// What a student receives: the node's streaming body, or the gateway's own short page.
-pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+pub type ProxyBody = Either<IdleLimited, Full<Bytes>>;
 
 /// One upstream as the request path needs it.
 #[derive(Debug, Clone)]
@@ -69,7 +69,7 @@ pub struct Gateway {
     nodes: Box<[Upstream]>,
     data: Upstream,
     trusted_proxies: Box<[IpNet]>,
-    response_timeout: Duration,
+    deadlines: Deadlines,
 }
 
 impl Gateway {
@@ -96,7 +96,10 @@ impl Gateway {
             nodes: config.nodes.iter().map(upstream).collect(),
             data: upstream(&config.data),
             trusted_proxies: config.trusted_proxies.clone().into_boxed_slice(),
-            response_timeout: config.timeouts.response_headers,
+            deadlines: Deadlines {
+                response_headers: config.timeouts.response_headers,
+                body_idle: config.timeouts.body_idle,
+            },
         }
     }
 
@@ -141,7 +144,7 @@ impl Gateway {
             &upstream.authority,
             request,
             peer,
-            self.response_timeout,
+            self.deadlines,
         );
         match forwarded.await {
             Ok(response) => {

@@ -7,6 +7,7 @@
 //! - [`affinity`]: the session → node table learned from the nodes' `Set-Cookie`.
 //! - [`gateway`]: one request's journey: classify, route, forward, learn.
 //! - [`proxy`]: forwarding mechanics: header hygiene, pooled client, streaming.
+//! - [`body`]: the streaming bodies: when an upload is sent, how long a body may pause.
 //! - [`error`]: the failures a student can see, and their statuses.
 //! - [`admin`]: the token-protected admin API on its own listener.
 //! - [`app`]: builds the routers and serves the listeners until shutdown.
@@ -17,6 +18,7 @@ pub mod admin;
 pub mod affinity;
 pub mod app;
 pub mod balancer;
+pub mod body;
 pub mod config;
 pub mod demo;
 pub mod error;

@@ -7,8 +7,6 @@
 //! back-pressure flows from the slow side to the fast one.
 
 use std::net::IpAddr;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -20,56 +18,22 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::sync::oneshot;
 
+use crate::body::{is_body_idle, IdleLimited, RequestBody};
 use crate::config::Timeouts;
 use crate::error::GatewayError;
 
 /// The one pooled client shared by every upstream: keep-alive connections are reused
 /// per upstream authority. Its request body is the student's own `Incoming` body,
-/// handed over as is: no boxing, no copy.
+/// handed over as is (no boxing, no copy) inside a [`RequestBody`].
 pub type UpstreamClient = Client<HttpConnector, RequestBody>;
 
-/// The student's request body on its way to a node, saying when it has been sent in
-/// full. The response-header timeout starts only then: PHP reads a whole upload
-/// before the script runs, so a 300 MB SCORM package that takes two minutes to
-/// arrive must not be cut off by a 60 s wait for the answer.
-#[derive(Debug)]
-pub struct RequestBody {
-    inner: Incoming,
-    sent: Option<oneshot::Sender<()>>,
-}
-
-impl RequestBody {
-    fn finished(&mut self) {
-        if let Some(sent) = self.sent.take() {
-            let _ = sent.send(());
-        }
-    }
-}
-
-impl http_body::Body for RequestBody {
-    type Data = bytes::Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let frame = Pin::new(&mut self.inner).poll_frame(cx);
-        // hyper stops polling once a sized body reports its end, so check after
-        // every frame, not only for the final `None`.
-        if matches!(frame, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream() {
-            self.finished();
-        }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
+/// How long the parts of one exchange may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    /// From the end of the request body to the response head.
+    pub response_headers: Duration,
+    /// The longest pause inside a body, either way.
+    pub body_idle: Duration,
 }
 
 /// Builds the pooled client with the configured connect and idle timeouts.
@@ -100,8 +64,8 @@ pub async fn forward(
     upstream: &Authority,
     mut request: Request<Incoming>,
     peer: Peer,
-    response_timeout: Duration,
-) -> Result<Response<Incoming>, GatewayError> {
+    deadlines: Deadlines,
+) -> Result<Response<IdleLimited>, GatewayError> {
     *request.uri_mut() = upstream_uri(upstream, request.uri());
     prepare_request_headers(request.headers_mut(), peer);
     // A body-less request (most of them) needs no signal: its timer starts now.
@@ -112,12 +76,12 @@ pub async fn forward(
             (Some(sent), Some(body_sent))
         }
     };
-    let request = request.map(|inner| RequestBody { inner, sent });
+    let request = request.map(|inner| RequestBody::new(inner, deadlines.body_idle, sent));
     let deadline = async {
         if let Some(body_sent) = body_sent {
             let _ = body_sent.await;
         }
-        tokio::time::sleep(response_timeout).await;
+        tokio::time::sleep(deadlines.response_headers).await;
     };
     let mut response = tokio::select! {
         biased;
@@ -126,19 +90,22 @@ pub async fn forward(
             Err(error) => return Err(classify_client_error(upstream, &error)),
         },
         () = deadline => {
-            tracing::warn!(%upstream, "no response headers within {response_timeout:?}");
+            tracing::warn!(%upstream, "no response headers within {:?}", deadlines.response_headers);
             return Err(GatewayError::UpstreamTimeout);
         }
     };
     strip_hop_by_hop(response.headers_mut());
-    Ok(response)
+    Ok(response.map(|body| IdleLimited::new(body, deadlines.body_idle)))
 }
 
 fn classify_client_error(
     upstream: &Authority,
     error: &hyper_util::client::legacy::Error,
 ) -> GatewayError {
-    if error.is_connect() {
+    if is_body_idle(error) {
+        tracing::info!(%upstream, "the student's upload paused longer than body_idle");
+        GatewayError::ClientTimeout
+    } else if error.is_connect() {
         tracing::warn!(%upstream, "upstream unreachable: {error:?}");
         GatewayError::UpstreamUnreachable
     } else {

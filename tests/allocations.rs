@@ -54,16 +54,21 @@ fn routing_a_returning_student_allocates_nothing() {
         ("/moodle/login/index.php", None),
     ];
 
-    let count = allocations_in(|| {
-        for _ in 0..100 {
-            for (path, query) in paths {
-                std::hint::black_box(site.classify(path, query).unwrap());
+    let route_100 = || {
+        allocations_in(|| {
+            for _ in 0..100 {
+                for (path, query) in paths {
+                    std::hint::black_box(site.classify(path, query).unwrap());
+                }
+                let id = site.session_id(&headers).unwrap();
+                assert_eq!(table.lookup(table.key(id)), Some(2));
             }
-            let id = site.session_id(&headers).unwrap();
-            assert_eq!(table.lookup(table.key(id)), Some(2));
-        }
-    });
-    assert_eq!(count, 0, "allocations while routing 100 requests");
+        })
+    };
+    // The counter is process-wide and the test harness's own thread may allocate
+    // meanwhile; an allocation on the routing path would show in every window.
+    let fewest = (0..5).map(|_| route_100()).min().unwrap();
+    assert_eq!(fewest, 0, "allocations while routing 100 requests");
 }
 
 /// Allocations the gateway adds to one proxied request: the same client sends the

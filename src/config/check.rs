@@ -21,9 +21,10 @@ use super::values::{
 use super::{
     error, io_reason, line_of, AdminConfig, Balance, Config, ConfigError, ConfigErrors,
     SessionConfig, SiteConfig, Timeouts, TokenSource, UpstreamConfig, ADMIN_TOKEN_ENV,
-    DEFAULT_ADMIN_LISTEN, DEFAULT_ANONYMOUS_IDLE, DEFAULT_CONNECT, DEFAULT_COOKIE, DEFAULT_LISTEN,
-    DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS,
-    DEFAULT_RESPONSE_HEADERS, DEFAULT_UPSTREAM_IDLE, DEFAULT_WEIGHT, MAX_WEIGHT,
+    DEFAULT_ADMIN_LISTEN, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE, DEFAULT_CONNECT,
+    DEFAULT_COOKIE, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_SESSIONS,
+    DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, DEFAULT_UPSTREAM_IDLE, DEFAULT_WEIGHT,
+    MAX_WEIGHT,
 };
 
 // The keys each table accepts, space-separated; anything else is reported.
@@ -31,7 +32,7 @@ const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts nodes
 const SITE_KEYS: &str = "path";
 const ADMIN_KEYS: &str = "listen token token_file";
 const SESSION_KEYS: &str = "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle";
-const TIMEOUT_KEYS: &str = "connect response_headers upstream_idle request_headers";
+const TIMEOUT_KEYS: &str = "connect response_headers upstream_idle request_headers body_idle";
 const NODE_KEYS: &str = "name url weight";
 const DATA_KEYS: &str = "name url";
 
@@ -347,6 +348,7 @@ impl Checker<'_> {
             response_headers: self.duration(&s, "response_headers", DEFAULT_RESPONSE_HEADERS),
             upstream_idle: self.duration(&s, "upstream_idle", DEFAULT_UPSTREAM_IDLE),
             request_headers: self.duration(&s, "request_headers", DEFAULT_REQUEST_HEADERS),
+            body_idle: self.duration(&s, "body_idle", DEFAULT_BODY_IDLE),
         }
     }
 

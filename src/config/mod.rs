@@ -61,6 +61,9 @@ pub const DEFAULT_RESPONSE_HEADERS: Duration = Duration::from_secs(60);
 pub const DEFAULT_UPSTREAM_IDLE: Duration = Duration::from_secs(4);
 /// `timeouts.request_headers` default: bounds slow-header (slowloris) clients.
 pub const DEFAULT_REQUEST_HEADERS: Duration = Duration::from_secs(10);
+/// `timeouts.body_idle` default: the pause nginx allows inside a body
+/// (`proxy_read_timeout`, `client_body_timeout`).
+pub const DEFAULT_BODY_IDLE: Duration = Duration::from_secs(60);
 /// `nodes[].weight` default: all nodes equal.
 pub const DEFAULT_WEIGHT: u32 = 1;
 /// Largest `nodes[].weight`: keeps weighted round-robin arithmetic small.
@@ -173,6 +176,9 @@ pub struct Timeouts {
     pub upstream_idle: Duration,
     /// `request_headers`: how long a client may take to send its request head, default 10s.
     pub request_headers: Duration,
+    /// `body_idle`: the longest pause inside a body on its way through, upload or
+    /// download, default 60s.
+    pub body_idle: Duration,
 }
 
 /// One `[[nodes]]` block or the `[data]` block.
@@ -338,18 +344,19 @@ impl Config {
         let site = site.unwrap_or("/ (Moodle at the host root)");
         let d = |d| humantime::format_duration(d).to_string();
         let (login, anon) = (d(s.logged_in_idle), d(s.anonymous_idle));
-        let [conn, head, pool, req] = [
+        let [conn, head, pool, req, body] = [
             t.connect,
             t.response_headers,
             t.upstream_idle,
             t.request_headers,
+            t.body_idle,
         ]
         .map(d);
         format!(
             "public listener: {}\nadmin listener: {admin}\ntrusted proxies: {proxies}\n\
              site path: {site}\nsession cookie: {} (path {})\nbalance: {}\n\
              sessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
-             timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}\n{}",
+             timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, body idle {body}\n{}",
             self.listen, s.cookie, s.cookie_path, s.balance, s.max_sessions, self.describe_routing()
         )
     }

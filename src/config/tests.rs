@@ -32,7 +32,7 @@ site path: / (Moodle at the host root)
 session cookie: MoodleSession (path /)
 balance: round-robin
 sessions: at most 1000000; forgotten after 8h 30m idle when logged in, 1h when anonymous
-timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s
+timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s, body idle 1m
 nodes:
   web1 http://192.168.1.1 weight 1
 data server: data http://192.168.1.5
@@ -61,6 +61,7 @@ connect = "1s"
 response_headers = "2m"
 upstream_idle = "30s"
 request_headers = "3s"
+body_idle = "20s"
 [[nodes]]
 name = "web1"
 url = "http://192.168.1.1:8080/"
@@ -85,7 +86,7 @@ site path: /moodle
 session cookie: MoodleSessionprod (path /moodle/)
 balance: least-sessions
 sessions: at most 5000; forgotten after 2h 30m idle when logged in, 15m when anonymous
-timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s
+timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s, body idle 20s
 nodes:
   web1 http://192.168.1.1:8080 weight 3
   web-2.b_c http://[fd00::2] weight 1
@@ -138,7 +139,7 @@ upstream_idle = "400 days""#;
 11: session.logged_in_idle: "8" is not a duration (like "5s", "90s" or "8h30m")
 12: session.anonymous_idle: expected a duration string (like "90s"), found integer
 14: timeouts.connect: "0s" must be greater than 0
-15: timeouts.read: unknown key (expected one of: connect, response_headers, upstream_idle, request_headers)
+15: timeouts.read: unknown key (expected one of: connect, response_headers, upstream_idle, request_headers, body_idle)
 16: timeouts.upstream_idle: "400 days" is longer than a year"#,
     );
     check("site = 3", "1: site: expected a table, found integer");

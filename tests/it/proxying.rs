@@ -374,3 +374,70 @@ async fn an_upload_slower_than_the_response_timeout_still_gets_its_answer() {
     assert_eq!(seen.status, 200, "{}", seen.text());
     assert_eq!(seen.text(), "stored 5000 bytes");
 }
+
+#[tokio::test]
+async fn a_node_that_stalls_mid_body_has_the_students_connection_cut_not_left_hanging() {
+    let node = support::upstream(|_request| async move {
+        let (mut sender, body) = Channel::<Bytes>::new(1);
+        tokio::spawn(async move {
+            sender
+                .send_data(Bytes::from_static(b"first tenth"))
+                .await
+                .unwrap();
+            // ... and the rest never comes, while the node keeps the connection open.
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            drop(sender);
+        });
+        Response::builder()
+            .header("content-length", "110")
+            .body(Body::new(body))
+            .unwrap()
+    })
+    .await;
+    let data = named_upstream("data").await;
+    let config = config_for(&[node], data, "[timeouts]\nbody_idle = \"1s\"\n");
+    let gateway = TestGateway::start(&config).await;
+    let response = support::client()
+        .get(gateway.url("/mod/resource/view.php?id=7").parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let started = Instant::now();
+    let body = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect())
+        .await
+        .expect("the gateway ended the body instead of hanging");
+    assert!(body.is_err(), "a truncated body must not look complete");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+}
+
+#[tokio::test]
+async fn an_upload_that_stops_arriving_is_answered_408() {
+    let node = support::upstream(|request| async move {
+        let body = request.into_body().collect().await;
+        Response::new(Body::from(format!("node read the body: {}", body.is_ok())))
+    })
+    .await;
+    let data = named_upstream("data").await;
+    let config = config_for(&[node], data, "[timeouts]\nbody_idle = \"1s\"\n");
+    let gateway = TestGateway::start(&config).await;
+    let (mut sender, body) = Channel::<Bytes>::new(1);
+    let stalled = tokio::spawn(async move {
+        sender
+            .send_data(Bytes::from_static(b"part of an upload"))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        drop(sender);
+    });
+    let request = http::Request::post(gateway.url("/repository/repository_ajax.php"))
+        .header("content-length", "100000")
+        .body(Body::new(body))
+        .unwrap();
+    let response =
+        tokio::time::timeout(Duration::from_secs(20), support::client().request(request))
+            .await
+            .expect("the gateway answered instead of waiting for ever")
+            .unwrap();
+    assert_eq!(response.status(), 408);
+    stalled.abort();
+}

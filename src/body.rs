@@ -1,0 +1,216 @@
+//! The bodies that stream through the gateway, and the two things it must know
+//! about them while they move: when an upload has been sent in full, and when either
+//! side has paused for too long.
+//!
+//! Both wrappers hand hyper's frames on untouched (no copy, no boxing of the body);
+//! the idle timer is armed only while a body is actually waiting for data, so a
+//! small response that arrives in one piece never touches the timer wheel.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
+
+/// A body error as hyper wants it.
+pub type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// A body paused longer than `timeouts.body_idle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyIdle;
+
+impl std::fmt::Display for BodyIdle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("body paused longer than timeouts.body_idle")
+    }
+}
+
+impl StdError for BodyIdle {}
+
+/// Whether `error`, or anything it wraps, is a [`BodyIdle`].
+pub fn is_body_idle(error: &(dyn StdError + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if error.is::<BodyIdle>() {
+            return true;
+        }
+        current = error.source();
+    }
+    false
+}
+
+/// hyper's body with a limit on how long it may wait for its next frame. When the
+/// limit passes, the body fails: hyper then drops the upstream connection instead of
+/// pooling it, and cuts the student's connection rather than end a truncated body as
+/// if it were complete.
+#[derive(Debug)]
+pub struct IdleLimited<B = Incoming> {
+    inner: B,
+    idle: Duration,
+    /// Kept between waits and reset, so a long download allocates it once.
+    timer: Option<Pin<Box<Sleep>>>,
+    waiting: bool,
+}
+
+impl<B> IdleLimited<B> {
+    /// Limits `inner` to pauses of at most `idle`.
+    pub fn new(inner: B, idle: Duration) -> Self {
+        Self {
+            inner,
+            idle,
+            timer: None,
+            waiting: false,
+        }
+    }
+
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.waiting {
+            self.waiting = true;
+            let deadline = Instant::now() + self.idle;
+            match &mut self.timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        match &mut self.timer {
+            Some(timer) => timer.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl<B> Body for IdleLimited<B>
+where
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                self.waiting = false;
+                Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
+            }
+            Poll::Pending => match self.poll_idle(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(BodyIdle.into()))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The student's request body on its way to a node, saying when it has been sent in
+/// full. The response-header timeout starts only then: PHP reads a whole upload
+/// before the script runs, so a 300 MB SCORM package that takes two minutes to
+/// arrive must not be cut off by a 60 s wait for the answer.
+#[derive(Debug)]
+pub struct RequestBody {
+    inner: IdleLimited<Incoming>,
+    sent: Option<oneshot::Sender<()>>,
+}
+
+impl RequestBody {
+    /// Wraps an upload; `sent` fires once it has gone out in full (or failed).
+    pub fn new(inner: Incoming, idle: Duration, sent: Option<oneshot::Sender<()>>) -> Self {
+        Self {
+            inner: IdleLimited::new(inner, idle),
+            sent,
+        }
+    }
+
+    fn finished(&mut self) {
+        if let Some(sent) = self.sent.take() {
+            let _ = sent.send(());
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        // hyper stops polling once a sized body reports its end, so check after
+        // every frame, not only for the final `None`.
+        if matches!(frame, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream() {
+            self.finished();
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    /// A body that yields one frame, then waits for ever, like a stalled node.
+    struct OneThenStall(bool);
+
+    impl Body for OneThenStall {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            if std::mem::replace(&mut self.0, true) {
+                Poll::Pending
+            } else {
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"first")))))
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stops_arriving_fails_after_the_idle_limit() {
+        let mut body = IdleLimited::new(OneThenStall(false), Duration::from_secs(60));
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "first");
+        let started = Instant::now();
+        let error = body.frame().await.unwrap().unwrap_err();
+        assert!(is_body_idle(error.as_ref()));
+        assert_eq!(started.elapsed(), Duration::from_secs(60));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_keeps_moving_is_never_cut() {
+        let full = http_body_util::Full::new(Bytes::from_static(b"whole"));
+        let mut body = IdleLimited::new(full, Duration::from_millis(1));
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "whole");
+        assert!(body.frame().await.is_none());
+    }
+}
