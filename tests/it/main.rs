@@ -5,4 +5,5 @@ mod memory;
 mod proxying;
 mod scenarios;
 mod sessions;
+mod shutdown;
 mod support;

@@ -2,9 +2,7 @@
 //! its peak resident memory read from `/proc`: a proxy that buffered either would
 //! need a gigabyte.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -13,63 +11,12 @@ use http::Response;
 use http_body_util::channel::Channel;
 use http_body_util::BodyExt;
 
-use crate::support::{self, config_for};
+use crate::support::{self, config_for, start_binary};
 
 const GIB: usize = 1 << 30;
 const CHUNK: usize = 64 * 1024;
 static ZEROS: [u8; CHUNK] = [0; CHUNK];
 const PEAK_LIMIT_KIB: u64 = 64 * 1024;
-
-/// The gateway binary as a child process; killed when dropped.
-struct GatewayProcess {
-    child: Child,
-    addr: SocketAddr,
-    _dir: TempDir,
-}
-
-impl Drop for GatewayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn start_binary(config: &str) -> GatewayProcess {
-    let dir = std::env::temp_dir().join(format!("moodle-gateway-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("config.toml");
-    std::fs::write(&path, config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
-        .arg("--config")
-        .arg(&path)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the gateway binary starts");
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut addr = None;
-    for line in stderr.lines() {
-        let line = line.unwrap();
-        if let Some(rest) = line.split("listen=").nth(1) {
-            addr = rest.split_whitespace().next().and_then(|a| a.parse().ok());
-            break;
-        }
-    }
-    GatewayProcess {
-        child,
-        addr: addr.expect("the gateway logged its listen address"),
-        _dir: TempDir(dir),
-    }
-}
 
 fn peak_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -3,8 +3,10 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -219,4 +221,63 @@ pub async fn silent_upstream() -> SocketAddr {
         }
     });
     addr
+}
+
+/// The gateway binary as a child process; killed when dropped.
+pub struct GatewayProcess {
+    /// The running binary.
+    pub child: Child,
+    /// Its public listener, as it logged it.
+    pub addr: SocketAddr,
+    _dir: TempDir,
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Starts the real `moodle-gateway` binary on `config` (whose `listen` should use port
+/// 0) and waits until it logs the address it listens on.
+pub fn start_binary(config: &str) -> GatewayProcess {
+    static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("moodle-gateway-test-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
+        .arg("--config")
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the gateway binary starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            let rest = line.split("listen=").nth(1)?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .expect("the gateway logged its listen address");
+    // Keep draining the log, so a chatty gateway never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    GatewayProcess {
+        child,
+        addr,
+        _dir: TempDir(dir),
+    }
 }
