@@ -17,27 +17,44 @@ use tokio::net::TcpListener;
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
-    /// The configuration file (see the commented config.toml shipped with the gateway).
-    #[arg(
-        long,
-        short,
-        global = true,
-        default_value = "config.toml",
-        value_name = "PATH"
-    )]
-    config: PathBuf,
+    #[command(flatten)]
+    config: ConfigArg,
 
     #[command(subcommand)]
     command: Option<Command>,
 }
 
+/// `--config`, accepted before or after `run` and `check` (the demo makes its own).
+#[derive(clap::Args, Debug, Clone, Default)]
+struct ConfigArg {
+    /// The configuration file (see the commented config.toml shipped with the
+    /// gateway) [default: config.toml]
+    #[arg(long, short, value_name = "PATH")]
+    config: Option<PathBuf>,
+}
+
+impl Default for Command {
+    fn default() -> Self {
+        Self::Run(ConfigArg::default())
+    }
+}
+
+impl ConfigArg {
+    /// The file named after the command, else before it, else `./config.toml`.
+    fn or(self, outer: &ConfigArg) -> PathBuf {
+        self.config
+            .or_else(|| outer.config.clone())
+            .unwrap_or_else(|| PathBuf::from("config.toml"))
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the gateway (the default when no command is given).
-    Run,
-    /// Check the configuration file: print the resolved setup, or every problem found
-    /// with its line and key, and exit non-zero.
-    Check,
+    Run(ConfigArg),
+    /// Check the configuration file without starting anything: print the resolved
+    /// setup and exit 0, or list every problem with its line and key and exit 1.
+    Check(ConfigArg),
     /// See the whole product on this machine: four stand-in Moodle PHP nodes and a data
     /// server on loopback, the gateway in front of them, and the admin API.
     Demo {
@@ -60,9 +77,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    match cli.command.unwrap_or(Command::Run) {
-        Command::Check => check(&cli.config),
-        Command::Run => run(&cli.config),
+    let outer = cli.config;
+    match cli.command.unwrap_or_default() {
+        Command::Check(arg) => check(&arg.or(&outer)),
+        Command::Run(arg) => run(&arg.or(&outer)),
         Command::Demo {
             students,
             concurrency,
