@@ -24,7 +24,7 @@ use super::{
     DEFAULT_ADMIN_LISTEN, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE, DEFAULT_CONNECT,
     DEFAULT_COOKIE, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_SESSIONS,
     DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, DEFAULT_UPSTREAM_IDLE, DEFAULT_WEIGHT,
-    MAX_WEIGHT,
+    MAX_NODES, MAX_WEIGHT,
 };
 
 // The keys each table accepts, space-separated; anything else is reported.
@@ -361,6 +361,10 @@ impl Checker<'_> {
         let items = self.typed(root, "nodes", "an array of tables", |v| v.as_array());
         if items.as_ref().is_some_and(|(a, _)| a.is_empty()) {
             self.error("nodes", Some(v.span()), missing);
+        }
+        if items.as_ref().is_some_and(|(a, _)| a.len() > MAX_NODES) {
+            let message = format!("at most {MAX_NODES} nodes (the table stores a node as 16 bits)");
+            self.error("nodes", Some(v.span()), message);
         }
         let mut nodes = Vec::new();
         for (i, item) in items.iter().flat_map(|(a, _)| a.iter()).enumerate() {

@@ -64,6 +64,8 @@ pub const DEFAULT_REQUEST_HEADERS: Duration = Duration::from_secs(10);
 /// `timeouts.body_idle` default: the pause nginx allows inside a body
 /// (`proxy_read_timeout`, `client_body_timeout`).
 pub const DEFAULT_BODY_IDLE: Duration = Duration::from_secs(60);
+/// Most `[[nodes]]` blocks: the affinity table stores a node index in 16 bits.
+pub const MAX_NODES: usize = 1000;
 /// `nodes[].weight` default: all nodes equal.
 pub const DEFAULT_WEIGHT: u32 = 1;
 /// Largest `nodes[].weight`: keeps weighted round-robin arithmetic small.

@@ -347,3 +347,22 @@ fn broken_fixtures_report_exactly_their_expected_lines() {
     let want = "fixtures/config/nope.toml: cannot read config file: no such file or directory";
     assert!(missing.to_string().starts_with(want), "{missing}");
 }
+
+#[test]
+fn more_nodes_than_the_table_can_name_is_an_error() {
+    let mut text = String::from("[data]\nname = \"data\"\nurl = \"http://10.9.9.9\"\n");
+    for i in 0..1001 {
+        text.push_str(&format!(
+            "[[nodes]]\nname = \"n{i}\"\nurl = \"http://10.0.{}.{}\"\n",
+            i / 250,
+            i % 250 + 1
+        ));
+    }
+    let errors = Config::parse(&text, Path::new("."), None).unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert_eq!(errors.0[0].key, "nodes");
+    assert!(
+        errors.0[0].message.starts_with("at most 1000 nodes"),
+        "{errors}"
+    );
+}
