@@ -149,8 +149,7 @@ impl Gateway {
         match forwarded.await {
             Ok(response) => {
                 if let Some(issued) = self.site.issued_session(response.headers()) {
-                    let logged_in = |rotated| moodle::logged_in_after(kind, is_post, rotated);
-                    self.learn(route, known, issued, logged_in);
+                    self.learn(route, known, issued, kind, is_post);
                 }
                 response.map(Either::Left)
             }
@@ -192,7 +191,8 @@ impl Gateway {
         route: Route,
         known: Option<Known>,
         issued: IssuedSession<'_>,
-        logged_in: impl Fn(bool) -> bool,
+        kind: RequestKind,
+        is_post: bool,
     ) {
         let id = match issued {
             IssuedSession::Id(id) => id,
@@ -205,7 +205,7 @@ impl Gateway {
         if known.is_some_and(|known| known.key == new) {
             return; // the node re-sent the same id: nothing changed
         }
-        let state = if logged_in(known.is_some()) {
+        let state = if moodle::logged_in_after(kind, is_post, known.is_some()) {
             SessionState::LoggedIn
         } else {
             SessionState::Anonymous

@@ -143,7 +143,9 @@ const HOP_BY_HOP: [HeaderName; 6] = [
 /// Removes hop-by-hop headers (including `Keep-Alive`, `Proxy-*` and whatever
 /// `Connection` lists) before the gateway adds its own.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = headers
+    // One pass over the names; the Vec stays unallocated in the usual case where
+    // nothing but the fixed list needs removing.
+    let doomed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
@@ -152,24 +154,17 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         // A client listing Cookie or Host as hop-by-hop would make the node read a
         // different session or site than the one the gateway routed on.
         .filter(|name| name != header::COOKIE && name != header::HOST)
+        .chain(
+            headers
+                .keys()
+                .filter(|name| name.as_str().starts_with("proxy-"))
+                .cloned(),
+        )
         .collect();
-    for name in listed.iter().chain(&HOP_BY_HOP) {
+    for name in doomed.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
     }
     headers.remove("keep-alive");
-    if headers
-        .keys()
-        .any(|name| name.as_str().starts_with("proxy-"))
-    {
-        let proxy: Vec<HeaderName> = headers
-            .keys()
-            .filter(|name| name.as_str().starts_with("proxy-"))
-            .cloned()
-            .collect();
-        for name in proxy {
-            headers.remove(name);
-        }
-    }
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -29,6 +29,13 @@ async fn echo_upstream() -> std::net::SocketAddr {
     .await
 }
 
+/// A gateway in front of `node`, with `extra` config lines (the data server is a
+/// named upstream that these tests never ask).
+async fn in_front_of(node: std::net::SocketAddr, extra: &str) -> TestGateway {
+    let data = named_upstream("data").await;
+    TestGateway::start(&config_for(&[node], data, extra)).await
+}
+
 fn received(seen: &support::Seen, name: &str) -> Vec<String> {
     seen.text()
         .lines()
@@ -57,8 +64,7 @@ async fn an_upload_reaches_the_node_before_the_student_has_finished_sending_it()
         }
     })
     .await;
-    let data = named_upstream("data").await;
-    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let gateway = in_front_of(node, "").await;
 
     let (mut sender, body) = Channel::<Bytes>::new(1);
     let uploader = tokio::spawn(async move {
@@ -111,8 +117,7 @@ async fn a_download_reaches_the_student_before_the_node_has_finished_sending_it(
         }
     })
     .await;
-    let data = named_upstream("data").await;
-    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let gateway = in_front_of(node, "").await;
 
     let response = support::client()
         .get(gateway.url("/mod/resource/view.php?id=1").parse().unwrap())
@@ -133,8 +138,7 @@ async fn a_download_reaches_the_student_before_the_node_has_finished_sending_it(
 #[tokio::test]
 async fn forwarding_headers_replace_what_the_client_claims() {
     let node = echo_upstream().await;
-    let data = named_upstream("data").await;
-    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let gateway = in_front_of(node, "").await;
     let seen = send(
         &gateway.url("/course/view.php?id=2"),
         "GET",
@@ -161,9 +165,7 @@ async fn forwarding_headers_replace_what_the_client_claims() {
 #[tokio::test]
 async fn a_trusted_front_proxy_keeps_its_forwarding_chain() {
     let node = echo_upstream().await;
-    let data = named_upstream("data").await;
-    let config = config_for(&[node], data, "trusted_proxies = [\"127.0.0.0/8\"]");
-    let gateway = TestGateway::start(&config).await;
+    let gateway = in_front_of(node, "trusted_proxies = [\"127.0.0.0/8\"]").await;
     let seen = send(
         &gateway.url("/"),
         "GET",
@@ -205,8 +207,7 @@ async fn hop_by_hop_headers_are_stripped_both_ways() {
             .unwrap()
     })
     .await;
-    let data = named_upstream("data").await;
-    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let gateway = in_front_of(node, "").await;
     let seen = send(
         &gateway.url("/"),
         "GET",
@@ -247,8 +248,7 @@ async fn every_set_cookie_line_reaches_the_browser_byte_for_byte() {
         response.body(Body::empty()).unwrap()
     })
     .await;
-    let data = named_upstream("data").await;
-    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let gateway = in_front_of(node, "").await;
     let seen = support::get(&gateway.url("/login/index.php")).await;
     let got: Vec<&[u8]> = seen
         .headers
@@ -278,8 +278,7 @@ async fn keep_alive_connections_to_a_node_are_reused() {
             );
         }
     });
-    let data = named_upstream("data").await;
-    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let gateway = in_front_of(node, "").await;
     for _ in 0..20 {
         assert_eq!(support::get(&gateway.url("/my/")).await.status, 200);
     }
@@ -293,8 +292,7 @@ async fn keep_alive_connections_to_a_node_are_reused() {
 #[tokio::test]
 async fn a_node_that_refuses_connections_is_a_fast_502() {
     let node = support::refused_addr().await;
-    let data = named_upstream("data").await;
-    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let gateway = in_front_of(node, "").await;
     let seen = support::get(&gateway.url("/my/")).await;
     assert_eq!(seen.status, 502);
     assert!(seen.text().starts_with("bad gateway"), "{}", seen.text());
@@ -307,9 +305,7 @@ async fn a_node_that_refuses_connections_is_a_fast_502() {
 #[tokio::test]
 async fn a_node_that_never_answers_is_a_504_after_the_configured_timeout() {
     let node = support::silent_upstream().await;
-    let data = named_upstream("data").await;
-    let config = config_for(&[node], data, "[timeouts]\nresponse_headers = \"1s\"\n");
-    let gateway = TestGateway::start(&config).await;
+    let gateway = in_front_of(node, "[timeouts]\nresponse_headers = \"1s\"\n").await;
     let started = Instant::now();
     let seen = support::get(&gateway.url("/my/")).await;
     assert_eq!(seen.status, 504);
@@ -325,8 +321,7 @@ async fn an_ambiguous_path_is_refused_before_any_node_sees_it() {
         async { Response::new(Body::empty()) }
     })
     .await;
-    let data = named_upstream("data").await;
-    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let gateway = in_front_of(node, "").await;
     for path in [
         "/pluginfile.php/1/mod_scorm%2Fcontent/1/x",
         "/a/%00/b.php",
@@ -346,9 +341,7 @@ async fn an_upload_slower_than_the_response_timeout_still_gets_its_answer() {
         Response::new(Body::from(format!("stored {} bytes", body.len())))
     })
     .await;
-    let data = named_upstream("data").await;
-    let config = config_for(&[node], data, "[timeouts]\nresponse_headers = \"1s\"\n");
-    let gateway = TestGateway::start(&config).await;
+    let gateway = in_front_of(node, "[timeouts]\nresponse_headers = \"1s\"\n").await;
     let (mut sender, body) = Channel::<Bytes>::new(1);
     tokio::spawn(async move {
         for _ in 0..5 {
@@ -394,9 +387,7 @@ async fn a_node_that_stalls_mid_body_has_the_students_connection_cut_not_left_ha
             .unwrap()
     })
     .await;
-    let data = named_upstream("data").await;
-    let config = config_for(&[node], data, "[timeouts]\nbody_idle = \"1s\"\n");
-    let gateway = TestGateway::start(&config).await;
+    let gateway = in_front_of(node, "[timeouts]\nbody_idle = \"1s\"\n").await;
     let response = support::client()
         .get(gateway.url("/mod/resource/view.php?id=7").parse().unwrap())
         .await
@@ -417,9 +408,7 @@ async fn an_upload_that_stops_arriving_is_answered_408() {
         Response::new(Body::from(format!("node read the body: {}", body.is_ok())))
     })
     .await;
-    let data = named_upstream("data").await;
-    let config = config_for(&[node], data, "[timeouts]\nbody_idle = \"1s\"\n");
-    let gateway = TestGateway::start(&config).await;
+    let gateway = in_front_of(node, "[timeouts]\nbody_idle = \"1s\"\n").await;
     let (mut sender, body) = Channel::<Bytes>::new(1);
     let stalled = tokio::spawn(async move {
         sender
