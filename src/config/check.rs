@@ -24,7 +24,9 @@ use super::{
     DEFAULT_ADMIN_LISTEN, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE, DEFAULT_CONNECT,
     DEFAULT_COOKIE, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_SESSIONS,
     DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, DEFAULT_UPSTREAM_IDLE, DEFAULT_WEIGHT,
-    MAX_NODES, MAX_WEIGHT,
+    MAX_NODES, MAX_WEIGHT, DEFAULT_HEALTH_PATH, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
+    DEFAULT_RISE, DEFAULT_FALL, DEFAULT_STATE_FILE, DEFAULT_SAVE_EVERY, DEFAULT_FAILOVER_HOLD,
+    DEFAULT_SHUTDOWN, HealthConfig, StatusRange, StateConfig, SessionStore, NodeState,
 };
 
 // The keys each table accepts, space-separated; anything else is reported.
@@ -76,6 +78,7 @@ impl Upstream {
             name,
             authority,
             weight: self.weight,
+            state: NodeState::Active,
         })
     }
 }
@@ -129,6 +132,19 @@ impl Checker<'_> {
                 .map(Upstream::build)
                 .collect::<Option<_>>()?,
             data: data.and_then(Upstream::build)?,
+            health: HealthConfig {
+                path: DEFAULT_HEALTH_PATH.to_owned(),
+                interval: DEFAULT_HEALTH_INTERVAL,
+                timeout: DEFAULT_HEALTH_TIMEOUT,
+                rise: DEFAULT_RISE,
+                fall: DEFAULT_FALL,
+                statuses: vec![StatusRange { low: 200, high: 200 }],
+            },
+            state: StateConfig {
+                file: Some(DEFAULT_STATE_FILE.into()),
+                save_every: DEFAULT_SAVE_EVERY,
+            },
+            route_cookie: None,
             base_dir: self.base_dir.to_path_buf(),
         })
     }
@@ -338,6 +354,8 @@ impl Checker<'_> {
             max_sessions: max.map_or(DEFAULT_MAX_SESSIONS, |n| n.try_into().unwrap_or(usize::MAX)),
             logged_in_idle: self.duration(&s, "logged_in_idle", DEFAULT_LOGGED_IN_IDLE),
             anonymous_idle: self.duration(&s, "anonymous_idle", DEFAULT_ANONYMOUS_IDLE),
+            store: SessionStore::NodeLocal,
+            failover_hold: DEFAULT_FAILOVER_HOLD,
         }
     }
 
@@ -349,6 +367,7 @@ impl Checker<'_> {
             upstream_idle: self.duration(&s, "upstream_idle", DEFAULT_UPSTREAM_IDLE),
             request_headers: self.duration(&s, "request_headers", DEFAULT_REQUEST_HEADERS),
             body_idle: self.duration(&s, "body_idle", DEFAULT_BODY_IDLE),
+            shutdown: DEFAULT_SHUTDOWN,
         }
     }
 

@@ -70,6 +70,36 @@ pub const MAX_NODES: usize = 1000;
 pub const DEFAULT_WEIGHT: u32 = 1;
 /// Largest `nodes[].weight`: keeps weighted round-robin arithmetic small.
 pub const MAX_WEIGHT: u32 = 1000;
+/// `session.failover_hold` default: long enough for a node's web server or PHP-FPM
+/// to restart, short enough that a student sees a slow page rather than an error.
+pub const DEFAULT_FAILOVER_HOLD: Duration = Duration::from_secs(10);
+/// `timeouts.shutdown` default: how long in-flight requests may finish at shutdown.
+pub const DEFAULT_SHUTDOWN: Duration = Duration::from_secs(30);
+/// `health.path` default: a `NO_MOODLE_COOKIES` script every Moodle since 2.x has
+/// (the site icon through `theme/image.php`): it runs PHP, starts no session and
+/// touches no database. `/admin/tool/heartbeat/` is better where the plugin is
+/// installed.
+pub const DEFAULT_HEALTH_PATH: &str = "/theme/image.php?theme=boost&component=core&image=favicon";
+/// `health.interval` default.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(2);
+/// `health.timeout` default.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+/// `health.rise` default: successes in a row that bring a down node back.
+pub const DEFAULT_RISE: u32 = 2;
+/// `health.fall` default: failures in a row (probes or proxied requests) that take
+/// a node down.
+pub const DEFAULT_FALL: u32 = 3;
+/// `state.file` default, relative to the working directory: a plain restart keeps
+/// every session with no setup.
+pub const DEFAULT_STATE_FILE: &str = "moodle-gateway.state";
+/// `state.save_every` default.
+pub const DEFAULT_SAVE_EVERY: Duration = Duration::from_secs(30);
+/// `route_cookie.name` default.
+pub const DEFAULT_ROUTE_COOKIE: &str = "MoodleGatewayRoute";
+/// The environment variable that overrides `route_cookie.secret`/`secret_file`.
+pub const ROUTE_SECRET_ENV: &str = "MOODLE_GATEWAY_ROUTE_SECRET";
+/// Shortest accepted route cookie secret, in bytes.
+pub const MIN_ROUTE_SECRET: usize = 32;
 /// The environment variable that overrides `admin.token`/`admin.token_file`, so
 /// the secret can come from a service manager instead of a file on disk.
 pub const ADMIN_TOKEN_ENV: &str = "MOODLE_GATEWAY_ADMIN_TOKEN";
@@ -93,6 +123,12 @@ pub struct Config {
     pub nodes: Vec<UpstreamConfig>,
     /// The data server that serves SCORM files (`[data]`).
     pub data: UpstreamConfig,
+    /// Active health checks of every node and the data server (`[health]`).
+    pub health: HealthConfig,
+    /// The affinity table's snapshot file (`[state]`).
+    pub state: StateConfig,
+    /// The signed route cookie (`[route_cookie]`); `None` when the section is absent.
+    pub route_cookie: Option<RouteCookieConfig>,
     /// Directory of the config file, for resolving relative paths.
     pub base_dir: PathBuf,
 }
@@ -163,6 +199,87 @@ pub struct SessionConfig {
     pub logged_in_idle: Duration,
     /// `anonymous_idle`: default 1h.
     pub anonymous_idle: Duration,
+    /// `store`: where Moodle keeps sessions, which decides failover. Default node-local.
+    pub store: SessionStore,
+    /// `failover_hold`: with a node-local store, how long a request waits for its
+    /// down node to come back before it is re-dealt. Default 10s.
+    pub failover_hold: Duration,
+}
+
+/// `store`: where Moodle keeps its sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionStore {
+    /// `"node-local"` (default): only the issuing node has the session, so a student
+    /// whose node is down waits `failover_hold` for it before being re-dealt.
+    NodeLocal,
+    /// `"shared"` (database, Redis, memcached, shared dataroot): any node can serve
+    /// any session, so a student whose node is down is re-dealt at once.
+    Shared,
+}
+
+/// `[health]`: active checks, the same for every node and the data server.
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    /// `path`: path and optional query probed with `GET`; starts with `/`; the
+    /// site path is *not* prepended.
+    pub path: String,
+    /// `interval`: time between probes of one upstream. Default 2s.
+    pub interval: Duration,
+    /// `timeout`: how long one probe may take (connect to full response head). Default 1s.
+    pub timeout: Duration,
+    /// `rise`: successes in a row that mark a down upstream up. Default 2.
+    pub rise: u32,
+    /// `fall`: failures in a row that mark an up upstream down. Default 3.
+    pub fall: u32,
+    /// `statuses`: the probe answers that count as healthy. Default: 200 only.
+    pub statuses: Vec<StatusRange>,
+}
+
+/// An accepted probe status or range: `200` is `200..=200`, `"2xx"` is `200..=299`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusRange {
+    /// Lowest status in the range.
+    pub low: u16,
+    /// Highest status in the range.
+    pub high: u16,
+}
+
+impl HealthConfig {
+    /// Whether a probe answered with `status` counts as healthy.
+    pub fn accepts(&self, status: u16) -> bool {
+        self.statuses
+            .iter()
+            .any(|r| (r.low..=r.high).contains(&status))
+    }
+}
+
+/// `[state]`: the affinity table's snapshot.
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    /// `file`: where the snapshot lives, relative to the working directory; `None`
+    /// when set to `""` (no snapshot). Default `moodle-gateway.state`.
+    pub file: Option<PathBuf>,
+    /// `save_every`: time between snapshots while running. Default 30s.
+    pub save_every: Duration,
+}
+
+/// `[route_cookie]`. `Debug` is written by hand so the secret never reaches a log.
+#[derive(Clone)]
+pub struct RouteCookieConfig {
+    /// `name`: the cookie's name, default `MoodleGatewayRoute`; never the session cookie.
+    pub name: String,
+    /// The resolved secret: `MOODLE_GATEWAY_ROUTE_SECRET`, else `secret`, else the
+    /// first line of `secret_file`; at least [`MIN_ROUTE_SECRET`] bytes.
+    pub secret: Vec<u8>,
+}
+
+impl fmt::Debug for RouteCookieConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouteCookieConfig")
+            .field("name", &self.name)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
 }
 
 /// `[timeouts]`
@@ -181,6 +298,9 @@ pub struct Timeouts {
     /// `body_idle`: the longest pause inside a body on its way through, upload or
     /// download, default 60s.
     pub body_idle: Duration,
+    /// `shutdown`: how long in-flight requests may take to finish once shutdown
+    /// starts, default 30s.
+    pub shutdown: Duration,
 }
 
 /// One `[[nodes]]` block or the `[data]` block.
@@ -192,6 +312,22 @@ pub struct UpstreamConfig {
     pub authority: Authority,
     /// `weight`: 1..=1000, default 1 (always 1 for `[data]`).
     pub weight: u32,
+    /// `state`: `active` (default), `draining` or `disabled` (always active for `[data]`).
+    pub state: NodeState,
+}
+
+/// `nodes[].state`: what an admin wants of a node. The admin API can change it
+/// at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeState {
+    /// `"active"`: gets new sessions and keeps its own.
+    Active,
+    /// `"draining"`: keeps serving its bound sessions, gets no new ones, so it
+    /// empties as students log out or go idle.
+    Draining,
+    /// `"disabled"`: gets nothing; its sessions are re-dealt on their next request.
+    Disabled,
 }
 
 impl fmt::Display for Balance {
