@@ -5,6 +5,7 @@
 //! - [`moodle`]: everything Moodle-specific: cookies, SCORM URL forms, sessionless scripts.
 //! - [`balancer`]: the lock-free deal of new sessions over weighted nodes.
 //! - [`affinity`]: the session → node table learned from the nodes' `Set-Cookie`.
+//! - [`snapshot`]: the affinity table's snapshot file: atomic, streaming, checksummed.
 //! - [`gateway`]: one request's journey: classify, route, forward, learn.
 //! - [`proxy`]: forwarding mechanics: header hygiene, pooled client, streaming.
 //! - [`body`]: the streaming bodies: when an upload is sent, how long a body may pause.
@@ -25,6 +26,7 @@ pub mod error;
 pub mod gateway;
 pub mod moodle;
 pub mod proxy;
+pub mod snapshot;
 pub mod standin;
 
 pub use app::App;
