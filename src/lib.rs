@@ -6,6 +6,7 @@
 //! - [`balancer`]: the lock-free deal of new sessions over weighted nodes.
 //! - [`affinity`]: the session → node table learned from the nodes' `Set-Cookie`.
 //! - [`snapshot`]: the affinity table's snapshot file: atomic, streaming, checksummed.
+//! - [`route_cookie`]: the signed cookie that lets any gateway recover a session's node.
 //! - [`gateway`]: one request's journey: classify, route, forward, learn.
 //! - [`proxy`]: forwarding mechanics: header hygiene, pooled client, streaming.
 //! - [`body`]: the streaming bodies: when an upload is sent, how long a body may pause.
@@ -27,6 +28,7 @@ pub mod gateway;
 pub mod moodle;
 pub mod proxy;
 pub mod snapshot;
+pub mod route_cookie;
 pub mod standin;
 
 pub use app::App;
