@@ -94,7 +94,7 @@ fn filled_table(sessions: usize) -> (AffinityTable, Vec<String>) {
         logged_in_idle: Duration::from_secs(8 * 3600),
         anonymous_idle: Duration::from_secs(3600),
     };
-    let table = AffinityTable::new(4, limits, Clock::default());
+    let table = AffinityTable::new(limits, Clock::default());
     let ids: Vec<String> = (0..sessions).map(|i| format!("{i:026}")).collect();
     for (i, id) in ids.iter().enumerate() {
         table.bind(table.key(id), i % 4, SessionState::LoggedIn);

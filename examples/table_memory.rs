@@ -25,7 +25,7 @@ fn main() {
     // Keys are made before measuring, from one reused buffer, so that only the
     // table's own growth is counted (freed id strings would otherwise be reused by
     // the table's allocations and hide part of its size).
-    let table = AffinityTable::new(4, limits, Clock::default());
+    let table = AffinityTable::new(limits, Clock::default());
     let mut id = String::with_capacity(32);
     let keys: Vec<_> = (0..sessions)
         .map(|i| {

@@ -15,11 +15,12 @@
 //!   (8 h by default) and never tells the gateway, so idle entries expire by
 //!   themselves, and `max_sessions` caps the table, shedding the least recently used
 //!   anonymous sessions first.
-//! - **Lost on restart, for now.** The table lives in memory only. After a restart
-//!   every id is unknown; a node that still holds a session sets no new cookie, so the
-//!   gateway cannot relearn it, and each such request is dealt afresh. With a shared
-//!   session store that costs only cache warmth; with node-local sessions it logs the
-//!   students out. Snapshots and a signed route cookie are the planned remedy.
+//! - **Kept across restarts.** A node that still holds a session sets no new cookie,
+//!   so a gateway that forgot the table could never relearn it, and with node-local
+//!   sessions every student would be logged out by a restart. So the table can be
+//!   [exported](AffinityTable::export) to a snapshot and [restored](AffinityTable::restore)
+//!   with its key secret; timestamps are wall-clock seconds so they mean the same
+//!   in the next process.
 //! - **Cheap to read.** A lookup takes one shard's read lock for a few nanoseconds
 //!   and bumps atomics inside the entry; 64 shards keep the sweeper's write locks
 //!   short and contention low. No guard ever lives across an `.await`: every method
@@ -34,7 +35,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use dashmap::DashMap;
 use siphasher::sip::SipHasher13;
 
-use crate::balancer::NodeId;
+use crate::snapshot::SnapshotEntry;
+use crate::upstreams::{NodeId, MAX_NODE_IDS};
 
 /// The table key of one session: a keyed hash of its id, safe to show and log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -77,34 +79,42 @@ pub struct Limits {
     pub anonymous_idle: Duration,
 }
 
-/// Seconds since the table started, cheap to read and movable by tests and the demo.
+/// Table timestamps count seconds from 2020-01-01 UTC: wall-clock time, so a
+/// snapshot means the same to the next process, in 32 bits until 2156.
+const EPOCH: u64 = 1_577_836_800;
+
+/// Table time in seconds, cheap to read and movable by tests and the demo. It reads
+/// the wall clock once at start and advances with the monotonic clock, so a clock
+/// step while running neither expires nor revives sessions.
 #[derive(Debug, Clone)]
 pub struct Clock(Arc<ClockInner>);
 
 #[derive(Debug)]
 struct ClockInner {
     start: Instant,
-    start_unix: u64,
+    start_at: u64,
     skew: AtomicU64,
 }
 
 impl Default for Clock {
     fn default() -> Self {
-        let start_unix = SystemTime::now()
+        let unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+            .map_or(EPOCH, |d| d.as_secs());
         Self(Arc::new(ClockInner {
             start: Instant::now(),
-            start_unix,
+            start_at: unix.saturating_sub(EPOCH),
             skew: AtomicU64::new(0),
         }))
     }
 }
 
 impl Clock {
-    /// Seconds since the clock started (monotonic, plus any skew).
+    /// Table time now.
     pub fn now(&self) -> u32 {
-        let secs = self.0.start.elapsed().as_secs() + self.0.skew.load(Ordering::Relaxed);
+        let secs = self.0.start_at
+            + self.0.start.elapsed().as_secs()
+            + self.0.skew.load(Ordering::Relaxed);
         u32::try_from(secs).unwrap_or(u32::MAX)
     }
 
@@ -113,9 +123,14 @@ impl Clock {
         self.0.skew.fetch_add(by.as_secs(), Ordering::Relaxed);
     }
 
-    /// Converts a table timestamp to Unix seconds for display.
+    /// Converts a table timestamp to Unix seconds.
     pub fn to_unix(&self, at: u32) -> u64 {
-        self.0.start_unix + u64::from(at)
+        EPOCH + u64::from(at)
+    }
+
+    /// Converts Unix seconds to a table timestamp (clamped to the table's range).
+    pub fn from_unix(&self, unix: u64) -> u32 {
+        u32::try_from(unix.saturating_sub(EPOCH)).unwrap_or(u32::MAX)
     }
 }
 
@@ -187,15 +202,21 @@ pub struct AffinityTable {
 }
 
 impl AffinityTable {
-    /// An empty table for `nodes` nodes with a fresh random key secret.
-    pub fn new(nodes: usize, limits: Limits, clock: Clock) -> Self {
+    /// An empty table with a fresh random key secret.
+    pub fn new(limits: Limits, clock: Clock) -> Self {
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret).expect("the OS random source is available");
+        Self::with_secret(secret, limits, clock)
+    }
+
+    /// An empty table keyed with `secret`: a snapshot's keys are only valid under
+    /// the secret they were made with.
+    pub fn with_secret(secret: [u8; 16], limits: Limits, clock: Clock) -> Self {
         let half = |i: usize| u64::from_le_bytes(secret[i..i + 8].try_into().expect("8 bytes"));
         Self {
             map: DashMap::with_hasher_and_shard_amount(BuildHasherDefault::default(), SHARDS),
             secret: (half(0), half(8)),
-            nodes: (0..nodes).map(|_| NodeCounts::default()).collect(),
+            nodes: (0..MAX_NODE_IDS).map(|_| NodeCounts::default()).collect(),
             len: AtomicUsize::new(0),
             limits,
             clock,
@@ -207,6 +228,14 @@ impl AffinityTable {
     /// The table's clock.
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// The key secret, for the snapshot.
+    pub fn secret(&self) -> [u8; 16] {
+        let mut secret = [0u8; 16];
+        secret[..8].copy_from_slice(&self.secret.0.to_le_bytes());
+        secret[8..].copy_from_slice(&self.secret.1.to_le_bytes());
+        secret
     }
 
     /// The key of a raw session id.
@@ -257,6 +286,20 @@ impl AffinityTable {
         self.over_bound.notified().await;
     }
 
+    /// Moves a session from `from` to `to` (its node left, or is down and the
+    /// session store lets another node serve it), unless a concurrent request moved it
+    /// first; returns the node it is bound to now, so concurrent requests of one
+    /// student all land on the same new node. `None` if the session is gone.
+    pub fn rebind(&self, key: SessionKey, from: NodeId, to: NodeId) -> Option<NodeId> {
+        let mut entry = self.map.get_mut(&key)?;
+        if NodeId::from(entry.node) == from {
+            self.count(&entry, -1);
+            entry.node = u16::try_from(to).expect("node ids fit in u16");
+            self.count(&entry, 1);
+        }
+        Some(NodeId::from(entry.node))
+    }
+
     /// The node rotated a session id (login, logout, timeout): the new id lives on
     /// the same node. The new entry goes in before the old one leaves, so a request
     /// still carrying the old id meanwhile finds its node either way.
@@ -304,6 +347,15 @@ impl AffinityTable {
         self.nodes[node].logged_in.load(Ordering::Relaxed)
     }
 
+    /// Logged-in sessions on every node, including nodes no longer configured.
+    pub fn logged_in_total(&self) -> u64 {
+        let each = self
+            .nodes
+            .iter()
+            .map(|c| c.logged_in.load(Ordering::Relaxed));
+        each.sum()
+    }
+
     /// One entry, for the admin lookup.
     pub fn view(&self, key: SessionKey) -> Option<EntryView> {
         self.map.get(&key).map(|entry| self.view_of(key, &entry))
@@ -333,6 +385,71 @@ impl AffinityTable {
         let mut keys = smallest.into_vec();
         keys.sort_unstable();
         keys.into_iter().filter_map(|key| self.view(key)).collect()
+    }
+
+    /// Every live entry as a snapshot record, its node given by `node_index` (an
+    /// index into the snapshot's node list; `None` leaves the entry out). Locks one
+    /// shard at a time, briefly: requests keep flowing while a snapshot is written.
+    pub fn export<'a>(
+        &'a self,
+        node_index: impl Fn(NodeId) -> Option<u16> + 'a,
+    ) -> impl Iterator<Item = SnapshotEntry> + 'a {
+        let now = self.clock.now();
+        self.map.iter().filter_map(move |item| {
+            let entry = item.value();
+            if self.expired(entry, now) {
+                return None;
+            }
+            Some(SnapshotEntry {
+                key: item.key().0,
+                node: node_index(NodeId::from(entry.node))?,
+                logged_in: entry.state == SessionState::LoggedIn,
+                created: self.clock.to_unix(entry.created),
+                last_seen: self.clock.to_unix(entry.last_seen.load(Ordering::Relaxed)),
+                requests: entry.requests.load(Ordering::Relaxed),
+            })
+        })
+    }
+
+    /// Loads snapshot records made under this table's secret, their node given by
+    /// `node_id` (`None` for a node no longer configured: that session is left out
+    /// and will be dealt afresh). Entries that expired meanwhile are skipped.
+    /// Returns how many were restored.
+    pub fn restore(
+        &self,
+        entries: impl IntoIterator<Item = SnapshotEntry>,
+        node_id: impl Fn(u16) -> Option<NodeId>,
+    ) -> usize {
+        let now = self.clock.now();
+        let mut restored = 0;
+        for record in entries {
+            let Some(node) = node_id(record.node) else {
+                continue;
+            };
+            let state = match record.logged_in {
+                true => SessionState::LoggedIn,
+                false => SessionState::Anonymous,
+            };
+            let entry = Entry {
+                node: u16::try_from(node).expect("node ids fit in u16"),
+                state,
+                created: self.clock.from_unix(record.created),
+                last_seen: AtomicU32::new(self.clock.from_unix(record.last_seen)),
+                requests: AtomicU32::new(record.requests),
+            };
+            if self.expired(&entry, now) {
+                continue;
+            }
+            self.count(&entry, 1);
+            self.len.fetch_add(1, Ordering::Relaxed);
+            if let Some(replaced) = self.map.insert(SessionKey(record.key), entry) {
+                self.count(&replaced, -1);
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                restored += 1;
+            }
+        }
+        restored
     }
 
     fn view_of(&self, key: SessionKey, entry: &Entry) -> EntryView {
@@ -446,7 +563,7 @@ mod tests {
             logged_in_idle: Duration::from_secs(8 * 3600),
             anonymous_idle: Duration::from_secs(3600),
         };
-        AffinityTable::new(4, limits, Clock::default())
+        AffinityTable::new(limits, Clock::default())
     }
 
     #[test]

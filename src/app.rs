@@ -16,7 +16,8 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
@@ -30,32 +31,47 @@ use tower::ServiceExt;
 
 use crate::affinity::Clock;
 use crate::config::Config;
-use crate::gateway::{Gateway, ProxyBody};
+use crate::gateway::{self, Gateway, ProxyBody};
 
 /// How often expired sessions are swept out of the table.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
-/// How long in-flight requests may take to finish once shutdown starts.
-const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
 
-/// One running gateway: its shared state and the config it was built from.
+/// One running gateway: its shared state, the config it runs, and the file that
+/// config came from (for reloads). Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct App {
     gateway: Arc<Gateway>,
-    config: Arc<Config>,
+    config: Arc<Mutex<Config>>,
+    source: Option<Arc<PathBuf>>,
 }
 
 impl App {
-    /// Builds the gateway with the wall clock.
+    /// Builds the gateway with the wall clock, restoring the table from the state
+    /// file when there is one.
     pub fn new(config: Config) -> Self {
         Self::with_clock(config, Clock::default())
     }
 
     /// Builds the gateway with a given clock (tests move it to expire sessions).
     pub fn with_clock(config: Config, clock: Clock) -> Self {
-        Self {
-            gateway: Arc::new(Gateway::new(&config, clock)),
-            config: Arc::new(config),
+        let file = config.state.file.as_deref();
+        let (table, snapshot) = crate::state::open(file, gateway::limits(&config), clock);
+        let gateway = Gateway::with_table(&config, table);
+        if let Some(snapshot) = snapshot {
+            crate::state::restore(&gateway, snapshot);
         }
+        Self {
+            gateway: Arc::new(gateway),
+            config: Arc::new(Mutex::new(config)),
+            source: None,
+        }
+    }
+
+    /// Names the file the config came from, so `SIGHUP` and `POST /reload` can
+    /// re-read it.
+    pub fn reloading_from(mut self, path: &Path) -> Self {
+        self.source = Some(Arc::new(path.to_owned()));
+        self
     }
 
     /// The shared gateway state.
@@ -63,8 +79,48 @@ impl App {
         &self.gateway
     }
 
+    fn config(&self) -> MutexGuard<'_, Config> {
+        self.config.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Re-reads the config file and applies what can change while running: the
+    /// nodes (added, removed, re-weighted, their state), the data server, health
+    /// checks, failover and forwarding settings, the shutdown grace. Returns notes
+    /// for settings that only a restart applies, or every problem in the file, in
+    /// which case the running config stays as it was.
+    pub fn reload(&self) -> Result<Vec<String>, Vec<String>> {
+        let Some(path) = &self.source else {
+            return Err(vec!["the gateway was not started from a config file".into()]);
+        };
+        let next = Config::load(path).map_err(|errors| {
+            let lines = errors.to_string();
+            lines.lines().map(str::to_owned).collect::<Vec<_>>()
+        })?;
+        self.gateway.apply(&next).map_err(|e| vec![e])?;
+        let mut config = self.config();
+        let notes = restart_needed(&config, &next);
+        let nodes: Vec<&str> = next.nodes.iter().map(|n| n.name.as_str()).collect();
+        tracing::warn!(nodes = ?nodes, "config reloaded from {}", path.display());
+        for note in &notes {
+            tracing::warn!("{note}");
+        }
+        *config = next;
+        Ok(notes)
+    }
+
+    /// Reloads and logs the outcome (for `SIGHUP`, which has nobody to answer).
+    pub fn reload_and_log(&self) {
+        if let Err(errors) = self.reload() {
+            tracing::error!("config not reloaded, the running one is kept:");
+            for error in errors {
+                tracing::error!("{error}");
+            }
+        }
+    }
+
     /// Serves the public listener (and the admin one, when configured) until
-    /// `shutdown` completes, then drains in-flight requests.
+    /// `shutdown` completes; then stops accepting, lets in-flight requests finish
+    /// for up to `timeouts.shutdown`, and writes the state file.
     pub async fn serve(
         self,
         public: TcpListener,
@@ -72,15 +128,43 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let sweeper = tokio::spawn(sweep(self.gateway.clone(), stop_rx.clone()));
-        let timeout = self.config.timeouts.request_headers;
-        let admin_task = match (admin, &self.config.admin) {
+        let (request_headers, state) = {
+            let config = self.config();
+            (config.timeouts.request_headers, config.state.clone())
+        };
+        let mut background = tokio::task::JoinSet::new();
+        background.spawn(sweep(self.gateway.clone(), stop_rx.clone()));
+        let probed = self.gateway.clone();
+        background.spawn(crate::health::run(
+            move || probe_targets(&probed),
+            stop_rx.clone(),
+        ));
+        if let Some(file) = state.file.clone() {
+            let saving = crate::state::run(
+                self.gateway.clone(),
+                file,
+                state.save_every,
+                stop_rx.clone(),
+            );
+            background.spawn(saving);
+        }
+        let (drained_tx, drained_rx) = tokio::sync::watch::channel(Duration::ZERO);
+        let drain = move || {
+            let mut grace = drained_rx.clone();
+            async move {
+                let _ = grace.changed().await;
+                let deadline = *grace.borrow();
+                deadline
+            }
+        };
+        let admin_task = match (admin, self.config().admin.clone()) {
             (Some(listener), Some(settings)) => {
-                let router = crate::admin::router(self.gateway.clone(), settings.token.clone());
-                let serving =
-                    serve_connections(listener, timeout, stopped(stop_rx.clone()), move |peer| {
-                        admin_service(router.clone(), peer)
-                    });
+                let app = self.clone();
+                let reload: crate::admin::Reload = Arc::new(move || app.reload());
+                let router = crate::admin::router(self.gateway.clone(), settings.token, reload);
+                let serving = serve_connections(listener, request_headers, drain(), move |peer| {
+                    admin_service(router.clone(), peer)
+                });
                 Some(tokio::spawn(serving))
             }
             _ => None,
@@ -88,23 +172,93 @@ impl App {
         let gateway = self.gateway.clone();
         let public_task = tokio::spawn(serve_connections(
             public,
-            timeout,
-            stopped(stop_rx),
+            request_headers,
+            drain(),
             move |peer| public_service(gateway.clone(), peer),
         ));
         shutdown.await;
-        let _ = stop_tx.send(true);
-        sweeper.abort();
+        let grace = self.config().timeouts.shutdown;
+        tracing::info!("shutting down: finishing in-flight requests for up to {grace:?}");
+        let _ = drained_tx.send(grace);
         if let Some(task) = admin_task {
             let _ = task.await;
         }
         let _ = public_task.await;
+        let _ = stop_tx.send(true);
+        background.shutdown().await;
+        if let Some(file) = state.file {
+            crate::state::save_in_background(self.gateway.clone(), file).await;
+        }
         Ok(())
     }
 }
 
-async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
-    let _ = stop.wait_for(|&stopped| stopped).await;
+/// The settings a running gateway cannot change, each named with why a restart is
+/// needed when `next` changes it.
+fn restart_needed(running: &Config, next: &Config) -> Vec<String> {
+    let (r, n) = (running, next);
+    let admin = |c: &Config| c.admin.as_ref().map(|a| (a.listen, a.token.clone()));
+    let route = |c: &Config| {
+        c.route_cookie
+            .as_ref()
+            .map(|r| (r.name.clone(), r.secret.clone()))
+    };
+    let changed = [
+        ("listen", r.listen != n.listen),
+        ("[admin]", admin(r) != admin(n)),
+        ("site.path", r.site.path != n.site.path),
+        ("session.cookie", r.session.cookie != n.session.cookie),
+        (
+            "session.cookie_path",
+            r.session.cookie_path != n.session.cookie_path,
+        ),
+        (
+            "session.max_sessions",
+            r.session.max_sessions != n.session.max_sessions,
+        ),
+        (
+            "session.logged_in_idle",
+            r.session.logged_in_idle != n.session.logged_in_idle,
+        ),
+        (
+            "session.anonymous_idle",
+            r.session.anonymous_idle != n.session.anonymous_idle,
+        ),
+        ("timeouts.connect", r.timeouts.connect != n.timeouts.connect),
+        (
+            "timeouts.upstream_idle",
+            r.timeouts.upstream_idle != n.timeouts.upstream_idle,
+        ),
+        (
+            "timeouts.request_headers",
+            r.timeouts.request_headers != n.timeouts.request_headers,
+        ),
+        (
+            "[state]",
+            r.state.file != n.state.file || r.state.save_every != n.state.save_every,
+        ),
+        ("[route_cookie]", route(r) != route(n)),
+    ];
+    changed
+        .into_iter()
+        .filter(|(_, changed)| *changed)
+        .map(|(key, _)| format!("{key} changed: it takes effect after a restart"))
+        .collect()
+}
+
+/// What the health checker probes this round: every node and the data server of the
+/// current settings.
+fn probe_targets(gateway: &Gateway) -> (crate::config::HealthConfig, Vec<crate::health::Target>) {
+    let settings = gateway.settings();
+    let upstreams = settings
+        .upstreams
+        .nodes()
+        .iter()
+        .chain([settings.upstreams.data()]);
+    let targets = upstreams
+        .map(|u| (u.name.clone(), u.authority.to_string(), u.health.clone()))
+        .collect();
+    (settings.health.clone(), targets)
 }
 
 /// The public service of one connection: every request goes to the gateway.
@@ -164,12 +318,12 @@ async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<boo
 }
 
 /// Accepts connections and serves each with the service `service_for(peer)` builds,
-/// HTTP/1.1 with keep-alive, until `shutdown`; then waits up to [`DRAIN_DEADLINE`]
-/// for open requests to finish.
+/// HTTP/1.1 with keep-alive, until `shutdown` resolves with the grace period; then
+/// waits up to that long for open requests to finish.
 async fn serve_connections<S, B>(
     listener: TcpListener,
     request_headers: Duration,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = Duration>,
     service_for: impl Fn(SocketAddr) -> S,
 ) where
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
@@ -186,7 +340,7 @@ async fn serve_connections<S, B>(
         .header_read_timeout(request_headers)
         .keep_alive(true);
     let mut shutdown = std::pin::pin!(shutdown);
-    loop {
+    let grace = loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -198,7 +352,7 @@ async fn serve_connections<S, B>(
                     continue;
                 }
             },
-            () = &mut shutdown => break,
+            grace = &mut shutdown => break grace,
         };
         let _ = stream.set_nodelay(true);
         let connection = http.serve_connection(TokioIo::new(stream), service_for(peer));
@@ -208,12 +362,12 @@ async fn serve_connections<S, B>(
                 tracing::debug!(%peer, "connection ended: {error}");
             }
         });
-    }
+    };
     drop(listener);
-    if tokio::time::timeout(DRAIN_DEADLINE, graceful.shutdown())
+    if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()
     {
-        tracing::warn!("drain deadline passed with requests still in flight");
+        tracing::warn!("shutdown grace passed with requests still in flight");
     }
 }

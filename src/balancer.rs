@@ -12,18 +12,19 @@
 //! advanced the session counter, the next student's node would depend on how many
 //! assets the previous one happened to fetch.
 //!
-//! No HTTP types here: nodes are indices into the configured list.
+//! No HTTP types and no health here: nodes are positions in the configured list,
+//! and the caller says which positions may be picked.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// An index into the configured `[[nodes]]` list.
-pub type NodeId = usize;
+/// A position in the configured `[[nodes]]` list.
+pub type Position = usize;
 
 /// Lock-free node selection over a fixed list of weighted nodes.
 #[derive(Debug)]
 pub struct Balancer {
     /// One weighted round of node indices in smooth order; its length is the weight sum.
-    schedule: Box<[NodeId]>,
+    schedule: Box<[Position]>,
     weights: Box<[u32]>,
     /// Tickets for new sessions.
     deal: AtomicUsize,
@@ -46,54 +47,55 @@ impl Balancer {
         }
     }
 
-    /// The number of nodes.
-    pub fn len(&self) -> usize {
-        self.weights.len()
-    }
-
-    /// Always false: a balancer has at least one node.
-    pub fn is_empty(&self) -> bool {
-        false
+    /// The length of one weighted round: enough tickets to reach every node.
+    pub fn round(&self) -> usize {
+        self.schedule.len()
     }
 
     /// The node for the next new session (weighted round robin).
-    pub fn deal(&self) -> NodeId {
+    pub fn deal(&self) -> Position {
         let ticket = self.deal.fetch_add(1, Ordering::Relaxed);
         self.schedule[ticket % self.schedule.len()]
     }
 
     /// The node for a request that carries no session and starts none.
-    pub fn spread(&self) -> NodeId {
+    pub fn spread(&self) -> Position {
         let ticket = self.spread.fetch_add(1, Ordering::Relaxed);
         self.schedule[ticket % self.schedule.len()]
     }
 
-    /// The node with the fewest live sessions per unit of weight; `live(node)` reads
-    /// the current count. Ties rotate with the deal counter so that an empty cluster
-    /// still deals evenly instead of always picking the first node.
-    pub fn least_sessions(&self, live: impl Fn(NodeId) -> u64) -> NodeId {
+    /// The eligible node with the fewest live sessions per unit of weight;
+    /// `live(node)` reads the current count. Ties rotate with the deal counter so that
+    /// an empty cluster still deals evenly instead of always picking the first node.
+    pub fn least_sessions(
+        &self,
+        live: impl Fn(Position) -> u64,
+        eligible: impl Fn(Position) -> bool,
+    ) -> Option<Position> {
         let n = self.weights.len();
         let start = self.deal.fetch_add(1, Ordering::Relaxed) % n;
-        let mut best = start;
-        let mut best_live = live(start);
-        for offset in 1..n {
-            let node = (start + offset) % n;
+        let mut best: Option<(Position, u64)> = None;
+        for node in (0..n)
+            .map(|offset| (start + offset) % n)
+            .filter(|&p| eligible(p))
+        {
             let node_live = live(node);
             // node_live / w(node) < best_live / w(best), without division.
-            if u128::from(node_live) * u128::from(self.weights[best])
-                < u128::from(best_live) * u128::from(self.weights[node])
-            {
-                best = node;
-                best_live = node_live;
+            let better = best.is_none_or(|(best, best_live)| {
+                u128::from(node_live) * u128::from(self.weights[best])
+                    < u128::from(best_live) * u128::from(self.weights[node])
+            });
+            if better {
+                best = Some((node, node_live));
             }
         }
-        best
+        best.map(|(node, _)| node)
     }
 }
 
 /// One round of nginx's smooth weighted round robin: each step every node gains its
 /// weight, the richest is picked and pays the total back.
-fn smooth_schedule(weights: &[u32]) -> Vec<NodeId> {
+fn smooth_schedule(weights: &[u32]) -> Vec<Position> {
     let total: i64 = weights.iter().map(|&w| i64::from(w)).sum();
     let mut current = vec![0i64; weights.len()];
     (0..total)
@@ -114,7 +116,7 @@ fn smooth_schedule(weights: &[u32]) -> Vec<NodeId> {
 mod tests {
     use super::*;
 
-    fn counts(picks: impl Iterator<Item = NodeId>, nodes: usize) -> Vec<usize> {
+    fn counts(picks: impl Iterator<Item = Position>, nodes: usize) -> Vec<usize> {
         let mut counts = vec![0; nodes];
         picks.for_each(|n| counts[n] += 1);
         counts
@@ -169,13 +171,15 @@ mod tests {
         let b = Balancer::new(&[1, 2, 1]);
         let live = [10, 12, 9];
         // per weight: 10, 6, 9
-        assert_eq!(b.least_sessions(|n| live[n]), 1);
+        assert_eq!(b.least_sessions(|n| live[n], |_| true), Some(1));
+        assert_eq!(b.least_sessions(|n| live[n], |n| n != 1), Some(2));
+        assert_eq!(b.least_sessions(|n| live[n], |_| false), None);
     }
 
     #[test]
     fn least_sessions_rotates_ties() {
         let b = Balancer::new(&[1, 1, 1]);
-        let picks: Vec<_> = (0..3).map(|_| b.least_sessions(|_| 0)).collect();
-        assert_eq!(picks, [0, 1, 2]);
+        let picks: Vec<_> = (0..3).map(|_| b.least_sessions(|_| 0, |_| true)).collect();
+        assert_eq!(picks, [Some(0), Some(1), Some(2)]);
     }
 }

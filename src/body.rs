@@ -122,17 +122,20 @@ where
 /// full. The response-header timeout starts only then: PHP reads a whole upload
 /// before the script runs, so a 300 MB SCORM package that takes two minutes to
 /// arrive must not be cut off by a 60 s wait for the answer.
+///
+/// `None` is an empty body: a request the gateway sends again to another node after
+/// the first could not be reached (only body-less requests are ever sent twice).
 #[derive(Debug)]
 pub struct RequestBody {
-    inner: IdleLimited<Incoming>,
+    inner: Option<IdleLimited<Incoming>>,
     sent: Option<oneshot::Sender<()>>,
 }
 
 impl RequestBody {
     /// Wraps an upload; `sent` fires once it has gone out in full (or failed).
-    pub fn new(inner: Incoming, idle: Duration, sent: Option<oneshot::Sender<()>>) -> Self {
+    pub fn new(inner: Option<Incoming>, idle: Duration, sent: Option<oneshot::Sender<()>>) -> Self {
         Self {
-            inner: IdleLimited::new(inner, idle),
+            inner: inner.map(|inner| IdleLimited::new(inner, idle)),
             sent,
         }
     }
@@ -152,21 +155,26 @@ impl Body for RequestBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        let Some(inner) = self.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = Pin::new(&mut *inner).poll_frame(cx);
         // hyper stops polling once a sized body reports its end, so check after
         // every frame, not only for the final `None`.
-        if matches!(frame, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream() {
+        if matches!(frame, Poll::Ready(None | Some(Err(_)))) || inner.is_end_stream() {
             self.finished();
         }
         frame
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
 

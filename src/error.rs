@@ -24,6 +24,10 @@ pub enum GatewayError {
     UpstreamBroken,
     /// No response head arrived within `timeouts.response_headers`.
     UpstreamTimeout,
+    /// No node may take the request: all down, draining or disabled.
+    NoNodeAvailable,
+    /// The data server, the only home of SCORM files, is down.
+    DataServerDown,
 }
 
 impl GatewayError {
@@ -35,6 +39,7 @@ impl GatewayError {
             Self::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::UpstreamUnreachable | Self::UpstreamBroken => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::NoNodeAvailable | Self::DataServerDown => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -47,9 +52,28 @@ impl GatewayError {
             Self::UpstreamUnreachable => "bad gateway: the moodle server could not be reached\n",
             Self::UpstreamBroken => "bad gateway: the moodle server closed the connection\n",
             Self::UpstreamTimeout => "gateway timeout: the moodle server did not answer in time\n",
+            Self::NoNodeAvailable => {
+                "service unavailable: no moodle server can take this request right now; \
+                 please try again in a minute\n"
+            }
+            Self::DataServerDown => {
+                "service unavailable: the server with the course content is down; \
+                 please try again in a minute\n"
+            }
         }
     }
+
+    /// Whether the error says something about the upstream's health: it could not be
+    /// reached or did not answer in time. A broken exchange may be one bad response,
+    /// and the gateway's own refusals say nothing about any upstream.
+    pub fn is_upstream_failure(self) -> bool {
+        matches!(self, Self::UpstreamUnreachable | Self::UpstreamTimeout)
+    }
 }
+
+/// Seconds a client is told to wait after a 503: long enough for a probe round or a
+/// restart, short enough that a student retrying soon gets in.
+const RETRY_AFTER_SECS: &str = "10";
 
 impl GatewayError {
     /// The error page: plain text, never cached.
@@ -63,6 +87,12 @@ impl GatewayError {
         );
         // An error page must never be cached by a browser or an intermediary.
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if self.status() == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
         response
     }
 }
@@ -88,6 +118,8 @@ mod tests {
             (GatewayError::UpstreamUnreachable, 502),
             (GatewayError::UpstreamBroken, 502),
             (GatewayError::UpstreamTimeout, 504),
+            (GatewayError::NoNodeAvailable, 503),
+            (GatewayError::DataServerDown, 503),
         ];
         for (error, status) in table {
             assert_eq!(error.status().as_u16(), status, "{error:?}");
@@ -104,5 +136,13 @@ mod tests {
             .to_str()
             .unwrap()
             .starts_with("text/plain"));
+        assert!(!response.headers().contains_key(header::RETRY_AFTER));
+    }
+
+    #[test]
+    fn unavailable_pages_say_when_to_come_back() {
+        let response = GatewayError::NoNodeAvailable.response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], RETRY_AFTER_SECS);
     }
 }

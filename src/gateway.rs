@@ -1,41 +1,41 @@
 //! What happens to one student request: classify it, decide its upstream, forward it,
 //! and learn from the node's `Set-Cookie` on the way back.
 //!
-//! This is the only place where Moodle knowledge ([`crate::moodle`]), the deal
-//! ([`crate::balancer`]) and the affinity table ([`crate::affinity`]) meet, so the
-//! routing rule reads top to bottom in `Gateway::route` and the learning rule in
+//! This is the only place where Moodle knowledge ([`crate::moodle`]), the upstreams
+//! and their health ([`crate::upstreams`]) and the affinity table
+//! ([`crate::affinity`]) meet, so the routing rule reads top to bottom in
+//! `Gateway::route`, failover in `Gateway::sticky` and the learning rule in
 //! `Gateway::learn`.
+//!
+//! Everything a reload may change (the upstreams, failover policy, forwarding
+//! settings) sits in one [`Settings`] behind an [`ArcSwap`]: a request loads it
+//! once, without a lock, and a reload swaps in a new one without disturbing the
+//! requests still using the old.
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
+use arc_swap::{ArcSwap, Guard};
 use bytes::Bytes;
+use http::header::{HeaderValue, SET_COOKIE};
 use http::{Method, Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use ipnet::IpNet;
 
 use crate::affinity::{AffinityTable, Clock, Limits, SessionKey, SessionState};
-use crate::balancer::{Balancer, NodeId};
 use crate::body::IdleLimited;
-use crate::config::{Balance, Config};
+use crate::config::{Config, HealthConfig, SessionStore};
 use crate::error::GatewayError;
+use crate::health::Change;
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
-use crate::proxy::{self, Deadlines, Peer, UpstreamClient};
+use crate::proxy::{self, Deadlines, Peer, Replay, UpstreamClient};
+use crate::route_cookie::RouteCookie;
+use crate::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
 
 /// What a student receives: the node's streaming body, or the gateway's own short page.
 pub type ProxyBody = Either<IdleLimited, Full<Bytes>>;
-
-/// One upstream as the request path needs it.
-#[derive(Debug, Clone)]
-pub struct Upstream {
-    /// The configured name (`web1`, `data`).
-    pub name: String,
-    /// Where it listens.
-    pub authority: http::uri::Authority,
-    /// Its share of new sessions (always 1 for the data server).
-    pub weight: u32,
-}
 
 /// A session the table knows: the key of its id and the node that holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,10 +51,57 @@ enum Route {
     Data,
     /// A session the table knows: its node.
     Sticky(NodeId),
+    /// A known session whose node cannot serve it any more: a freshly dealt node.
+    Moved(NodeId),
     /// No known session: a freshly dealt node.
     Deal(NodeId),
     /// No known session and none needed: any node, outside the deal.
     Spread(NodeId),
+}
+
+impl Route {
+    fn node(self) -> Option<NodeId> {
+        match self {
+            Route::Data => None,
+            Route::Sticky(n) | Route::Moved(n) | Route::Deal(n) | Route::Spread(n) => Some(n),
+        }
+    }
+}
+
+/// Everything a reload replaces, swapped as one unit.
+#[derive(Debug)]
+pub struct Settings {
+    /// The nodes and the data server, with their health and admin state.
+    pub upstreams: Upstreams,
+    /// Active and passive health settings.
+    pub health: HealthConfig,
+    store: SessionStore,
+    failover_hold: Duration,
+    trusted_proxies: Box<[IpNet]>,
+    deadlines: Deadlines,
+}
+
+impl Settings {
+    fn new(config: &Config, ids: &NodeIds, previous: Option<&Settings>) -> Result<Self, String> {
+        Ok(Self {
+            upstreams: Upstreams::build(config, ids, previous.map(|p| &p.upstreams))?,
+            health: config.health.clone(),
+            store: config.session.store,
+            failover_hold: config.session.failover_hold,
+            trusted_proxies: config.trusted_proxies.clone().into_boxed_slice(),
+            deadlines: Deadlines {
+                response_headers: config.timeouts.response_headers,
+                body_idle: config.timeouts.body_idle,
+            },
+        })
+    }
+
+    fn upstream(&self, route: Route) -> Option<&Arc<Upstream>> {
+        match route.node() {
+            None => Some(self.upstreams.data()),
+            Some(node) => self.upstreams.get(node),
+        }
+    }
 }
 
 /// The shared state of the public listener. Cheap to share behind an `Arc`; nothing
@@ -62,60 +109,56 @@ enum Route {
 #[derive(Debug)]
 pub struct Gateway {
     site: Site,
-    balance: Balance,
-    balancer: Balancer,
     table: Arc<AffinityTable>,
     client: UpstreamClient,
-    nodes: Box<[Upstream]>,
-    data: Upstream,
-    trusted_proxies: Box<[IpNet]>,
-    deadlines: Deadlines,
+    ids: NodeIds,
+    settings: ArcSwap<Settings>,
+    route_cookie: Option<RouteCookie>,
 }
 
 impl Gateway {
-    /// Builds the gateway for a validated config; `clock` drives session expiry.
+    /// Builds the gateway for a validated config with an empty table.
     pub fn new(config: &Config, clock: Clock) -> Self {
+        Self::with_table(config, AffinityTable::new(limits(config), clock))
+    }
+
+    /// Builds the gateway around `table` (restored from a snapshot).
+    pub fn with_table(config: &Config, table: AffinityTable) -> Self {
         let session = &config.session;
-        let limits = Limits {
-            max_sessions: session.max_sessions,
-            logged_in_idle: session.logged_in_idle,
-            anonymous_idle: session.anonymous_idle,
-        };
-        let upstream = |u: &crate::config::UpstreamConfig| Upstream {
-            name: u.name.clone(),
-            authority: u.authority.clone(),
-            weight: u.weight,
-        };
-        let weights: Vec<u32> = config.nodes.iter().map(|n| n.weight).collect();
+        let ids = NodeIds::default();
+        let settings = Settings::new(config, &ids, None)
+            .expect("a valid config names far fewer nodes than the id space");
+        let route_cookie = config
+            .route_cookie
+            .as_ref()
+            .map(|c| RouteCookie::new(&c.name, &c.secret, &session.cookie_path));
         Self {
             site: Site::new(&config.site.path, &session.cookie, &session.cookie_path),
-            balance: session.balance,
-            balancer: Balancer::new(&weights),
-            table: Arc::new(AffinityTable::new(config.nodes.len(), limits, clock)),
+            table: Arc::new(table),
             client: proxy::client(&config.timeouts),
-            nodes: config.nodes.iter().map(upstream).collect(),
-            data: upstream(&config.data),
-            trusted_proxies: config.trusted_proxies.clone().into_boxed_slice(),
-            deadlines: Deadlines {
-                response_headers: config.timeouts.response_headers,
-                body_idle: config.timeouts.body_idle,
-            },
+            ids,
+            settings: ArcSwap::from_pointee(settings),
+            route_cookie,
         }
     }
 
-    /// The affinity table, for the admin API and the sweeper.
+    /// Applies a reloaded config's upstreams and policies. In-flight requests finish
+    /// on the settings they started with.
+    pub fn apply(&self, config: &Config) -> Result<(), String> {
+        let current = self.settings.load();
+        let next = Settings::new(config, &self.ids, Some(&current))?;
+        self.settings.store(Arc::new(next));
+        Ok(())
+    }
+
+    /// The current settings (upstreams, health, policies).
+    pub fn settings(&self) -> Guard<Arc<Settings>> {
+        self.settings.load()
+    }
+
+    /// The affinity table, for the admin API, the sweeper and snapshots.
     pub fn table(&self) -> &Arc<AffinityTable> {
         &self.table
-    }
-
-    /// The PHP nodes in config order; a [`NodeId`] indexes this slice.
-    pub fn nodes(&self) -> &[Upstream] {
-        &self.nodes
-    }
-
-    /// The data server.
-    pub fn data(&self) -> &Upstream {
-        &self.data
     }
 
     /// Proxies one request and returns the streaming response or an error page.
@@ -123,69 +166,180 @@ impl Gateway {
         if request.method() == Method::CONNECT {
             return GatewayError::MethodNotAllowed.response().map(Either::Right);
         }
+        let settings = self.settings.load();
         let uri = request.uri();
         let kind = match self.site.classify(uri.path(), uri.query()) {
             Ok(kind) => kind,
             Err(_) => return GatewayError::AmbiguousPath.response().map(Either::Right),
         };
-        let known = self.known_session(request.headers());
-        let route = self.route(kind, known);
+        let known = self.known_session(request.headers(), &settings.upstreams);
         let is_post = request.method() == Method::POST;
-        let upstream = match route {
-            Route::Data => &self.data,
-            Route::Sticky(node) | Route::Deal(node) | Route::Spread(node) => &self.nodes[node],
-        };
         let peer = Peer {
             ip: peer,
-            trusted: self.trusted_proxies.iter().any(|net| net.contains(&peer)),
+            trusted: settings
+                .trusted_proxies
+                .iter()
+                .any(|net| net.contains(&peer)),
         };
-        let forwarded = proxy::forward(
-            &self.client,
-            &upstream.authority,
-            request,
-            peer,
-            self.deadlines,
-        );
-        match forwarded.await {
-            Ok(response) => {
-                if let Some(issued) = self.site.issued_session(response.headers()) {
-                    self.learn(route, known, issued, kind, is_post);
-                }
-                response.map(Either::Left)
+        let secure = self.route_cookie.is_some() && proxy::is_https(request.headers(), peer);
+        let forwarded = match self.route(kind, known, &settings).await {
+            Ok(route) => self.forward(route, request, peer, &settings).await,
+            Err(error) => Err(error),
+        };
+        let (route, mut response) = match forwarded {
+            Ok(forwarded) => forwarded,
+            Err(error) => return error.response().map(Either::Right),
+        };
+        let route_cookie = match self.site.issued_session(response.headers()) {
+            Some(issued) => {
+                let bound = self.learn(route, known, issued, kind, is_post, &settings);
+                self.route_cookie_line(bound, issued, secure, &settings)
             }
-            Err(error) => error.response().map(Either::Right),
+            None => None,
+        };
+        if let Some(line) = route_cookie {
+            response.headers_mut().append(SET_COOKIE, line);
         }
+        response.map(Either::Left)
     }
 
-    /// The session the request carries, if one of our nodes issued it and it is live.
-    fn known_session(&self, headers: &http::HeaderMap) -> Option<Known> {
-        let key = self.table.key(self.site.session_id(headers)?);
-        let node = self.table.lookup(key)?;
-        Some(Known { key, node })
+    /// The session the request carries, if one of our nodes issued it and it is live:
+    /// from the table, or else from a valid route cookie (after a restart without a
+    /// snapshot, or on another gateway), which binds it again.
+    fn known_session(&self, headers: &http::HeaderMap, upstreams: &Upstreams) -> Option<Known> {
+        let id = self.site.session_id(headers)?;
+        let key = self.table.key(id);
+        if let Some(node) = self.table.lookup(key) {
+            return Some(Known { key, node });
+        }
+        let node = upstreams.by_name(self.route_cookie.as_ref()?.node(headers, id)?)?;
+        // The cookie does not say whether the student logged in: assume so, the
+        // longer idle limit is the safe side.
+        self.table.bind(key, node.id, SessionState::LoggedIn);
+        tracing::debug!(node = %node.name, "session recovered from its route cookie");
+        Some(Known { key, node: node.id })
     }
 
     /// The routing rule, in full.
-    fn route(&self, kind: RequestKind, known: Option<Known>) -> Route {
+    async fn route(
+        &self,
+        kind: RequestKind,
+        known: Option<Known>,
+        settings: &Settings,
+    ) -> Result<Route, GatewayError> {
         match (kind, known) {
-            // SCORM content lives on the data server, whoever asks and whatever session.
-            (RequestKind::ScormFile, _) => Route::Data,
+            // SCORM content lives on the data server, whoever asks and whatever session;
+            // there is no other copy to fail over to.
+            (RequestKind::ScormFile, _) => match settings.upstreams.data().health.is_up() {
+                true => Ok(Route::Data),
+                false => Err(GatewayError::DataServerDown),
+            },
             // A session one of our nodes issued: only that node has its data. Assets
             // too: a "static" file that is missing is answered by PHP (Moodle 4.5+
             // sends it to r.php, older sites to error/index.php) inside the session,
             // and on another node that would log the student out.
-            (_, Some(known)) => Route::Sticky(known.node),
+            (_, Some(known)) => self.sticky(known, settings).await,
             // Theme, JavaScript and static files without a session start none: any
             // node, and they must not move the deal of new sessions.
-            (RequestKind::Sessionless, None) => Route::Spread(self.balancer.spread()),
+            (RequestKind::Sessionless, None) => settings
+                .upstreams
+                .spread(None)
+                .map(Route::Spread)
+                .ok_or(GatewayError::NoNodeAvailable),
             // No session, or one no node issued through us (forged, stale, expired):
             // a new visitor as far as we know, dealt the next node.
-            (RequestKind::Page(_), None) => Route::Deal(self.pick_new()),
+            (RequestKind::Page(_), None) => self
+                .deal(settings, None)
+                .map(Route::Deal)
+                .ok_or(GatewayError::NoNodeAvailable),
+        }
+    }
+
+    /// The failover rule for a known session: its node while it can serve it; when
+    /// it is down, at once another node if the session store is shared, or after
+    /// `failover_hold` if only that node has the session (a restart usually takes
+    /// seconds, and a new node means logging in again). A node that left the config
+    /// or was disabled hands its sessions over at once.
+    async fn sticky(&self, known: Known, settings: &Settings) -> Result<Route, GatewayError> {
+        let node = settings.upstreams.get(known.node);
+        if let Some(node) = node.filter(|n| n.keeps_sessions()) {
+            if node.health.is_up() {
+                return Ok(Route::Sticky(node.id));
+            }
+            let hold = settings.store == SessionStore::NodeLocal;
+            if hold && node.health.wait_up(settings.failover_hold).await {
+                return Ok(Route::Sticky(node.id));
+            }
+        }
+        let to = self
+            .deal(settings, Some(known.node))
+            .ok_or(GatewayError::NoNodeAvailable)?;
+        // Concurrent requests of the same student agree on one new node.
+        let to = self.table.rebind(known.key, known.node, to).unwrap_or(to);
+        tracing::debug!(from = known.node, to, "session moved to another node");
+        Ok(Route::Moved(to))
+    }
+
+    /// Forwards to the route's upstream, recording the outcome in its health. A
+    /// request with no affinity and no body whose connection could not even be
+    /// opened is tried on the next node: nothing reached the first one, so nothing
+    /// can happen twice. Anything else is never replayed.
+    async fn forward(
+        &self,
+        mut route: Route,
+        request: Request<Incoming>,
+        peer: Peer,
+        settings: &Settings,
+    ) -> Result<(Route, Response<IdleLimited>), GatewayError> {
+        let replay = match route {
+            Route::Deal(_) | Route::Spread(_) => Replay::of(&request),
+            _ => None,
+        };
+        let mut request = request.map(Some);
+        let mut attempts = settings.upstreams.nodes().len();
+        loop {
+            let upstream = settings
+                .upstream(route)
+                .ok_or(GatewayError::NoNodeAvailable)?;
+            let forwarded = proxy::forward(
+                &self.client,
+                &upstream.authority,
+                request,
+                peer,
+                settings.deadlines,
+            );
+            let error = match forwarded.await {
+                Ok(response) => {
+                    upstream.health.request_succeeded();
+                    return Ok((route, response));
+                }
+                Err(error) => error,
+            };
+            if error.is_upstream_failure()
+                && upstream.health.failure(settings.health.fall) == Change::Down
+            {
+                tracing::warn!(upstream = %upstream.name, "marked down: {error}");
+            }
+            attempts -= 1;
+            let next = match (route, &replay) {
+                _ if error != GatewayError::UpstreamUnreachable || attempts == 0 => None,
+                (Route::Deal(node), Some(_)) => self.deal(settings, Some(node)).map(Route::Deal),
+                (Route::Spread(node), Some(_)) => {
+                    settings.upstreams.spread(Some(node)).map(Route::Spread)
+                }
+                _ => None,
+            };
+            match (next, &replay) {
+                (Some(next), Some(replay)) => (route, request) = (next, replay.request()),
+                _ => return Err(error),
+            }
         }
     }
 
     /// The learning rule: a node's `Set-Cookie` for the session cookie binds the id it
     /// issued to that node; a new id on a request that carried a known one is a
     /// rotation (login, logout, timeout) and replaces it on the same node in one step.
+    /// Returns the node the issued id is now bound to.
     fn learn(
         &self,
         route: Route,
@@ -193,42 +347,72 @@ impl Gateway {
         issued: IssuedSession<'_>,
         kind: RequestKind,
         is_post: bool,
-    ) {
+        settings: &Settings,
+    ) -> Option<NodeId> {
         let id = match issued {
             IssuedSession::Id(id) => id,
             IssuedSession::Cleared => {
                 known.map(|known| self.table.forget(known.key));
-                return;
+                return None;
             }
         };
         let new = self.table.key(id);
         if known.is_some_and(|known| known.key == new) {
-            return; // the node re-sent the same id: nothing changed
+            return None; // the node re-sent the same id: nothing changed
         }
         let state = if moodle::logged_in_after(kind, is_post, known.is_some()) {
             SessionState::LoggedIn
         } else {
             SessionState::Anonymous
         };
-        let node = match (route, known) {
-            (Route::Sticky(node) | Route::Deal(node) | Route::Spread(node), _) => node,
+        let node = match (route.node(), known) {
+            (Some(node), _) => node,
             // The data server runs Moodle on the same shared sessions (it could not
             // serve SCORM otherwise): its new id belongs with the student's node, or
             // with a new visitor's dealt one.
-            (Route::Data, Some(known)) => known.node,
-            (Route::Data, None) => self.pick_new(),
+            (None, Some(known)) => known.node,
+            (None, None) => self.deal(settings, None)?,
         };
         match known {
             Some(known) => self.table.rotate(known.key, new, node, state),
             None => self.table.bind(new, node, state),
         }
+        Some(node)
     }
 
-    /// The node for a new session, per `[session] balance`.
-    fn pick_new(&self) -> NodeId {
-        match self.balance {
-            Balance::RoundRobin => self.balancer.deal(),
-            Balance::LeastSessions => self.balancer.least_sessions(|node| self.table.live(node)),
+    /// The route cookie line for what was just learnt: a new one naming the node of
+    /// a newly bound id, or a deletion when Moodle cleared the session.
+    fn route_cookie_line(
+        &self,
+        bound: Option<NodeId>,
+        issued: IssuedSession<'_>,
+        secure: bool,
+        settings: &Settings,
+    ) -> Option<HeaderValue> {
+        let cookie = self.route_cookie.as_ref()?;
+        match (issued, bound) {
+            (IssuedSession::Cleared, _) => Some(cookie.clear(secure)),
+            (IssuedSession::Id(id), Some(node)) => {
+                let node = settings.upstreams.get(node)?;
+                Some(cookie.issue(&node.name, id, secure))
+            }
+            (IssuedSession::Id(_), None) => None,
         }
+    }
+
+    /// The node for a new session among those taking new sessions, other than `except`.
+    fn deal(&self, settings: &Settings, except: Option<NodeId>) -> Option<NodeId> {
+        settings
+            .upstreams
+            .deal(|node| self.table.live(node), except)
+    }
+}
+
+/// The table's bounds from `[session]`.
+pub fn limits(config: &Config) -> Limits {
+    Limits {
+        max_sessions: config.session.max_sessions,
+        logged_in_idle: config.session.logged_in_idle,
+        anonymous_idle: config.session.anonymous_idle,
     }
 }

@@ -4,15 +4,18 @@
 //! - [`config`]: `config.toml` parsed into validated types; every error names its key.
 //! - [`moodle`]: everything Moodle-specific: cookies, SCORM URL forms, sessionless scripts.
 //! - [`balancer`]: the lock-free deal of new sessions over weighted nodes.
+//! - [`upstreams`]: the nodes as they are now: stable ids, admin state, health, the deal among them.
+//! - [`health`]: active probes and passive marks that take nodes down and bring them back.
 //! - [`affinity`]: the session → node table learned from the nodes' `Set-Cookie`.
 //! - [`snapshot`]: the affinity table's snapshot file: atomic, streaming, checksummed.
+//! - [`state`]: the table across restarts: loaded at start, saved periodically and at shutdown.
 //! - [`route_cookie`]: the signed cookie that lets any gateway recover a session's node.
 //! - [`gateway`]: one request's journey: classify, route, forward, learn.
 //! - [`proxy`]: forwarding mechanics: header hygiene, pooled client, streaming.
 //! - [`body`]: the streaming bodies: when an upload is sent, how long a body may pause.
 //! - [`error`]: the failures a student can see, and their statuses.
 //! - [`admin`]: the token-protected admin API on its own listener.
-//! - [`app`]: builds the routers and serves the listeners until shutdown.
+//! - [`app`]: builds the routers, serves the listeners until shutdown, reloads the config.
 //! - [`standin`]: stand-in Moodle nodes with node-local sessions, for tests and the demo.
 //! - [`demo`]: `moodle-gateway demo`: the real gateway in front of stand-ins, driven by simulated students.
 
@@ -25,11 +28,14 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod gateway;
+pub mod health;
 pub mod moodle;
 pub mod proxy;
-pub mod snapshot;
 pub mod route_cookie;
+pub mod snapshot;
 pub mod standin;
+pub mod state;
+pub mod upstreams;
 
 pub use app::App;
 pub use config::Config;

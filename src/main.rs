@@ -170,7 +170,7 @@ fn run(path: &std::path::Path) -> ExitCode {
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
-    match runtime.block_on(serve(config)) {
+    match runtime.block_on(serve(config, path)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("{error}");
@@ -179,7 +179,7 @@ fn run(path: &std::path::Path) -> ExitCode {
     }
 }
 
-async fn serve(config: Config) -> Result<(), String> {
+async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
     let bind = |addr| async move {
         TcpListener::bind(addr)
             .await
@@ -193,16 +193,37 @@ async fn serve(config: Config) -> Result<(), String> {
     // The bound addresses, not the configured ones: with port 0 this is how a
     // supervisor (or a test) learns where the gateway listens.
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+    let nodes = config.nodes.len();
+    // Restores the affinity table from the state file before the first request.
+    let app = App::new(config).reloading_from(path);
+    tokio::spawn(reload_on_hangup(app.clone()));
     tracing::info!(
         listen = %public.local_addr().map_err(|e| e.to_string())?,
         admin = ?admin_addr,
-        nodes = config.nodes.len(),
+        nodes,
         "moodle-gateway ready"
     );
-    App::new(config)
-        .serve(public, admin, shutdown_signal())
+    app.serve(public, admin, shutdown_signal())
         .await
         .map_err(|error| error.to_string())
+}
+
+/// Re-reads the config file on every `SIGHUP`, the way daemons are told to.
+async fn reload_on_hangup(app: App) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: reload with POST /reload instead");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            let app = app.clone();
+            let _ = tokio::task::spawn_blocking(move || app.reload_and_log()).await;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = app;
 }
 
 /// Completes on Ctrl-C or SIGTERM (what systemd and the benchmark send).
@@ -225,5 +246,4 @@ async fn shutdown_signal() {
         () = ctrl_c => {}
         () = terminate => {}
     }
-    tracing::info!("shutting down: draining in-flight requests");
 }

@@ -56,20 +56,64 @@ pub struct Peer {
     pub trusted: bool,
 }
 
-/// Sends `request` to `upstream` and returns its streaming response, or the error a
-/// student should see. Never retried elsewhere: once bytes left for one node, another
-/// node must not see the same POST.
+/// A copy of a body-less request, kept so that it can be sent to another node if
+/// the first one cannot even be connected to.
+#[derive(Debug)]
+pub struct Replay(Request<()>);
+
+impl Replay {
+    /// A copy of `request` if it has no body (a body streams through once and cannot
+    /// be sent twice).
+    pub fn of(request: &Request<Incoming>) -> Option<Self> {
+        if !http_body::Body::is_end_stream(request.body()) {
+            return None;
+        }
+        let mut copy = Request::new(());
+        *copy.method_mut() = request.method().clone();
+        *copy.uri_mut() = request.uri().clone();
+        *copy.version_mut() = request.version();
+        *copy.headers_mut() = request.headers().clone();
+        Some(Self(copy))
+    }
+
+    /// The request again, with its empty body.
+    pub fn request(&self) -> Request<Option<Incoming>> {
+        let mut again = Request::new(None);
+        *again.method_mut() = self.0.method().clone();
+        *again.uri_mut() = self.0.uri().clone();
+        *again.version_mut() = self.0.version();
+        *again.headers_mut() = self.0.headers().clone();
+        again
+    }
+}
+
+/// Whether the student reached the public side over HTTPS, as far as the gateway can
+/// tell: a trusted proxy in front said so.
+pub fn is_https(headers: &HeaderMap, peer: Peer) -> bool {
+    peer.trusted
+        && headers
+            .get(&X_FORWARDED_PROTO)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"))
+}
+
+/// Sends `request` (its body, if any) to `upstream` and returns its streaming
+/// response, or the error a student should see. Never retried here: once bytes left
+/// for one node, another node must not see the same POST.
 pub async fn forward(
     client: &UpstreamClient,
     upstream: &Authority,
-    mut request: Request<Incoming>,
+    mut request: Request<Option<Incoming>>,
     peer: Peer,
     deadlines: Deadlines,
 ) -> Result<Response<IdleLimited>, GatewayError> {
     *request.uri_mut() = upstream_uri(upstream, request.uri());
     prepare_request_headers(request.headers_mut(), peer);
     // A body-less request (most of them) needs no signal: its timer starts now.
-    let (sent, body_sent) = match http_body::Body::is_end_stream(request.body()) {
+    let empty = request
+        .body()
+        .as_ref()
+        .is_none_or(http_body::Body::is_end_stream);
+    let (sent, body_sent) = match empty {
         true => (None, None),
         false => {
             let (sent, body_sent) = oneshot::channel();

@@ -36,7 +36,7 @@ fn routing_a_returning_student_allocates_nothing() {
         logged_in_idle: Duration::from_secs(3600),
         anonymous_idle: Duration::from_secs(3600),
     };
-    let table = AffinityTable::new(4, limits, Clock::default());
+    let table = AffinityTable::new(limits, Clock::default());
     table.bind(
         table.key("q1w2e3r4t5y6u7i8o9p0a1s2d3"),
         2,
@@ -83,8 +83,11 @@ async fn a_proxied_request_allocates_no_more_than_it_does_today() {
 
     const REQUESTS: usize = 200;
     /// Measured 2026-11-29 (16; a direct client + node pair takes 21); lower it when the gateway gets leaner, never raise it
-    /// without a reason in the commit message.
-    const CEILING: usize = 16;
+    /// without a reason in the commit message. Raised to 17 the same day: the request
+    /// here is a new visitor's (its cookie is unknown), and a body-less request with no
+    /// affinity is now copied so it can go to another node when its first cannot be
+    /// reached (a dead node costs no student an error page).
+    const CEILING: usize = 17;
 
     let _alone = COUNTING.lock().await;
 
@@ -109,7 +112,9 @@ async fn a_proxied_request_allocates_no_more_than_it_does_today() {
     let config = format!(
         "listen = \"127.0.0.1:0\"\n[[nodes]]\nname = \"web1\"\nurl = \"http://{node_addr}\"\n[data]\nname = \"data\"\nurl = \"http://{data_addr}\"\n"
     );
-    let config = moodle_gateway::Config::parse(&config, std::path::Path::new("."), None).unwrap();
+    let mut config =
+        moodle_gateway::Config::parse(&config, std::path::Path::new("."), None).unwrap();
+    config.state.file = None;
     let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gateway_addr = public.local_addr().unwrap();
     tokio::spawn(moodle_gateway::App::new(config).serve(public, None, std::future::pending()));

@@ -20,13 +20,14 @@ use super::values::{
 };
 use super::{
     error, io_reason, line_of, AdminConfig, Balance, Config, ConfigError, ConfigErrors,
-    SessionConfig, SiteConfig, Timeouts, TokenSource, UpstreamConfig, ADMIN_TOKEN_ENV,
-    DEFAULT_ADMIN_LISTEN, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE, DEFAULT_CONNECT,
-    DEFAULT_COOKIE, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_SESSIONS,
-    DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, DEFAULT_UPSTREAM_IDLE, DEFAULT_WEIGHT,
-    MAX_NODES, MAX_WEIGHT, DEFAULT_HEALTH_PATH, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
-    DEFAULT_RISE, DEFAULT_FALL, DEFAULT_STATE_FILE, DEFAULT_SAVE_EVERY, DEFAULT_FAILOVER_HOLD,
-    DEFAULT_SHUTDOWN, HealthConfig, StatusRange, StateConfig, SessionStore, NodeState,
+    HealthConfig, NodeState, SessionConfig, SessionStore, SiteConfig, StateConfig, StatusRange,
+    Timeouts, TokenSource, UpstreamConfig, ADMIN_TOKEN_ENV, DEFAULT_ADMIN_LISTEN,
+    DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE, DEFAULT_CONNECT, DEFAULT_COOKIE,
+    DEFAULT_FAILOVER_HOLD, DEFAULT_FALL, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_PATH,
+    DEFAULT_HEALTH_TIMEOUT, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_SESSIONS,
+    DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, DEFAULT_RISE, DEFAULT_SAVE_EVERY,
+    DEFAULT_SHUTDOWN, DEFAULT_STATE_FILE, DEFAULT_UPSTREAM_IDLE, DEFAULT_WEIGHT, MAX_NODES,
+    MAX_WEIGHT,
 };
 
 // The keys each table accepts, space-separated; anything else is reported.
@@ -138,7 +139,10 @@ impl Checker<'_> {
                 timeout: DEFAULT_HEALTH_TIMEOUT,
                 rise: DEFAULT_RISE,
                 fall: DEFAULT_FALL,
-                statuses: vec![StatusRange { low: 200, high: 200 }],
+                statuses: vec![StatusRange {
+                    low: 200,
+                    high: 200,
+                }],
             },
             state: StateConfig {
                 file: Some(DEFAULT_STATE_FILE.into()),

@@ -78,7 +78,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoOutcome, Box<dyn Error>> {
         .as_ref()
         .map(|(l, t)| (l.as_str(), t.as_str()));
     let toml = cluster.config_toml(&public_addr.to_string(), admin_settings, "");
-    let app = App::new(Config::parse(&toml, Path::new("."), None)?);
+    let app = App::new(demo_config(&toml)?);
     let gateway = app.gateway().clone();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(app.serve(public, Some(admin), async {
@@ -143,8 +143,15 @@ async fn drive(
     let (site, cookie) = (cluster.site_path(), cluster.cookie());
     let students = Students::log_in(addr, site, cookie, count, concurrency).await;
     let table = gateway.table();
-    let snapshot: Vec<(String, u64, u64)> = (gateway.nodes().iter().enumerate())
-        .map(|(i, node)| (node.name.clone(), table.live(i), table.logged_in(i)))
+    let nodes = gateway.settings();
+    let snapshot: Vec<(String, u64, u64)> = (nodes.upstreams.nodes().iter())
+        .map(|node| {
+            (
+                node.name.clone(),
+                table.live(node.id),
+                table.logged_in(node.id),
+            )
+        })
         .collect();
     let report = students.log_out().await;
     print_report(&report, &snapshot, cluster.lost_sessions());
@@ -170,6 +177,13 @@ fn print_report(report: &StudentsReport, snapshot: &[(String, u64, u64)], lost: 
     for failure in &report.failures {
         println!("  {failure}");
     }
+}
+
+/// The demo's config: no state file, since the demo's sessions die with it.
+pub(crate) fn demo_config(toml: &str) -> Result<Config, crate::config::ConfigErrors> {
+    let mut config = Config::parse(toml, Path::new("."), None)?;
+    config.state.file = None;
+    Ok(config)
 }
 
 #[cfg(test)]

@@ -264,18 +264,16 @@ fn logintoken(page: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use tokio::net::TcpListener;
 
     use super::*;
     use crate::standin::Cluster;
-    use crate::{App, Config};
+    use crate::App;
 
     /// The real gateway (no admin listener) before `cluster`, until the test ends.
     async fn gateway(cluster: &Cluster) -> SocketAddr {
         let toml = cluster.config_toml("127.0.0.1:0", None, "");
-        let app = App::new(Config::parse(&toml, Path::new("."), None).unwrap());
+        let app = App::new(crate::demo::demo_config(&toml).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(app.serve(listener, None, std::future::pending()));

@@ -383,7 +383,8 @@ impl Play {
         let node_of = |id: &str| table.view(table.key(id)).map(|entry| entry.node);
         for (id, node) in &step.bound {
             let (id, node) = (self.fill(id), self.fill(node));
-            let got = node_of(&id).map(|n| gateway.nodes()[n].name.clone());
+            let got =
+                node_of(&id).and_then(|n| Some(gateway.settings().upstreams.get(n)?.name.clone()));
             expect(got.as_deref() == Some(node.as_str()), || {
                 format!("session {id} bound to {got:?}, wanted {node}")
             })?;

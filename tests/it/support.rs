@@ -36,8 +36,13 @@ impl TestGateway {
     /// Parses `config_text` (listener addresses in it are ignored: both listeners are
     /// bound on `127.0.0.1:0`) and serves it.
     pub async fn start(config_text: &str) -> Self {
-        let config = Config::parse(config_text, Path::new("."), None)
+        let mut config = Config::parse(config_text, Path::new("."), None)
             .unwrap_or_else(|errors| panic!("test config is invalid:\n{errors}"));
+        // No state file in the working directory (the crate root) unless a test
+        // asks for one: tests must not restore each other's sessions.
+        if !config_text.contains("[state]") && !config_text.contains("state.file") {
+            config.state.file = None;
+        }
         Self::start_with(config).await
     }
 
@@ -257,6 +262,8 @@ pub fn start_binary(config: &str) -> GatewayProcess {
     let path = dir.join("config.toml");
     std::fs::write(&path, config).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
+        // The default state file lands in the test's own directory.
+        .current_dir(&dir)
         .arg("--config")
         .arg(&path)
         .env("RUST_LOG", "info")

@@ -1,4 +1,5 @@
-//! The admin API: health, the affinity table, the upstreams, and eviction.
+//! The admin API: health, the affinity table, eviction; the upstreams, draining
+//! and reload live in [`nodes`].
 //!
 //! Why its own listener: it reads and changes session routing, so it belongs on
 //! loopback or a management network behind a firewall, never on the address
@@ -18,20 +19,24 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{FromRef, Path, Query, Request, State};
 use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use siphasher::sip128::SipHasher13;
 use subtle::ConstantTimeEq;
 
 use crate::affinity::{EntryView, SessionKey, SessionState};
-use crate::balancer::NodeId;
-use crate::gateway::{Gateway, Upstream};
+use crate::gateway::{Gateway, Settings};
+use crate::upstreams::NodeId;
+
+mod nodes;
+
+pub use nodes::Reload;
 
 /// Default page size of `GET /affinity`.
 const DEFAULT_LIMIT: usize = 100;
@@ -40,15 +45,30 @@ const MAX_LIMIT: usize = 1000;
 /// The challenge that makes a browser ask for the token.
 const CHALLENGE: &str = r#"Basic realm="moodle-gateway admin""#;
 
+/// What the handlers share: the gateway, and how to reload its config.
+#[derive(Clone)]
+struct AdminState {
+    gateway: Arc<Gateway>,
+    reload: Reload,
+}
+
+impl FromRef<AdminState> for Arc<Gateway> {
+    fn from_ref(state: &AdminState) -> Self {
+        state.gateway.clone()
+    }
+}
+
 /// The admin router. Every route but `GET /healthz` requires `token`, as a bearer
-/// token or as a Basic password.
-pub fn router(gateway: Arc<Gateway>, token: String) -> Router {
+/// token or as a Basic password. `reload` re-reads the config file (`POST /reload`).
+pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
     let guard = Arc::new(Token::new(&token));
     let protected = Router::new()
         .route("/affinity", get(affinity))
         .route("/affinity/lookup", get(lookup))
         .route("/affinity/{hash}", delete(evict))
-        .route("/nodes", get(nodes))
+        .route("/nodes", get(nodes::list))
+        .route("/nodes/{name}/{action}", post(nodes::set_state))
+        .route("/reload", post(nodes::reload))
         .fallback(|| async { not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed".into())
@@ -59,7 +79,7 @@ pub fn router(gateway: Arc<Gateway>, token: String) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .merge(protected)
         .layer(middleware::map_response(no_store))
-        .with_state(gateway)
+        .with_state(AdminState { gateway, reload })
 }
 
 /// The admin token, kept only as a keyed digest under a per-process key.
@@ -186,35 +206,6 @@ fn counts(live: u64, logged_in: u64) -> Counts {
     }
 }
 
-/// An upstream: its name, and its URL or session counts where the route shows them.
-#[derive(Debug, Serialize)]
-struct Node<'a> {
-    name: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    url: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    weight: Option<u32>,
-    #[serde(flatten)]
-    counts: Option<Counts>,
-}
-
-/// Every PHP node in config order with its counts, and its URL if `with_url`.
-fn node_rows(gateway: &Gateway, with_url: bool) -> Vec<Node<'_>> {
-    let table = gateway.table();
-    let rows = gateway.nodes().iter().enumerate();
-    rows.map(|(id, upstream)| Node {
-        name: &upstream.name,
-        url: with_url.then(|| url(upstream)),
-        weight: with_url.then_some(upstream.weight),
-        counts: Some(counts(table.live(id), table.logged_in(id))),
-    })
-    .collect()
-}
-
-fn url(upstream: &Upstream) -> String {
-    format!("http://{}", upstream.authority)
-}
-
 /// One bound session as the API shows it: its hash, never its id.
 #[derive(Debug, Serialize)]
 struct Entry<'a> {
@@ -226,10 +217,12 @@ struct Entry<'a> {
     requests: u32,
 }
 
-fn entry<'a>(nodes: &'a [Upstream], view: &EntryView) -> Entry<'a> {
+fn entry<'a>(settings: &'a Settings, view: &EntryView) -> Entry<'a> {
+    let node = settings.upstreams.get(view.node);
     Entry {
         session: view.key.to_string(),
-        node: nodes.get(view.node).map_or("?", |n| n.name.as_str()),
+        // A node removed by a reload keeps its sessions until their next request.
+        node: node.map_or("(removed)", |n| n.name.as_str()),
         state: view.state,
         created: view.created,
         last_seen: view.last_seen,
@@ -240,7 +233,7 @@ fn entry<'a>(nodes: &'a [Upstream], view: &EntryView) -> Entry<'a> {
 #[derive(Debug, Serialize)]
 struct AffinityPage<'a> {
     total: Counts,
-    nodes: Vec<Node<'a>>,
+    nodes: Vec<nodes::Node>,
     entries: Vec<Entry<'a>>,
     next_cursor: Option<String>,
 }
@@ -265,7 +258,7 @@ fn page_request(gateway: &Gateway, query: PageQuery) -> Result<PageRequest, ApiE
     let bad_cursor = || bad_request("cursor must be 16 hex digits");
     let after = given(query.cursor).map(|raw| parse_key(&raw).ok_or_else(bad_cursor));
     let node = given(query.node).map(|name| {
-        let found = gateway.nodes().iter().position(|n| n.name == name);
+        let found = gateway.settings().upstreams.by_name(&name).map(|n| n.id);
         found.ok_or_else(|| not_found(format!("no node named {name}")))
     });
     Ok((limit, after.transpose()?, node.transpose()?))
@@ -286,10 +279,11 @@ async fn affinity(
         .unwrap_or_default();
     let full = page.len() == limit;
     let next_cursor = page.last().filter(|_| full).map(|e| e.key.to_string());
-    let nodes = node_rows(&gateway, false);
-    let sum = |f: fn(&Counts) -> u64| nodes.iter().filter_map(|n| n.counts.as_ref()).map(f).sum();
-    let total = counts(sum(|c| c.live), sum(|c| c.logged_in));
-    let entries = page.iter().map(|v| entry(gateway.nodes(), v)).collect();
+    let settings = gateway.settings();
+    let nodes = nodes::rows(&gateway, &settings, false);
+    let table = gateway.table();
+    let total = counts(table.len() as u64, table.logged_in_total());
+    let entries = page.iter().map(|v| entry(&settings, v)).collect();
     let body = AffinityPage {
         total,
         nodes,
@@ -315,7 +309,7 @@ async fn lookup(
     let table = gateway.table();
     let view = table.view(table.key(&id));
     let view = view.ok_or_else(|| not_found("session not bound"))?;
-    Ok(Json(entry(gateway.nodes(), &view)).into_response())
+    Ok(Json(entry(&gateway.settings(), &view)).into_response())
 }
 
 /// `DELETE /affinity/{hash}`: forgets a session; its next request gets a fresh deal.
@@ -330,25 +324,6 @@ async fn evict(
     }
     tracing::info!(session = %key, "admin evicted a session");
     Ok(StatusCode::NO_CONTENT)
-}
-
-#[derive(Debug, Serialize)]
-struct NodesBody<'a> {
-    nodes: Vec<Node<'a>>,
-    data: Node<'a>,
-}
-
-/// `GET /nodes`: the upstreams in config order, with URLs and session counts.
-async fn nodes(State(gateway): State<Arc<Gateway>>) -> Response {
-    let nodes = node_rows(&gateway, true);
-    let (name, url) = (&gateway.data().name, Some(url(gateway.data())));
-    let data = Node {
-        name,
-        url,
-        weight: None,
-        counts: None,
-    };
-    Json(NodesBody { nodes, data }).into_response()
 }
 
 /// A session hash as this API shows it: exactly 16 hex digits, no sign.
@@ -397,7 +372,8 @@ mod tests {
         let config = Config::parse(CONFIG, ".".as_ref(), None).unwrap();
         let token = config.admin.as_ref().unwrap().token.clone();
         let gateway = Arc::new(Gateway::new(&config, Clock::default()));
-        Admin(gateway.clone(), router(gateway, token))
+        let reload: Reload = Arc::new(|| Err(vec!["no config file in this test".into()]));
+        Admin(gateway.clone(), router(gateway, token, reload))
     }
 
     impl Admin {
@@ -510,8 +486,10 @@ mod tests {
             admin.bind(&format!("raw-session-{i:02}"), i % 2, state);
         }
         let mut page = admin.json("/affinity?limit=10").await;
-        let web1 = json!({"name": "web1", "live": 13, "logged_in": 3, "anonymous": 10});
-        assert_eq!(page["nodes"][0], web1);
+        let web1 = &page["nodes"][0];
+        assert_eq!(web1["name"], "web1");
+        let counts = (&web1["live"], &web1["logged_in"], &web1["anonymous"]);
+        assert_eq!(counts, (&json!(13), &json!(3), &json!(10)));
         let total = json!({"live": 25, "logged_in": 5, "anonymous": 20});
         assert_eq!(page["total"], total);
         let mut seen = sessions(&page);
@@ -597,12 +575,17 @@ mod tests {
         let admin = admin();
         admin.bind("raw-a", 0, LoggedIn);
         admin.bind("raw-b", 0, Anonymous);
-        let body = admin.json("/nodes").await;
+        let mut body = admin.json("/nodes").await;
+        let since = body["nodes"][0]["health_since"].take();
+        assert!(since.as_u64().unwrap() > 1_600_000_000, "unix seconds");
         let web1 = json!({"name": "web1", "url": "http://10.0.0.1:8001", "weight": 1,
+                          "state": "active", "health": "up", "health_since": null,
                           "live": 2, "logged_in": 1, "anonymous": 1});
         assert_eq!(body["nodes"][0], web1);
         assert_eq!(body["nodes"][1]["url"], "http://10.0.0.2");
-        let data = json!({"name": "data", "url": "http://10.0.0.9"});
+        body["data"]["health_since"].take();
+        let data = json!({"name": "data", "url": "http://10.0.0.9", "state": "active",
+                          "health": "up", "health_since": null});
         assert_eq!(body["data"], data);
     }
 

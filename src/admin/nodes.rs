@@ -1,0 +1,158 @@
+//! The upstreams as an admin sees and steers them: `GET /nodes` (state, health and
+//! sessions of each), `POST /nodes/{name}/drain|undrain|disable`, and
+//! `POST /reload`.
+//!
+//! Why draining shows `drained`: the point of draining is to patch a node without
+//! logging anyone out, and the admin needs to know when that moment has come: the
+//! node is draining and the last session bound to it has logged out, rotated away
+//! or expired.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use super::{bad_request, counts, not_found, ApiError, Counts};
+use crate::config::NodeState;
+use crate::gateway::{Gateway, Settings};
+use crate::upstreams::Upstream;
+
+/// Re-reads the config file and applies it: `Ok` with notes (settings that need a
+/// restart), or `Err` with every problem, the running config untouched.
+pub type Reload = Arc<dyn Fn() -> Result<Vec<String>, Vec<String>> + Send + Sync>;
+
+/// One upstream as the API shows it.
+#[derive(Debug, Serialize)]
+pub(super) struct Node {
+    name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    weight: Option<u32>,
+    state: NodeState,
+    health: &'static str,
+    /// Unix seconds of the last up/down change.
+    health_since: u64,
+    /// Moodle answers its probes with the maintenance page.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    maintenance: bool,
+    #[serde(flatten)]
+    counts: Option<Counts>,
+    /// Draining or disabled with no session left: safe to stop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    drained: Option<bool>,
+}
+
+fn row(gateway: &Gateway, upstream: &Upstream, details: bool, sessions: bool) -> Node {
+    let table = gateway.table();
+    let live = table.live(upstream.id);
+    let state = upstream.state();
+    Node {
+        name: upstream.name.clone(),
+        url: details.then(|| upstream.url()),
+        weight: (details && sessions).then_some(upstream.weight),
+        state,
+        health: if upstream.health.is_up() {
+            "up"
+        } else {
+            "down"
+        },
+        health_since: upstream.health.since(),
+        maintenance: upstream.health.in_maintenance(),
+        counts: sessions.then(|| counts(live, table.logged_in(upstream.id))),
+        drained: (sessions && state != NodeState::Active).then_some(live == 0),
+    }
+}
+
+/// Every PHP node in config order with its sessions, and its URL and weight if `details`.
+pub(super) fn rows(gateway: &Gateway, settings: &Settings, details: bool) -> Vec<Node> {
+    let nodes = settings.upstreams.nodes().iter();
+    nodes.map(|n| row(gateway, n, details, true)).collect()
+}
+
+#[derive(Debug, Serialize)]
+struct NodesBody {
+    nodes: Vec<Node>,
+    data: Node,
+}
+
+/// `GET /nodes`: the upstreams in config order, with state, health and sessions.
+pub(super) async fn list(State(gateway): State<Arc<Gateway>>) -> Response {
+    let settings = gateway.settings();
+    let nodes = rows(&gateway, &settings, true);
+    let data = row(&gateway, settings.upstreams.data(), true, false);
+    Json(NodesBody { nodes, data }).into_response()
+}
+
+/// `POST /nodes/{name}/drain|undrain|disable`: changes what a node may receive, at
+/// once and until the next change (a reload keeps it unless the file's `state` for
+/// that node changes). Answers the node's row.
+pub(super) async fn set_state(
+    State(gateway): State<Arc<Gateway>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let (name, action) = path.map_err(|_| bad_request("malformed path"))?.0;
+    let state = match action.as_str() {
+        "drain" => NodeState::Draining,
+        "undrain" | "enable" => NodeState::Active,
+        "disable" => NodeState::Disabled,
+        _ => return Err(not_found("no such action: use drain, undrain or disable")),
+    };
+    let settings = gateway.settings();
+    if settings.upstreams.data().name == name {
+        return Err(bad_request(
+            "the data server cannot be drained: it is the only home of SCORM files",
+        ));
+    }
+    let node = settings.upstreams.by_name(&name);
+    let node = node.ok_or_else(|| not_found(format!("no node named {name}")))?;
+    let previous = node.set_state(state);
+    tracing::warn!(node = %name, ?previous, ?state, "admin changed a node's state");
+    Ok(Json(row(&gateway, node, true, true)).into_response())
+}
+
+#[derive(Debug, Serialize)]
+struct Reloaded {
+    reloaded: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    errors: Vec<String>,
+}
+
+/// `POST /reload`: like `SIGHUP`. 200 with notes, or 422 with every problem in the
+/// file (the running config is kept).
+pub(super) async fn reload(State(reload): State<Reload>) -> Response {
+    // Reading and checking the file is blocking work.
+    let outcome = tokio::task::spawn_blocking(move || reload()).await;
+    let outcome = outcome.unwrap_or_else(|_| Err(vec!["reload failed".into()]));
+    let (status, body) = match outcome {
+        Ok(notes) => (
+            StatusCode::OK,
+            Reloaded {
+                reloaded: true,
+                notes,
+                errors: Vec::new(),
+            },
+        ),
+        Err(errors) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Reloaded {
+                reloaded: false,
+                notes: Vec::new(),
+                errors,
+            },
+        ),
+    };
+    (status, Json(body)).into_response()
+}
+
+impl axum::extract::FromRef<super::AdminState> for Reload {
+    fn from_ref(state: &super::AdminState) -> Self {
+        state.reload.clone()
+    }
+}

@@ -1,0 +1,346 @@
+//! Whether each upstream is up: active probes on a timer, passive marks from the
+//! requests themselves, and a way for a request to wait for its node to come back.
+//!
+//! Why both: a probe every couple of seconds notices a node that died while nobody
+//! was using it, and brings a repaired node back; the requests notice a dead node
+//! within a few connection attempts, long before the next probe would. Both feed the
+//! same counters, so `fall` failures in a row of either kind take a node down, and
+//! only probes (`rise` successes in a row) bring it back: a down node gets no traffic
+//! that could vouch for it.
+//!
+//! What counts as a failure: no connection, or no answer in time. A Moodle `500` is
+//! the application's answer about one page, not about the node. Moodle's maintenance
+//! answer (`503` with `Retry-After`, MOODLE.md) means the *site* is down on purpose:
+//! every node says it at once, and ejecting them all would replace Moodle's
+//! maintenance page with the gateway's own error, so it counts as alive.
+//!
+//! The state is one `AtomicU64` per upstream (up bit, streak, last change), so the
+//! request path reads it without a lock and only writes it when something changed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{HeaderValue, RETRY_AFTER, USER_AGENT};
+use http::{Request, StatusCode, Uri};
+use http_body_util::Empty;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::Notify;
+
+use crate::config::HealthConfig;
+
+const UP: u64 = 1 << 63;
+const STREAK: u64 = u32::MAX as u64;
+
+/// The health of one upstream. Starts up: a gateway (re)started in term time must
+/// serve at once, and a node that is really down is found within `fall` attempts.
+#[derive(Debug)]
+pub struct Health {
+    /// Bit 63: up. Low 32 bits: the current streak (failures while up, successes
+    /// while down).
+    state: AtomicU64,
+    /// Unix seconds of the last up/down change (or of start).
+    since: AtomicU64,
+    /// Whether the last probe saw Moodle's maintenance answer.
+    maintenance: AtomicBool,
+    /// Wakes requests waiting for this upstream to come back.
+    came_up: Notify,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            state: AtomicU64::new(UP),
+            since: AtomicU64::new(unix_now()),
+            maintenance: AtomicBool::new(false),
+            came_up: Notify::new(),
+        }
+    }
+}
+
+/// What one observation did to an upstream's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing changed state.
+    None,
+    /// The upstream was just marked up.
+    Up,
+    /// The upstream was just marked down.
+    Down,
+}
+
+impl Health {
+    /// Whether requests may go to this upstream.
+    pub fn is_up(&self) -> bool {
+        self.state.load(Ordering::Relaxed) & UP != 0
+    }
+
+    /// When the upstream last went up or down, Unix seconds.
+    pub fn since(&self) -> u64 {
+        self.since.load(Ordering::Relaxed)
+    }
+
+    /// Whether the last probe was answered with Moodle's maintenance page.
+    pub fn in_maintenance(&self) -> bool {
+        self.maintenance.load(Ordering::Relaxed)
+    }
+
+    /// A probe or a request succeeded: resets the failure streak of an up upstream,
+    /// and counts towards `rise` for a down one.
+    pub fn success(&self, rise: u32) -> Change {
+        self.observe(true, rise)
+    }
+
+    /// A probe or a request failed: counts towards `fall` for an up upstream.
+    pub fn failure(&self, fall: u32) -> Change {
+        self.observe(false, fall)
+    }
+
+    /// The request path's success: a single load when nothing needs resetting, so
+    /// many cores reading the same upstream do not fight over its cache line.
+    pub fn request_succeeded(&self) {
+        if self.state.load(Ordering::Relaxed) != UP {
+            self.success(u32::MAX);
+        }
+    }
+
+    fn observe(&self, ok: bool, threshold: u32) -> Change {
+        let mut change = Change::None;
+        let _ = self
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                let (up, streak) = (state & UP != 0, state & STREAK);
+                change = Change::None;
+                Some(match (up, ok) {
+                    (true, true) => UP,
+                    (false, false) => 0,
+                    (true, false) if streak + 1 >= u64::from(threshold) => {
+                        change = Change::Down;
+                        0
+                    }
+                    (false, true) if streak + 1 >= u64::from(threshold) => {
+                        change = Change::Up;
+                        UP
+                    }
+                    (up, _) => (if up { UP } else { 0 }) | (streak + 1),
+                })
+            });
+        if change != Change::None {
+            self.since.store(unix_now(), Ordering::Relaxed);
+        }
+        if change == Change::Up {
+            self.came_up.notify_waiters();
+        }
+        change
+    }
+
+    /// Waits up to `within` for the upstream to be up; returns whether it is.
+    pub async fn wait_up(&self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let notified = self.came_up.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_up() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.is_up();
+            }
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The client probes go out on. No pooling: a probe must prove that the upstream
+/// still accepts connections, not that an old one is still open.
+pub type ProbeClient = Client<HttpConnector, Empty<Bytes>>;
+
+/// Builds the probe client; each probe's whole time is bounded by `health.timeout`.
+pub fn probe_client() -> ProbeClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build(connector)
+}
+
+/// What one probe saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// An accepted status.
+    Healthy,
+    /// Moodle's maintenance answer: alive, and the site is closed on purpose.
+    Maintenance,
+    /// Why the upstream is not healthy.
+    Failed(String),
+}
+
+/// Probes `authority` once with `GET {health.path}`.
+pub async fn probe(client: &ProbeClient, authority: &str, health: &HealthConfig) -> Probe {
+    let uri: Uri = match format!("http://{authority}{}", health.path).parse() {
+        Ok(uri) => uri,
+        Err(error) => return Probe::Failed(format!("invalid probe URI: {error}")),
+    };
+    let mut request = Request::new(Empty::new());
+    *request.uri_mut() = uri;
+    request.headers_mut().insert(
+        USER_AGENT,
+        HeaderValue::from_static("moodle-gateway-health"),
+    );
+    let answer = tokio::time::timeout(health.timeout, client.request(request)).await;
+    match answer {
+        Err(_) => Probe::Failed(format!("no answer within {:?}", health.timeout)),
+        Ok(Err(error)) if error.is_connect() => Probe::Failed("connection failed".into()),
+        Ok(Err(error)) => Probe::Failed(format!("exchange failed: {error}")),
+        Ok(Ok(response)) => {
+            let status = response.status();
+            if status == StatusCode::SERVICE_UNAVAILABLE
+                && response.headers().contains_key(RETRY_AFTER)
+            {
+                Probe::Maintenance
+            } else if health.accepts(status.as_u16()) {
+                Probe::Healthy
+            } else {
+                Probe::Failed(format!("answered {status}"))
+            }
+        }
+    }
+}
+
+/// Applies one probe's result to `health`, logging a change of state.
+pub fn record(name: &str, health: &Health, probe: &Probe, config: &HealthConfig) {
+    let maintenance = *probe == Probe::Maintenance;
+    if health.maintenance.swap(maintenance, Ordering::Relaxed) != maintenance && maintenance {
+        tracing::warn!(upstream = name, "Moodle answers with its maintenance page");
+    }
+    match probe {
+        Probe::Healthy | Probe::Maintenance => {
+            if health.success(config.rise) == Change::Up {
+                tracing::warn!(
+                    upstream = name,
+                    "marked up after {} good probes",
+                    config.rise
+                );
+            }
+        }
+        Probe::Failed(reason) => {
+            if health.failure(config.fall) == Change::Down {
+                tracing::warn!(upstream = name, "marked down: {reason}");
+            }
+        }
+    }
+}
+
+/// One upstream to probe: its name (for logs), authority and health.
+pub type Target = (String, String, Arc<Health>);
+
+/// Probes every upstream each `health.interval` until `stop` fires. `targets` gives
+/// the current settings and upstreams; it is called every round, so a reload takes
+/// effect on the next one.
+pub async fn run(
+    targets: impl Fn() -> (HealthConfig, Vec<Target>),
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let client = probe_client();
+    // Upstreams start up, so the first round waits one interval: a restarted
+    // gateway serves at once instead of first probing every node at the same time.
+    let first = targets().0.interval;
+    tokio::select! {
+        () = tokio::time::sleep(first) => {}
+        _ = stop.changed() => return,
+    }
+    loop {
+        let (config, upstreams) = targets();
+        let mut round = tokio::task::JoinSet::new();
+        for (name, authority, health) in upstreams {
+            let (client, config) = (client.clone(), config.clone());
+            round.spawn(async move {
+                let result = probe(&client, &authority, &config).await;
+                record(&name, &health, &result, &config);
+            });
+        }
+        let next = tokio::time::sleep(config.interval);
+        tokio::select! {
+            () = async { while round.join_next().await.is_some() {} ; next.await } => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fall_failures_in_a_row_take_an_upstream_down() {
+        let health = Health::default();
+        assert_eq!(health.failure(3), Change::None);
+        assert_eq!(health.failure(3), Change::None);
+        assert!(health.is_up());
+        assert_eq!(health.failure(3), Change::Down);
+        assert!(!health.is_up());
+        assert_eq!(health.failure(3), Change::None);
+    }
+
+    #[test]
+    fn a_success_between_failures_starts_the_count_again() {
+        let health = Health::default();
+        health.failure(3);
+        health.failure(3);
+        health.request_succeeded();
+        health.failure(3);
+        health.failure(3);
+        assert!(health.is_up());
+    }
+
+    #[test]
+    fn rise_successes_in_a_row_bring_it_back() {
+        let health = Health::default();
+        health.failure(1);
+        assert_eq!(health.success(2), Change::None);
+        health.failure(1);
+        assert_eq!(health.success(2), Change::None);
+        assert_eq!(health.success(2), Change::Up);
+        assert!(health.is_up());
+    }
+
+    #[test]
+    fn a_request_success_never_brings_a_down_upstream_back() {
+        let health = Health::default();
+        health.failure(1);
+        health.request_succeeded();
+        health.request_succeeded();
+        assert!(!health.is_up());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_request_wakes_when_its_node_comes_back() {
+        let health = Arc::new(Health::default());
+        health.failure(1);
+        let waiter = tokio::spawn({
+            let health = health.clone();
+            async move { health.wait_up(Duration::from_secs(10)).await }
+        });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        health.success(1);
+        assert!(waiter.await.unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_gives_up_after_its_hold() {
+        let health = Health::default();
+        health.failure(1);
+        let started = tokio::time::Instant::now();
+        assert!(!health.wait_up(Duration::from_secs(10)).await);
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+}

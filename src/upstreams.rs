@@ -1,0 +1,253 @@
+//! The upstreams as they are right now: each node's stable id, address, weight,
+//! admin state and health, and the choice of a node for a new session among those
+//! that may take one.
+//!
+//! Why a generation that is replaced whole: a reload adds, removes and re-weights
+//! nodes while requests are in flight. A request loads the current [`Upstreams`]
+//! once and uses that one throughout, so it never sees half a reload.
+//!
+//! Why stable ids: the affinity table stores a node as a 16-bit id. An id names one
+//! node *name* for the life of the process (and is never reused), so a reload that
+//! reorders or removes nodes can never move a session onto a different node; a
+//! session whose node left the config is re-dealt on its next request.
+//!
+//! Why health and admin state are shared across generations: a reload that keeps a
+//! node's name and address must keep what is known about it, including an admin's
+//! drain and a request waiting for the node to come back.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use http::uri::Authority;
+
+use crate::balancer::Balancer;
+use crate::config::{Balance, Config, NodeState, UpstreamConfig};
+use crate::health::Health;
+
+/// A node's stable id: what the affinity table stores.
+pub type NodeId = usize;
+
+/// Most distinct node names one process can know: ids are never reused, and the
+/// affinity table keeps a counter per id.
+pub const MAX_NODE_IDS: usize = 4096;
+
+/// One node or the data server, with what is known about it now.
+#[derive(Debug)]
+pub struct Upstream {
+    /// Stable id (the data server's is never stored in the table).
+    pub id: NodeId,
+    /// The configured name (`web1`, `data`).
+    pub name: String,
+    /// Where it listens.
+    pub authority: Authority,
+    /// Its share of new sessions (1 for the data server).
+    pub weight: u32,
+    /// Up or down, shared with earlier generations of the same node and address.
+    pub health: Arc<Health>,
+    /// The admin state as a [`NodeState`] index, shared like `health`.
+    state: Arc<AtomicU8>,
+    /// The state the config file asked for, to tell an admin's change from a file's.
+    configured: NodeState,
+}
+
+impl Upstream {
+    /// What an admin wants of this node now.
+    pub fn state(&self) -> NodeState {
+        match self.state.load(Ordering::Relaxed) {
+            0 => NodeState::Active,
+            1 => NodeState::Draining,
+            _ => NodeState::Disabled,
+        }
+    }
+
+    /// Changes the admin state (drain, undrain, disable); returns the previous one.
+    pub fn set_state(&self, state: NodeState) -> NodeState {
+        let previous = self.state();
+        self.state.store(state_index(state), Ordering::Relaxed);
+        previous
+    }
+
+    /// May get new sessions and sessionless requests: active and up.
+    pub fn takes_new(&self) -> bool {
+        self.state() == NodeState::Active && self.health.is_up()
+    }
+
+    /// Still serves the sessions bound to it (when up): active or draining.
+    pub fn keeps_sessions(&self) -> bool {
+        self.state() != NodeState::Disabled
+    }
+
+    /// `http://host:port`, for the admin API and logs.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.authority)
+    }
+}
+
+fn state_index(state: NodeState) -> u8 {
+    match state {
+        NodeState::Active => 0,
+        NodeState::Draining => 1,
+        NodeState::Disabled => 2,
+    }
+}
+
+/// Hands out stable ids by node name.
+#[derive(Debug, Default)]
+pub struct NodeIds {
+    names: Mutex<Vec<String>>,
+}
+
+impl NodeIds {
+    /// The id of `name`, assigning the next one on first sight.
+    pub fn id(&self, name: &str) -> Result<NodeId, String> {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(id) = names.iter().position(|n| n == name) {
+            return Ok(id);
+        }
+        if names.len() >= MAX_NODE_IDS {
+            return Err(format!(
+                "more than {MAX_NODE_IDS} distinct node names since the gateway started; restart it"
+            ));
+        }
+        names.push(name.to_owned());
+        Ok(names.len() - 1)
+    }
+}
+
+/// One generation of upstreams: the nodes in config order, the data server, and
+/// the deal over them.
+#[derive(Debug)]
+pub struct Upstreams {
+    /// Indexed by [`NodeId`]; `None` for ids of nodes not in this generation.
+    by_id: Box<[Option<Arc<Upstream>>]>,
+    nodes: Box<[Arc<Upstream>]>,
+    data: Arc<Upstream>,
+    /// Deals positions in `nodes`.
+    balancer: Balancer,
+    balance: Balance,
+}
+
+impl Upstreams {
+    /// Builds the generation for `config`, keeping the health and admin state of
+    /// every node of `previous` whose name and address did not change. A node's
+    /// admin state follows the file only where the file changed it, so a reload
+    /// never undoes an admin's drain by accident.
+    pub fn build(
+        config: &Config,
+        ids: &NodeIds,
+        previous: Option<&Upstreams>,
+    ) -> Result<Self, String> {
+        let mut nodes = Vec::with_capacity(config.nodes.len());
+        for node in &config.nodes {
+            let kept = previous.and_then(|p| p.by_name(&node.name));
+            nodes.push(Arc::new(upstream(
+                node,
+                ids.id(&node.name)?,
+                kept.map(|k| &**k),
+            )));
+        }
+        let kept_data = previous
+            .map(|p| &p.data)
+            .filter(|d| d.name == config.data.name);
+        let data_id = ids.id(&config.data.name)?;
+        let data = Arc::new(upstream(&config.data, data_id, kept_data.map(|d| &**d)));
+        let mut by_id = vec![None; nodes.iter().map(|n| n.id + 1).max().unwrap_or(0)];
+        for node in &nodes {
+            by_id[node.id] = Some(node.clone());
+        }
+        let weights: Vec<u32> = nodes.iter().map(|n| n.weight).collect();
+        Ok(Self {
+            by_id: by_id.into(),
+            balancer: Balancer::new(&weights),
+            nodes: nodes.into(),
+            data,
+            balance: config.session.balance,
+        })
+    }
+
+    /// The node with this id, if it is in this generation.
+    pub fn get(&self, id: NodeId) -> Option<&Arc<Upstream>> {
+        self.by_id.get(id)?.as_ref()
+    }
+
+    /// The node called `name`.
+    pub fn by_name(&self, name: &str) -> Option<&Arc<Upstream>> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The PHP nodes in config order.
+    pub fn nodes(&self) -> &[Arc<Upstream>] {
+        &self.nodes
+    }
+
+    /// The data server.
+    pub fn data(&self) -> &Arc<Upstream> {
+        &self.data
+    }
+
+    /// The node for a new session, per `[session] balance`, among the nodes that
+    /// take new sessions, other than `except`; `live(id)` counts a node's sessions.
+    pub fn deal(&self, live: impl Fn(NodeId) -> u64, except: Option<NodeId>) -> Option<NodeId> {
+        let eligible = |position: usize| {
+            let node = &self.nodes[position];
+            node.takes_new() && Some(node.id) != except
+        };
+        let position = match self.balance {
+            Balance::RoundRobin => self.next_eligible(|| self.balancer.deal(), eligible),
+            Balance::LeastSessions => self
+                .balancer
+                .least_sessions(|p| live(self.nodes[p].id), eligible),
+        }?;
+        Some(self.nodes[position].id)
+    }
+
+    /// A node for a request that carries no session and starts none: the same
+    /// eligibility as [`deal`](Self::deal), from a separate rotation.
+    pub fn spread(&self, except: Option<NodeId>) -> Option<NodeId> {
+        let eligible = |position: usize| {
+            let node = &self.nodes[position];
+            node.takes_new() && Some(node.id) != except
+        };
+        let position = self.next_eligible(|| self.balancer.spread(), eligible)?;
+        Some(self.nodes[position].id)
+    }
+
+    /// Takes tickets until one lands on an eligible node, at most one round. A
+    /// skipped ticket is used up, so the turn passes to the next node in order and
+    /// the remaining nodes still share new sessions evenly.
+    fn next_eligible(
+        &self,
+        ticket: impl Fn() -> usize,
+        eligible: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
+        (0..self.balancer.round())
+            .map(|_| ticket())
+            .find(|&p| eligible(p))
+    }
+}
+
+/// Builds one upstream, sharing `kept`'s health and state when its address is the same.
+fn upstream(config: &UpstreamConfig, id: NodeId, kept: Option<&Upstream>) -> Upstream {
+    let kept = kept.filter(|k| k.authority == config.authority);
+    let (health, state) = match kept {
+        Some(k) => {
+            if k.configured != config.state {
+                k.set_state(config.state);
+            }
+            (k.health.clone(), k.state.clone())
+        }
+        None => (
+            Arc::default(),
+            Arc::new(AtomicU8::new(state_index(config.state))),
+        ),
+    };
+    Upstream {
+        id,
+        name: config.name.clone(),
+        authority: config.authority.clone(),
+        weight: config.weight,
+        health,
+        state,
+        configured: config.state,
+    }
+}
