@@ -109,7 +109,9 @@ async fn a_proxied_request_allocates_no_more_than_it_does_today() {
     let config = format!(
         "listen = \"127.0.0.1:0\"\n[[nodes]]\nname = \"web1\"\nurl = \"http://{node_addr}\"\n[data]\nname = \"data\"\nurl = \"http://{data_addr}\"\n"
     );
-    let config = moodle_gateway::Config::parse(&config, std::path::Path::new("."), None).unwrap();
+    let config =
+        moodle_gateway::Config::parse(&config, std::path::Path::new("."), Default::default())
+            .unwrap();
     let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gateway_addr = public.local_addr().unwrap();
     tokio::spawn(moodle_gateway::App::new(config).serve(public, None, std::future::pending()));

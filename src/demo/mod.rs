@@ -78,7 +78,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoOutcome, Box<dyn Error>> {
         .as_ref()
         .map(|(l, t)| (l.as_str(), t.as_str()));
     let toml = cluster.config_toml(&public_addr.to_string(), admin_settings, "");
-    let app = App::new(Config::parse(&toml, Path::new("."), None)?);
+    let app = App::new(Config::parse(&toml, Path::new("."), Default::default())?);
     let gateway = app.gateway().clone();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(app.serve(public, Some(admin), async {

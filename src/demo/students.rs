@@ -275,7 +275,7 @@ mod tests {
     /// The real gateway (no admin listener) before `cluster`, until the test ends.
     async fn gateway(cluster: &Cluster) -> SocketAddr {
         let toml = cluster.config_toml("127.0.0.1:0", None, "");
-        let app = App::new(Config::parse(&toml, Path::new("."), None).unwrap());
+        let app = App::new(Config::parse(&toml, Path::new("."), Default::default()).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(app.serve(listener, None, std::future::pending()));
