@@ -113,7 +113,8 @@ async fn a_proxied_request_allocates_no_more_than_it_does_today() {
         "listen = \"127.0.0.1:0\"\n[[nodes]]\nname = \"web1\"\nurl = \"http://{node_addr}\"\n[data]\nname = \"data\"\nurl = \"http://{data_addr}\"\n"
     );
     let mut config =
-        moodle_gateway::Config::parse(&config, std::path::Path::new("."), None).unwrap();
+        moodle_gateway::Config::parse(&config, std::path::Path::new("."), Default::default())
+            .unwrap();
     config.state.file = None;
     let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gateway_addr = public.local_addr().unwrap();

@@ -369,7 +369,7 @@ mod tests {
     }
 
     fn admin() -> Admin {
-        let config = Config::parse(CONFIG, ".".as_ref(), None).unwrap();
+        let config = Config::parse(CONFIG, ".".as_ref(), Default::default()).unwrap();
         let token = config.admin.as_ref().unwrap().token.clone();
         let gateway = Arc::new(Gateway::new(&config, Clock::default()));
         let reload: Reload = Arc::new(|| Err(vec!["no config file in this test".into()]));

@@ -11,13 +11,16 @@
 //! Why it walks a spanned TOML tree ([`toml::de::DeTable`]) instead of deriving
 //! serde: serde stops at the first type error and cannot give the line of an
 //! unknown key, the two things an admin most needs. Parsing ([`Config::parse`],
-//! pure but for `token_file`) is separate from reading the file and environment
-//! ([`Config::load`]) so tests feed it strings.
+//! pure but for `token_file` and `secret_file`) is separate from reading the file
+//! and environment ([`Config::load`], [`ConfigEnv::from_process`]) so tests feed
+//! it strings.
 //!
 //! Layout: this file holds the public types, their errors and the entry points
-//! ([`Config::parse`], [`Config::load`], [`Config::describe`]); `check` walks the
-//! TOML tree collecting errors; `values` holds the pure parsers for single values;
-//! `tests` pins every message and line.
+//! ([`Config::parse`], [`Config::load`]); `check` walks the TOML tree collecting
+//! errors, with its sections for upstreams, secrets and operations in `upstreams`,
+//! `secrets` and `operations`; `values` holds the pure parsers for single values;
+//! `describe` words the resolved setup for `check`; `tests` pins every message and
+//! line.
 
 use std::fmt;
 use std::fs;
@@ -32,8 +35,12 @@ use toml::de::DeTable;
 use check::Checker;
 
 mod check;
+mod describe;
+mod operations;
+mod secrets;
 #[cfg(test)]
 mod tests;
+mod upstreams;
 mod values;
 
 /// `listen` default: all interfaces, a port that needs no privileges.
@@ -271,6 +278,20 @@ pub struct RouteCookieConfig {
     /// The resolved secret: `MOODLE_GATEWAY_ROUTE_SECRET`, else `secret`, else the
     /// first line of `secret_file`; at least [`MIN_ROUTE_SECRET`] bytes.
     pub secret: Vec<u8>,
+    /// Where `secret` came from, so `check` can say so without printing it.
+    pub secret_source: SecretSource,
+}
+
+/// Which of the three route secret settings won (the environment beats `secret`,
+/// which beats `secret_file`), as [`TokenSource`] does for the admin token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretSource {
+    /// `MOODLE_GATEWAY_ROUTE_SECRET`.
+    Env,
+    /// `route_cookie.secret`.
+    Secret,
+    /// `route_cookie.secret_file`.
+    SecretFile,
 }
 
 impl fmt::Debug for RouteCookieConfig {
@@ -278,6 +299,49 @@ impl fmt::Debug for RouteCookieConfig {
         f.debug_struct("RouteCookieConfig")
             .field("name", &self.name)
             .field("secret", &"<redacted>")
+            .field("secret_source", &self.secret_source)
+            .finish()
+    }
+}
+
+/// The environment variables [`Config::parse`] reads, passed in so that parsing
+/// stays a function of its arguments (tests give each case its own environment
+/// instead of racing on the process's). A blank value counts as unset. `Debug`
+/// is written by hand so neither secret reaches a log.
+#[derive(Clone, Default)]
+pub struct ConfigEnv {
+    /// [`ADMIN_TOKEN_ENV`]: overrides `admin.token` and `admin.token_file`.
+    pub admin_token: Option<String>,
+    /// [`ROUTE_SECRET_ENV`]: overrides `route_cookie.secret` and `secret_file`.
+    pub route_secret: Option<String>,
+}
+
+impl ConfigEnv {
+    /// Reads [`ADMIN_TOKEN_ENV`] and [`ROUTE_SECRET_ENV`] from this process.
+    pub fn from_process() -> ConfigEnv {
+        ConfigEnv {
+            admin_token: std::env::var(ADMIN_TOKEN_ENV).ok(),
+            route_secret: std::env::var(ROUTE_SECRET_ENV).ok(),
+        }
+    }
+
+    /// Trimmed, with blank values dropped: an empty `Environment=` line in a unit
+    /// file must not beat the config file's secret.
+    fn normalised(self) -> ConfigEnv {
+        let clean = |v: Option<String>| v.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
+        ConfigEnv {
+            admin_token: clean(self.admin_token),
+            route_secret: clean(self.route_secret),
+        }
+    }
+}
+
+impl fmt::Debug for ConfigEnv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let set = |v: &Option<String>| if v.is_some() { "<set>" } else { "<unset>" };
+        f.debug_struct("ConfigEnv")
+            .field("admin_token", &set(&self.admin_token))
+            .field("route_secret", &set(&self.route_secret))
             .finish()
     }
 }
@@ -345,6 +409,16 @@ impl fmt::Display for TokenSource {
             TokenSource::Env => ADMIN_TOKEN_ENV,
             TokenSource::Token => "admin.token",
             TokenSource::TokenFile => "admin.token_file",
+        })
+    }
+}
+
+impl fmt::Display for SecretSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SecretSource::Env => ROUTE_SECRET_ENV,
+            SecretSource::Secret => "route_cookie.secret",
+            SecretSource::SecretFile => "route_cookie.secret_file",
         })
     }
 }
@@ -424,7 +498,8 @@ fn error(key: impl Into<String>, line: Option<usize>, message: impl Into<String>
 }
 
 impl Config {
-    /// Reads `path` and [`ADMIN_TOKEN_ENV`], then [`parse`](Config::parse)s.
+    /// Reads `path` and the environment ([`ConfigEnv::from_process`]), then
+    /// [`parse`](Config::parse)s.
     /// Errors carry `path` exactly as given, so `check` prints what the user typed.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         let source = path.display().to_string();
@@ -436,26 +511,20 @@ impl Config {
             Some(dir) if !dir.as_os_str().is_empty() => dir,
             _ => Path::new("."),
         };
-        let env_token = std::env::var(ADMIN_TOKEN_ENV).ok();
-        Config::parse(&text, base_dir, env_token).map_err(|e| e.with_source(source))
+        let env = ConfigEnv::from_process();
+        Config::parse(&text, base_dir, env).map_err(|e| e.with_source(source))
     }
 
     /// Parses and validates `text`, collecting every problem. Pure except that it
-    /// reads `admin.token_file` (relative to `base_dir`) when no token beats it.
-    /// `env_token` is the value of [`ADMIN_TOKEN_ENV`]; blank counts as unset.
-    pub fn parse(
-        text: &str,
-        base_dir: &Path,
-        env_token: Option<String>,
-    ) -> Result<Config, ConfigErrors> {
+    /// reads `admin.token_file` and `route_cookie.secret_file` (relative to
+    /// `base_dir`) when nothing beats them. `env` stands for the process
+    /// environment; its blank values count as unset.
+    pub fn parse(text: &str, base_dir: &Path, env: ConfigEnv) -> Result<Config, ConfigErrors> {
         let doc = DeTable::parse(text).map_err(|e| syntax_error(text, &e))?;
-        let env_token = env_token
-            .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty());
         let mut c = Checker {
             text,
             base_dir,
-            env_token,
+            env: env.normalised(),
             errors: Vec::new(),
         };
         match c.config(doc.get_ref()) {
@@ -463,57 +532,6 @@ impl Config {
             // Whatever is missing recorded an error when it went missing.
             _ => Err(c.finish()),
         }
-    }
-
-    /// The resolved setup in plain words, for `moodle-gateway check`. Names
-    /// where the admin token came from, never the token.
-    pub fn describe(&self) -> String {
-        let (s, t) = (&self.session, &self.timeouts);
-        let admin = match &self.admin {
-            Some(a) => format!("{} (token: set, from {})", a.listen, a.token_source),
-            None => "none (no [admin] section)".to_owned(),
-        };
-        let proxies: Vec<String> = self.trusted_proxies.iter().map(|n| n.to_string()).collect();
-        let proxies = match proxies.is_empty() {
-            true => "none (X-Forwarded-For from clients is replaced)".to_owned(),
-            false => format!("{} (their X-Forwarded-For is extended)", proxies.join(", ")),
-        };
-        let site = Some(self.site.path.as_str()).filter(|p| !p.is_empty());
-        let site = site.unwrap_or("/ (Moodle at the host root)");
-        let d = |d| humantime::format_duration(d).to_string();
-        let (login, anon) = (d(s.logged_in_idle), d(s.anonymous_idle));
-        let [conn, head, pool, req, body] = [
-            t.connect,
-            t.response_headers,
-            t.upstream_idle,
-            t.request_headers,
-            t.body_idle,
-        ]
-        .map(d);
-        format!(
-            "public listener: {}\nadmin listener: {admin}\ntrusted proxies: {proxies}\n\
-             site path: {site}\nsession cookie: {} (path {})\nbalance: {}\n\
-             sessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
-             timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, body idle {body}\n{}",
-            self.listen, s.cookie, s.cookie_path, s.balance, s.max_sessions, self.describe_routing()
-        )
-    }
-
-    /// The upstreams and which requests go where.
-    fn describe_routing(&self) -> String {
-        let (p, data) = (&self.site.path, &self.data);
-        let mut out = "nodes:\n".to_owned();
-        for n in &self.nodes {
-            out += &format!("  {} http://{} weight {}\n", n.name, n.authority, n.weight);
-        }
-        out + &format!(
-            "data server: {} http://{}\n\
-             routing: SCORM files ({p}/pluginfile.php/*/mod_scorm/..., and the same files via \
-             {p}/webservice/pluginfile.php, {p}/tokenpluginfile.php and legacy {p}/file.php) go to \
-             the data server \"{}\"; every other request goes to a PHP node: the one its {} cookie \
-             is bound to, otherwise the next by {}.\n",
-            data.name, data.authority, data.name, self.session.cookie, self.session.balance
-        )
     }
 }
 

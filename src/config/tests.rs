@@ -3,11 +3,18 @@
 
 use super::*;
 
+mod operations;
+
 const NODES: &str = "[[nodes]]\nname = \"web1\"\nurl = \"http://192.168.1.1\"\n";
 const DATA: &str = "[data]\nname = \"data\"\nurl = \"http://192.168.1.5\"\n";
 
+/// `env` is the admin token's environment variable.
 fn parse(text: &str, env: Option<&str>) -> Result<Config, ConfigErrors> {
-    Config::parse(text, Path::new("/nonexistent"), env.map(String::from))
+    let env = ConfigEnv {
+        admin_token: env.map(String::from),
+        route_secret: None,
+    };
+    Config::parse(text, Path::new("/nonexistent"), env)
 }
 
 /// The errors for `text`, one `<line>: <key>: <message>` per line.
@@ -33,6 +40,11 @@ session cookie: MoodleSession (path /)
 balance: round-robin
 sessions: at most 1000000; forgotten after 8h 30m idle when logged in, 1h when anonymous
 timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s, body idle 1m
+session store: node-local: a student whose node is down waits up to 10s for it to come back, then goes to another node and must log in again
+shutdown: in-flight requests get 30s to finish
+health checks: GET /theme/image.php?theme=boost&component=core&image=favicon every 2s, timeout 1s; an upstream is marked down after 3 failures in a row, up after 2 successes; healthy statuses: 200
+snapshot: moodle-gateway.state (relative to the working directory), saved every 30s
+route cookie: none (no [route_cookie] section)
 nodes:
   web1 http://192.168.1.1 weight 1
 data server: data http://192.168.1.5
@@ -40,6 +52,28 @@ routing: SCORM files (/pluginfile.php/*/mod_scorm/..., and the same files via /w
 "#
     );
     assert_eq!(c.session.logged_in_idle, DEFAULT_LOGGED_IN_IDLE);
+    assert_eq!(c.session.store, SessionStore::NodeLocal);
+    assert_eq!(c.session.failover_hold, DEFAULT_FAILOVER_HOLD);
+    assert_eq!(c.timeouts.shutdown, DEFAULT_SHUTDOWN);
+    let h = &c.health;
+    assert_eq!(h.path, DEFAULT_HEALTH_PATH);
+    assert_eq!(
+        (h.interval, h.timeout),
+        (DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT)
+    );
+    assert_eq!((h.rise, h.fall), (DEFAULT_RISE, DEFAULT_FALL));
+    assert_eq!(
+        h.statuses,
+        [StatusRange {
+            low: 200,
+            high: 200
+        }]
+    );
+    assert_eq!(c.state.file.as_deref(), Some(Path::new(DEFAULT_STATE_FILE)));
+    assert_eq!(c.state.save_every, DEFAULT_SAVE_EVERY);
+    assert!(c.route_cookie.is_none());
+    assert_eq!(c.nodes[0].state, NodeState::Active);
+    assert_eq!(c.data.state, NodeState::Active);
     assert_eq!(c.base_dir, Path::new("/nonexistent"));
 }
 
@@ -56,19 +90,41 @@ balance = "least-sessions"
 max_sessions = 5_000
 logged_in_idle = "2h 30m"
 anonymous_idle = "15m"
+store = "shared"
+failover_hold = "45s"
 [timeouts]
 connect = "1s"
 response_headers = "2m"
 upstream_idle = "30s"
 request_headers = "3s"
 body_idle = "20s"
+shutdown = "2m"
+[health]
+path = "/moodle/admin/tool/heartbeat/?fail=1"
+interval = "10s"
+timeout = "10s"
+rise = 1
+fall = 100
+statuses = [200, "3xx", 0x1f4]
+[state]
+file = "/var/lib/moodle-gateway/table"
+save_every = "5m"
+[route_cookie]
+name = "GW"
+secret = "0123456789abcdef0123456789abcdef"
 [[nodes]]
 name = "web1"
 url = "http://192.168.1.1:8080/"
 weight = 3
+state = "active"
 [[nodes]]
 name = "web-2.b_c"
 url = "HTTP://[fd00::2]"
+state = "draining"
+[[nodes]]
+name = "web3"
+url = "http://192.168.1.3"
+state = "disabled"
 [data]
 name = "data"
 url = "http://192.168.1.1:8081"
@@ -87,14 +143,27 @@ session cookie: MoodleSessionprod (path /moodle/)
 balance: least-sessions
 sessions: at most 5000; forgotten after 2h 30m idle when logged in, 15m when anonymous
 timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s, body idle 20s
+session store: shared: a student whose node is down goes to another node at once
+shutdown: in-flight requests get 2m to finish
+health checks: GET /moodle/admin/tool/heartbeat/?fail=1 every 10s, timeout 10s; an upstream is marked down after 100 failures in a row, up after 1 success; healthy statuses: 200, 3xx, 500
+snapshot: /var/lib/moodle-gateway/table, saved every 5m
+route cookie: GW (secret: set, from route_cookie.secret)
 nodes:
   web1 http://192.168.1.1:8080 weight 3
-  web-2.b_c http://[fd00::2] weight 1
+  web-2.b_c http://[fd00::2] weight 1 (draining: keeps its sessions, gets no new ones)
+  web3 http://192.168.1.3 weight 1 (disabled: gets no requests)
 data server: data http://192.168.1.1:8081
 routing: SCORM files (/moodle/pluginfile.php/*/mod_scorm/..., and the same files via /moodle/webservice/pluginfile.php, /moodle/tokenpluginfile.php and legacy /moodle/file.php) go to the data server "data"; every other request goes to a PHP node: the one its MoodleSessionprod cookie is bound to, otherwise the next by least-sessions.
 "#
     );
     assert_eq!(c.admin.map(|a| a.token).as_deref(), Some("s3cret-token"));
+    assert_eq!(c.session.failover_hold, Duration::from_secs(45));
+    let statuses =
+        [(200, 200), (300, 399), (500, 500)].map(|(low, high)| StatusRange { low, high });
+    assert_eq!(c.health.statuses, statuses);
+    assert!(c.health.accepts(302) && !c.health.accepts(404));
+    let route = c.route_cookie.unwrap();
+    assert_eq!(route.secret, b"0123456789abcdef0123456789abcdef");
 }
 
 /// Asserts the errors for `doc` followed by a valid `[[nodes]]` and `[data]`.
@@ -130,7 +199,7 @@ upstream_idle = "400 days""#;
 1: listen: "localhost:80" is not an ip:port address (like "0.0.0.0:8080")
 2: trusted_proxies[0]: "10.0.0.0/33" is not an IP address or CIDR (like "10.0.0.0/8")
 2: trusted_proxies[1]: expected a string, found integer
-3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, nodes, data)
+3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, nodes, data)
 5: site.path: "moodle" must start with "/" (like "/moodle")
 7: session.cookie: "Moodle Session" is not a valid cookie name
 8: session.cookie_path: "moodle/" must start with "/"
@@ -139,7 +208,7 @@ upstream_idle = "400 days""#;
 11: session.logged_in_idle: "8" is not a duration (like "5s", "90s" or "8h30m")
 12: session.anonymous_idle: expected a duration string (like "90s"), found integer
 14: timeouts.connect: "0s" must be greater than 0
-15: timeouts.read: unknown key (expected one of: connect, response_headers, upstream_idle, request_headers, body_idle)
+15: timeouts.read: unknown key (expected one of: connect, response_headers, upstream_idle, request_headers, body_idle, shutdown)
 16: timeouts.upstream_idle: "400 days" is longer than a year"#,
     );
     check("site = 3", "1: site: expected a table, found integer");
@@ -215,7 +284,7 @@ url = "192.168.1.2""#;
 2: nodes[0].name: "web 2" may only contain letters, digits, ".", "_" and "-"
 3: nodes[0].url: "ftp://x" is not an http:// URL
 4: nodes[0].weight: must be between 1 and 1000, got 1001
-5: nodes[0].port: unknown key (expected one of: name, url, weight)
+5: nodes[0].port: unknown key (expected one of: name, url, weight, state)
 7: nodes[1].name: must not be empty
 8: nodes[1].url: "https://x": TLS to upstreams is not supported yet
 9: nodes[1].weight: expected an integer, found string
@@ -271,7 +340,7 @@ fn all_problems_come_back_together_sorted_by_line() {
     assert_eq!(
         errors.to_string(),
         "gw.toml:3: nodes[0].url: \"ftp://h\" is not an http:// URL\n\
-         gw.toml:5: session.cookies: unknown key (expected one of: cookie, cookie_path, balance, max_sessions, logged_in_idle, anonymous_idle)\n\
+         gw.toml:5: session.cookies: unknown key (expected one of: cookie, cookie_path, balance, max_sessions, logged_in_idle, anonymous_idle, store, failover_hold)\n\
          gw.toml:7: nodes[1].name: duplicate name \"web1\" (already used by nodes[0])"
     );
 }
@@ -283,10 +352,11 @@ fn admin_token_precedence_is_env_then_token_then_file() {
     fs::write(dir.join("admin.token"), "  from-file  \nsecond line\n").unwrap();
     let admin = |keys: &str, env: Option<&str>| {
         let text = format!("[admin]\n{keys}\n{NODES}{DATA}");
-        let a = Config::parse(&text, &dir, env.map(String::from))
-            .unwrap()
-            .admin
-            .unwrap();
+        let env = ConfigEnv {
+            admin_token: env.map(String::from),
+            route_secret: None,
+        };
+        let a = Config::parse(&text, &dir, env).unwrap().admin.unwrap();
         (a.token, a.token_source)
     };
     let env = ("from-env".to_owned(), TokenSource::Env);
@@ -358,7 +428,7 @@ fn more_nodes_than_the_table_can_name_is_an_error() {
             i % 250 + 1
         ));
     }
-    let errors = Config::parse(&text, Path::new("."), None).unwrap_err();
+    let errors = Config::parse(&text, Path::new("."), ConfigEnv::default()).unwrap_err();
     assert_eq!(errors.0.len(), 1, "{errors}");
     assert_eq!(errors.0[0].key, "nodes");
     assert!(

@@ -1,15 +1,19 @@
 //! Parsers and validators for single config values (addresses, durations, paths,
-//! cookie and node names, upstream URLs, tokens): pure functions from a raw value
-//! to a typed one or the message to report. Separate from the tree walk so each
+//! cookie and node names, upstream URLs, tokens, probe statuses): pure functions
+//! from a raw value to a typed one or the message to report. Separate from the tree walk so each
 //! rule can be read, and changed, on its own.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use http::uri::Authority;
+use http::uri::{Authority, PathAndQuery};
 use ipnet::IpNet;
 
-use super::{Balance, TokenSource, ADMIN_TOKEN_ENV};
+use super::{
+    Balance, NodeState, SecretSource, SessionStore, StatusRange, TokenSource, ADMIN_TOKEN_ENV,
+    MIN_ROUTE_SECRET, ROUTE_SECRET_ENV,
+};
 
 /// `Err(message())` unless `ok`: keeps the value checks below flat.
 fn ensure(ok: bool, message: impl FnOnce() -> String) -> Result<(), String> {
@@ -56,6 +60,25 @@ pub(super) fn parse_balance(raw: &str) -> Result<Balance, String> {
     }
 }
 
+pub(super) fn parse_store(raw: &str) -> Result<SessionStore, String> {
+    match raw {
+        "node-local" => Ok(SessionStore::NodeLocal),
+        "shared" => Ok(SessionStore::Shared),
+        _ => Err(format!("{raw:?} is not \"node-local\" or \"shared\"")),
+    }
+}
+
+pub(super) fn parse_node_state(raw: &str) -> Result<NodeState, String> {
+    match raw {
+        "active" => Ok(NodeState::Active),
+        "draining" => Ok(NodeState::Draining),
+        "disabled" => Ok(NodeState::Disabled),
+        _ => Err(format!(
+            "{raw:?} is not \"active\", \"draining\" or \"disabled\""
+        )),
+    }
+}
+
 /// `""` and `"/"` mean the host root; a trailing slash is dropped so that
 /// `path + "/pluginfile.php"` is always right.
 pub(super) fn site_path(raw: &str) -> Result<String, String> {
@@ -90,6 +113,63 @@ fn path_chars(raw: &str) -> Result<(), String> {
     ensure(plain, || {
         format!("{raw:?} contains a character not allowed in a URL path")
     })
+}
+
+/// The probe's request target, sent byte for byte: so only what a request line
+/// may carry unescaped. A fragment is refused rather than dropped, as it never
+/// reaches a server and `http` would silently cut it off.
+pub(super) fn health_path(raw: &str) -> Result<String, String> {
+    ensure(raw.starts_with('/'), || {
+        format!("{raw:?} must start with \"/\" (like \"/admin/tool/heartbeat/\")")
+    })?;
+    ensure(!raw.contains('#'), || {
+        format!("{raw:?} must not have a fragment (\"#...\"): it is never sent to a server")
+    })?;
+    ensure(raw.chars().all(|c| c.is_ascii_graphic()), || {
+        format!("{raw:?} contains a space, control or non-ASCII character (percent-encode it)")
+    })?;
+    let valid = raw.parse::<PathAndQuery>().is_ok();
+    ensure(valid, || format!("{raw:?} is not a valid path and query")).map(|()| raw.to_owned())
+}
+
+pub(super) fn status_code(n: i64) -> Result<StatusRange, String> {
+    ensure((100..=599).contains(&n), || {
+        format!("must be between 100 and 599, got {n}")
+    })?;
+    let code = n as u16;
+    Ok(StatusRange {
+        low: code,
+        high: code,
+    })
+}
+
+/// `"2xx"` is every status from 200 to 299.
+pub(super) fn status_class(raw: &str) -> Result<StatusRange, String> {
+    match raw.as_bytes() {
+        [d @ b'1'..=b'5', b'x', b'x'] => {
+            let low = u16::from(d - b'0') * 100;
+            Ok(StatusRange {
+                low,
+                high: low + 99,
+            })
+        }
+        _ => Err(format!(
+            "{raw:?} is not a status class (\"1xx\" to \"5xx\")"
+        )),
+    }
+}
+
+/// `""` turns snapshots off. Anything else is kept as written, relative paths
+/// included: they are resolved against the working directory when the file is
+/// opened, as state belongs where the service runs, not beside its config.
+pub(super) fn state_file(raw: &str) -> Result<Option<PathBuf>, String> {
+    ensure(!raw.ends_with('/'), || {
+        format!("{raw:?} names a directory: name the file, like \"{raw}moodle-gateway.state\"")
+    })?;
+    ensure(!raw.contains('\0'), || {
+        format!("{raw:?} contains a NUL character")
+    })?;
+    Ok(Some(raw).filter(|r| !r.is_empty()).map(PathBuf::from))
 }
 
 /// An RFC 6265 cookie-name token, since the gateway matches it byte for byte.
@@ -163,4 +243,20 @@ pub(super) fn token_problem(token: &str, source: TokenSource) -> Option<String> 
     }
     let printable = token.bytes().all(|b| b.is_ascii_graphic());
     (!printable).then(|| format!("{from}must be printable ASCII without spaces"))
+}
+
+/// The route secret keys an HMAC: short ones can be brute-forced offline from
+/// any one cookie a student holds.
+pub(super) fn route_secret_problem(secret: &str, source: SecretSource) -> Option<String> {
+    let from = match source {
+        SecretSource::Env => format!("{ROUTE_SECRET_ENV} "),
+        SecretSource::Secret => String::new(),
+        SecretSource::SecretFile => "its first line ".to_owned(),
+    };
+    (secret.len() < MIN_ROUTE_SECRET).then(|| {
+        format!(
+            "{from}must be at least {MIN_ROUTE_SECRET} bytes, got {} (generate one with: openssl rand -hex 32)",
+            secret.len()
+        )
+    })
 }

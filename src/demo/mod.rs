@@ -181,7 +181,7 @@ fn print_report(report: &StudentsReport, snapshot: &[(String, u64, u64)], lost: 
 
 /// The demo's config: no state file, since the demo's sessions die with it.
 pub(crate) fn demo_config(toml: &str) -> Result<Config, crate::config::ConfigErrors> {
-    let mut config = Config::parse(toml, Path::new("."), None)?;
+    let mut config = Config::parse(toml, Path::new("."), Default::default())?;
     config.state.file = None;
     Ok(config)
 }

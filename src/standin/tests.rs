@@ -219,7 +219,8 @@ async fn config_toml_is_a_valid_gateway_config() {
     let cluster = Cluster::spawn(3, "/moodle", "MoodleSessionlms").unwrap();
     let extra = "session.balance = \"least-sessions\"\n[timeouts]\nconnect = \"1s\"";
     let toml = cluster.config_toml("127.0.0.1:0", Some(("127.0.0.1:0", "s3cret")), extra);
-    let config = crate::Config::parse(&toml, std::path::Path::new("."), None).unwrap();
+    let config =
+        crate::Config::parse(&toml, std::path::Path::new("."), Default::default()).unwrap();
     let names: Vec<_> = config.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["web1", "web2", "web3"]);
     assert_eq!(

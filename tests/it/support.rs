@@ -36,7 +36,7 @@ impl TestGateway {
     /// Parses `config_text` (listener addresses in it are ignored: both listeners are
     /// bound on `127.0.0.1:0`) and serves it.
     pub async fn start(config_text: &str) -> Self {
-        let mut config = Config::parse(config_text, Path::new("."), None)
+        let mut config = Config::parse(config_text, Path::new("."), Default::default())
             .unwrap_or_else(|errors| panic!("test config is invalid:\n{errors}"));
         // No state file in the working directory (the crate root) unless a test
         // asks for one: tests must not restore each other's sessions.

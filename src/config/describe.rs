@@ -1,0 +1,133 @@
+//! [`Config::describe`]: the resolved setup in plain words, for
+//! `moodle-gateway check`. It says what each setting will *do*, so an admin can
+//! read the effect of a change before restarting; secrets are named by where they
+//! came from, never shown.
+
+use std::time::Duration;
+
+use super::{Config, NodeState, SessionStore, StatusRange};
+
+fn d(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+impl Config {
+    /// The resolved setup in plain words, one setting per line. Names where the
+    /// admin token and the route secret came from, never their values.
+    pub fn describe(&self) -> String {
+        let (s, t) = (&self.session, &self.timeouts);
+        let admin = match &self.admin {
+            Some(a) => format!("{} (token: set, from {})", a.listen, a.token_source),
+            None => "none (no [admin] section)".to_owned(),
+        };
+        let proxies: Vec<String> = self.trusted_proxies.iter().map(|n| n.to_string()).collect();
+        let proxies = match proxies.is_empty() {
+            true => "none (X-Forwarded-For from clients is replaced)".to_owned(),
+            false => format!("{} (their X-Forwarded-For is extended)", proxies.join(", ")),
+        };
+        let site = Some(self.site.path.as_str()).filter(|p| !p.is_empty());
+        let site = site.unwrap_or("/ (Moodle at the host root)");
+        let (login, anon) = (d(s.logged_in_idle), d(s.anonymous_idle));
+        let [conn, head, pool, req, body] = [
+            t.connect,
+            t.response_headers,
+            t.upstream_idle,
+            t.request_headers,
+            t.body_idle,
+        ]
+        .map(d);
+        format!(
+            "public listener: {}\nadmin listener: {admin}\ntrusted proxies: {proxies}\n\
+             site path: {site}\nsession cookie: {} (path {})\nbalance: {}\n\
+             sessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
+             timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, body idle {body}\n{}{}",
+            self.listen,
+            s.cookie,
+            s.cookie_path,
+            s.balance,
+            s.max_sessions,
+            self.describe_operations(),
+            self.describe_routing()
+        )
+    }
+
+    /// Failover, shutdown, health checks, snapshots and the route cookie.
+    fn describe_operations(&self) -> String {
+        let store = match self.session.store {
+            SessionStore::Shared => {
+                "shared: a student whose node is down goes to another node at once".to_owned()
+            }
+            SessionStore::NodeLocal => format!(
+                "node-local: a student whose node is down waits up to {} for it to come back, \
+                 then goes to another node and must log in again",
+                d(self.session.failover_hold)
+            ),
+        };
+        let h = &self.health;
+        let statuses: Vec<String> = h.statuses.iter().map(status_range).collect();
+        let snapshot = match &self.state.file {
+            Some(f) if f.is_relative() => format!(
+                "{} (relative to the working directory), saved every {}",
+                f.display(),
+                d(self.state.save_every)
+            ),
+            Some(f) => format!("{}, saved every {}", f.display(), d(self.state.save_every)),
+            None => "off (the affinity table starts empty after a restart)".to_owned(),
+        };
+        let route = match &self.route_cookie {
+            Some(r) => format!("{} (secret: set, from {})", r.name, r.secret_source),
+            None => "none (no [route_cookie] section)".to_owned(),
+        };
+        format!(
+            "session store: {store}\nshutdown: in-flight requests get {} to finish\n\
+             health checks: GET {} every {}, timeout {}; an upstream is marked down after {} \
+             in a row, up after {}; healthy statuses: {}\n\
+             snapshot: {snapshot}\nroute cookie: {route}\n",
+            d(self.timeouts.shutdown),
+            h.path,
+            d(h.interval),
+            d(h.timeout),
+            count(h.fall, "failure", "failures"),
+            count(h.rise, "success", "successes"),
+            statuses.join(", ")
+        )
+    }
+
+    /// The upstreams and which requests go where.
+    fn describe_routing(&self) -> String {
+        let (p, data) = (&self.site.path, &self.data);
+        let mut out = "nodes:\n".to_owned();
+        for n in &self.nodes {
+            let state = match n.state {
+                NodeState::Active => "",
+                NodeState::Draining => " (draining: keeps its sessions, gets no new ones)",
+                NodeState::Disabled => " (disabled: gets no requests)",
+            };
+            out += &format!(
+                "  {} http://{} weight {}{state}\n",
+                n.name, n.authority, n.weight
+            );
+        }
+        out + &format!(
+            "data server: {} http://{}\n\
+             routing: SCORM files ({p}/pluginfile.php/*/mod_scorm/..., and the same files via \
+             {p}/webservice/pluginfile.php, {p}/tokenpluginfile.php and legacy {p}/file.php) go to \
+             the data server \"{}\"; every other request goes to a PHP node: the one its {} cookie \
+             is bound to, otherwise the next by {}.\n",
+            data.name, data.authority, data.name, self.session.cookie, self.session.balance
+        )
+    }
+}
+
+fn count(n: u32, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// `200`, `2xx` for a whole class, `low-high` otherwise.
+fn status_range(r: &StatusRange) -> String {
+    match (r.low, r.high) {
+        (low, high) if low == high => low.to_string(),
+        (low, high) if low % 100 == 0 && high == low + 99 => format!("{}xx", low / 100),
+        (low, high) => format!("{low}-{high}"),
+    }
+}
