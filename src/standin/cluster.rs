@@ -19,29 +19,40 @@ impl Cluster {
     /// Spawns `nodes` PHP nodes and the data server. Call inside a Tokio runtime.
     pub fn spawn(nodes: usize, site_path: &str, cookie: &str) -> io::Result<Cluster> {
         let registry = Registry::new();
-        let spawn = |name: String, role| {
-            let (site_path, cookie) = (site_path.to_owned(), cookie.to_owned());
-            StandIn::spawn(
-                StandInConfig {
-                    name,
-                    site_path,
-                    cookie,
-                    role,
-                },
-                registry.clone(),
-            )
-        };
-        let nodes = (1..=nodes).map(|i| spawn(format!("web{i}"), Role::Node));
-        let nodes = nodes.collect::<io::Result<Vec<_>>>()?;
-        let data = spawn("data".to_owned(), Role::Data)?;
         let (site_path, cookie) = (site_path.to_owned(), cookie.to_owned());
-        Ok(Cluster {
-            nodes,
+        let data = member(&registry, &site_path, &cookie, "data", Role::Data)?;
+        let mut cluster = Cluster {
+            nodes: Vec::with_capacity(nodes),
             data,
             registry,
             site_path,
             cookie,
-        })
+        };
+        for i in 1..=nodes {
+            cluster.add_node(&format!("web{i}"))?;
+        }
+        Ok(cluster)
+    }
+
+    /// Spawns one more PHP node sharing the cluster's registry, site path and cookie,
+    /// for tests that add a node to the gateway's config at run time. It comes last in
+    /// [`Cluster::nodes`] and [`Cluster::config_toml`]. A name already in the cluster
+    /// is refused (`InvalidInput`): two nodes of one name would share their sessions,
+    /// and the gateway rejects duplicate names anyway. Call inside a Tokio runtime.
+    pub fn add_node(&mut self, name: &str) -> io::Result<&StandIn> {
+        if self.by_name(name).is_some() {
+            let taken = format!("a stand-in named {name:?} is already in the cluster");
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, taken));
+        }
+        let node = member(
+            &self.registry,
+            &self.site_path,
+            &self.cookie,
+            name,
+            Role::Node,
+        )?;
+        self.nodes.push(node);
+        Ok(self.nodes.last().expect("just pushed"))
     }
 
     /// The PHP nodes, `web1` first (the gateway's config order).
@@ -60,6 +71,14 @@ impl Cluster {
             .iter()
             .chain([&self.data])
             .find(|s| s.name() == name)
+    }
+
+    /// Switches site maintenance on every stand-in, data server included: Moodle keeps
+    /// `climaintenance.html` in the shared dataroot, so maintenance is never per node.
+    pub fn set_maintenance(&self, on: bool) {
+        for standin in self.nodes.iter().chain([&self.data]) {
+            standin.set_maintenance(on);
+        }
     }
 
     /// The cluster's session registry.
@@ -99,11 +118,8 @@ impl Cluster {
         toml += extra;
         toml += "\n";
         for node in &self.nodes {
-            toml += &format!(
-                "\n[[nodes]]\nname = {:?}\nurl = \"http://{}\"\n",
-                node.name(),
-                node.addr()
-            );
+            toml += "\n";
+            toml += &nodes_block(node);
         }
         toml += &format!(
             "\n[data]\nname = {:?}\nurl = \"http://{}\"\n",
@@ -112,4 +128,37 @@ impl Cluster {
         );
         toml
     }
+
+    /// Just the `[[nodes]]` block (name and url) of PHP node `name`, as
+    /// [`Cluster::config_toml`] writes it: for a test that writes a config without one
+    /// node and adds the block later. `None` for the data server or an unknown name.
+    pub fn node_toml(&self, name: &str) -> Option<String> {
+        let node = self.nodes.iter().find(|n| n.name() == name)?;
+        Some(nodes_block(node))
+    }
+}
+
+fn nodes_block(node: &StandIn) -> String {
+    format!(
+        "[[nodes]]\nname = {:?}\nurl = \"http://{}\"\n",
+        node.name(),
+        node.addr()
+    )
+}
+
+/// One stand-in of the cluster.
+fn member(
+    registry: &Registry,
+    site_path: &str,
+    cookie: &str,
+    name: &str,
+    role: Role,
+) -> io::Result<StandIn> {
+    let config = StandInConfig {
+        name: name.to_owned(),
+        site_path: site_path.to_owned(),
+        cookie: cookie.to_owned(),
+        role,
+    };
+    StandIn::spawn(config, registry.clone())
 }

@@ -20,12 +20,22 @@
 //! - `x-standin-delay-ms: N`: sleep `N` ms before sending the response head.
 //!
 //! A malformed directive is answered `500` with the reason in the body.
+//!
+//! # Operations
+//! For tests of health checks and failover, a stand-in can be switched at run time:
+//! [`StandIn::stop`] and [`StandIn::restart`] (the node dies and comes back on the
+//! same address, its sessions intact), [`StandIn::set_maintenance`] (Moodle's
+//! climaintenance page) and [`StandIn::set_hang`] (requests read, never answered).
+//! Every request is still recorded in [`StandIn::requests`]; a hang comes first, then
+//! maintenance, then the directives and session logic above.
 
 mod cluster;
 mod data;
 mod directives;
 mod node;
+mod outages;
 mod registry;
+mod serving;
 #[cfg(test)]
 mod tests;
 
@@ -35,19 +45,18 @@ pub use registry::Registry;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use directives::scripted;
+use serving::Serving;
 
 /// Which Moodle server a stand-in plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,22 +101,26 @@ struct Inner {
     upstream: HeaderValue,
     registry: Registry,
     seen: Mutex<Vec<SeenRequest>>,
+    /// Site maintenance is on: answer everything with the maintenance page.
+    maintenance: AtomicBool,
+    /// The node hangs; a watch so hung requests can wait for it to end.
+    hang: watch::Sender<bool>,
 }
 
-/// One running stand-in. Dropping it (or calling [`StandIn::stop`]) stops accepting
-/// and cuts every open connection at once, like a node that died.
+/// One stand-in. Dropping it (or calling [`StandIn::stop`]) closes its port and cuts
+/// every open connection at once, like a node that died.
 pub struct StandIn {
     inner: Arc<Inner>,
     addr: SocketAddr,
-    stop: watch::Sender<bool>,
+    /// The current run, `None` while stopped. A mutex so tests can stop and restart a
+    /// node they only borrow from a [`Cluster`]; never held across an `.await`.
+    serving: Mutex<Option<Serving>>,
 }
 
 impl StandIn {
     /// Binds `127.0.0.1:0` and serves in the background. Call inside a Tokio runtime.
     pub fn spawn(config: StandInConfig, registry: Registry) -> io::Result<StandIn> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.set_nonblocking(true)?;
-        let listener = TcpListener::from_std(listener)?;
         let addr = listener.local_addr()?;
         let upstream = HeaderValue::from_str(&config.name).map_err(|_| {
             io::Error::new(io::ErrorKind::InvalidInput, "name is not a header value")
@@ -118,10 +131,15 @@ impl StandIn {
             upstream,
             registry,
             seen,
+            maintenance: AtomicBool::new(false),
+            hang: watch::Sender::new(false),
         });
-        let (stop, stopped) = watch::channel(false);
-        tokio::spawn(accept(listener, inner.clone(), stopped));
-        Ok(StandIn { inner, addr, stop })
+        let serving = Mutex::new(Some(Serving::start(listener, inner.clone())?));
+        Ok(StandIn {
+            inner,
+            addr,
+            serving,
+        })
     }
 
     /// Where it listens.
@@ -159,44 +177,64 @@ impl StandIn {
         self.inner.registry.count(&self.inner.config.name)
     }
 
-    /// Stops serving now, as if the node died; the port stays closed.
+    /// Stops serving now, as if the node died: the port is closed when this returns
+    /// (connecting is refused) and open connections are cut as soon as their tasks run,
+    /// so a client's pooled keep-alive connection is dead even after a quick restart.
+    /// It stays closed until [`StandIn::restart`]. Stopping a stopped stand-in does
+    /// nothing.
     pub fn stop(&self) {
-        self.stop.send_replace(true);
+        drop(self.serving_now().take());
+    }
+
+    /// Serves again on the same address after [`StandIn::stop`], like a node whose web
+    /// server comes back: a gateway's config still points at it. Its sessions survive
+    /// (they live in the cluster's [`Registry`], as session files on a node's disk
+    /// survive a web server restart) and so do the recorded requests and the
+    /// maintenance and hang switches. Restarting a running stand-in does nothing, so
+    /// tests may call it unconditionally. Call inside a Tokio runtime.
+    ///
+    /// Fails if the address cannot be bound again: while stopped the port is free, so
+    /// the OS may hand it to another socket; `AddrInUse` is retried for about 200 ms,
+    /// blocking the calling thread, then returned.
+    pub fn restart(&self) -> io::Result<()> {
+        let mut serving = self.serving_now();
+        if serving.is_none() {
+            let listener = serving::rebind(self.addr)?;
+            *serving = Some(Serving::start(listener, self.inner.clone())?);
+        }
+        Ok(())
+    }
+
+    /// Whether it is serving (not stopped).
+    pub fn is_running(&self) -> bool {
+        self.serving_now().is_some()
+    }
+
+    /// Switches Moodle's site maintenance (`climaintenance.html`) on or off for this
+    /// stand-in: while on, every request is recorded and then answered
+    /// `503 Moodle under maintenance` with `Retry-After: 300`, before any directive or
+    /// session logic, so a test can check that the gateway passes it on rather than
+    /// marking the node dead. Maintenance is site-wide in Moodle: see
+    /// [`Cluster::set_maintenance`] to switch every stand-in at once.
+    pub fn set_maintenance(&self, on: bool) {
+        self.inner.maintenance.store(on, Ordering::SeqCst);
+    }
+
+    /// Makes the node hang (or stop hanging), to test the gateway's timeouts on probes
+    /// and requests: while on, connections are accepted and requests read and recorded,
+    /// but never answered. Turning it off answers new requests normally and releases
+    /// the hung ones, which are then answered as if they had just arrived (unless their
+    /// client gave up). [`StandIn::stop`] cuts hung requests like any other.
+    pub fn set_hang(&self, on: bool) {
+        self.inner.hang.send_replace(on);
     }
 
     fn seen(&self) -> MutexGuard<'_, Vec<SeenRequest>> {
         self.inner.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
 
-/// Resolves when the stand-in is stopped or dropped (the sender is gone).
-async fn stopped(mut stop: watch::Receiver<bool>) {
-    let _ = stop.wait_for(|&stopped| stopped).await;
-}
-
-async fn accept(listener: TcpListener, inner: Arc<Inner>, stop: watch::Receiver<bool>) {
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
-            () = stopped(stop.clone()) => return,
-        };
-        let _ = stream.set_nodelay(true);
-        let (inner, stop) = (inner.clone(), stop.clone());
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |r| handle(inner.clone(), r));
-            let http = hyper::server::conn::http1::Builder::new();
-            let connection = http.serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = connection => {}
-                () = stopped(stop) => {}
-            }
-        });
+    fn serving_now(&self) -> MutexGuard<'_, Option<Serving>> {
+        self.serving.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -220,7 +258,9 @@ async fn handle(
             headers: parts.headers.clone(),
             body_len: body.len(),
         });
+    inner.unless_hung().await;
     let mut response = match scripted(&parts.headers) {
+        _ if inner.maintenance.load(Ordering::SeqCst) => outages::maintenance_page(),
         Some(Ok(script)) => script.respond().await,
         Some(Err(reason)) => reply(StatusCode::INTERNAL_SERVER_ERROR, reason),
         None if inner.config.role == Role::Data => inner.file(&parts.uri),

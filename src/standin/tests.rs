@@ -9,6 +9,8 @@ use super::data::BIG_FILE;
 use super::Cluster;
 use crate::demo::{Browser, Reply};
 
+mod operations;
+
 fn browser(cluster: &Cluster, node: usize) -> Browser {
     let addr = cluster.nodes()[node].addr();
     Browser::new(addr, cluster.site_path(), cluster.cookie())
