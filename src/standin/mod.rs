@@ -45,17 +45,20 @@ pub use registry::Registry;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::sync::watch;
 
 use directives::scripted;
+
+/// The `User-Agent` of the gateway's health probes (see `crate::health`).
+const HEALTH_PROBE: &str = "moodle-gateway-health";
 use serving::Serving;
 
 /// Which Moodle server a stand-in plays.
@@ -101,6 +104,7 @@ struct Inner {
     upstream: HeaderValue,
     registry: Registry,
     seen: Mutex<Vec<SeenRequest>>,
+    probes: AtomicU64,
     /// Site maintenance is on: answer everything with the maintenance page.
     maintenance: AtomicBool,
     /// The node hangs; a watch so hung requests can wait for it to end.
@@ -131,6 +135,7 @@ impl StandIn {
             upstream,
             registry,
             seen,
+            probes: AtomicU64::new(0),
             maintenance: AtomicBool::new(false),
             hang: watch::Sender::new(false),
         });
@@ -165,6 +170,12 @@ impl StandIn {
     /// How many requests arrived.
     pub fn request_count(&self) -> usize {
         self.seen().len()
+    }
+
+    /// How many gateway health probes arrived. Probes are counted here and not in
+    /// [`requests`](Self::requests), so tests about routing never see them.
+    pub fn probes(&self) -> u64 {
+        self.inner.probes.load(Ordering::Relaxed)
     }
 
     /// Forgets the recorded requests (sessions are kept).
@@ -248,16 +259,24 @@ async fn handle(
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    inner
-        .seen
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(SeenRequest {
-            method: parts.method.clone(),
-            uri: parts.uri.clone(),
-            headers: parts.headers.clone(),
-            body_len: body.len(),
-        });
+    let probe = parts
+        .headers
+        .get(USER_AGENT)
+        .is_some_and(|ua| ua == HEALTH_PROBE);
+    if probe {
+        inner.probes.fetch_add(1, Ordering::Relaxed);
+    } else {
+        inner
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(SeenRequest {
+                method: parts.method.clone(),
+                uri: parts.uri.clone(),
+                headers: parts.headers.clone(),
+                body_len: body.len(),
+            });
+    }
     inner.unless_hung().await;
     let mut response = match scripted(&parts.headers) {
         _ if inner.maintenance.load(Ordering::SeqCst) => outages::maintenance_page(),

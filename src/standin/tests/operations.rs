@@ -169,6 +169,6 @@ async fn an_added_node_joins_the_cluster_and_its_config() {
 }
 
 fn node_names(toml: &str) -> Vec<String> {
-    let config = crate::Config::parse(toml, std::path::Path::new("."), None).unwrap();
+    let config = crate::Config::parse(toml, std::path::Path::new("."), Default::default()).unwrap();
     config.nodes.into_iter().map(|n| n.name).collect()
 }
