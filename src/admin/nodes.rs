@@ -4,8 +4,10 @@
 //!
 //! Why draining shows `drained`: the point of draining is to patch a node without
 //! logging anyone out, and the admin needs to know when that moment has come: the
-//! node is draining and the last session bound to it has logged out, rotated away
-//! or expired.
+//! node is draining and no logged-in student is left on it (each logged out,
+//! rotated away or expired). Anonymous sessions do not hold it up: Moodle's logout
+//! itself starts a fresh anonymous session on the same node, and a guest loses
+//! nothing but a half-typed login form.
 
 use std::sync::Arc;
 
@@ -42,14 +44,14 @@ pub(super) struct Node {
     maintenance: bool,
     #[serde(flatten)]
     counts: Option<Counts>,
-    /// Draining or disabled with no session left: safe to stop.
+    /// Draining or disabled with no logged-in session left: safe to stop.
     #[serde(skip_serializing_if = "Option::is_none")]
     drained: Option<bool>,
 }
 
 fn row(gateway: &Gateway, upstream: &Upstream, details: bool, sessions: bool) -> Node {
     let table = gateway.table();
-    let live = table.live(upstream.id);
+    let (live, logged_in) = (table.live(upstream.id), table.logged_in(upstream.id));
     let state = upstream.state();
     Node {
         name: upstream.name.clone(),
@@ -63,8 +65,8 @@ fn row(gateway: &Gateway, upstream: &Upstream, details: bool, sessions: bool) ->
         },
         health_since: upstream.health.since(),
         maintenance: upstream.health.in_maintenance(),
-        counts: sessions.then(|| counts(live, table.logged_in(upstream.id))),
-        drained: (sessions && state != NodeState::Active).then_some(live == 0),
+        counts: sessions.then(|| counts(live, logged_in)),
+        drained: (sessions && state != NodeState::Active).then_some(logged_in == 0),
     }
 }
 

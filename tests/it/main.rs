@@ -2,8 +2,9 @@
 
 mod check_cli;
 mod memory;
+mod operations;
 mod proxying;
 mod scenarios;
 mod sessions;
-mod shutdown;
+mod signals;
 mod support;

@@ -46,8 +46,17 @@ impl TestGateway {
         Self::start_with(config).await
     }
 
+    /// Serves a config loaded from `path`, which `POST /reload` re-reads.
+    pub async fn start_with_source(config: Config, path: &Path) -> Self {
+        Self::serve(config, Some(path)).await
+    }
+
     /// Serves an already built config.
     pub async fn start_with(config: Config) -> Self {
+        Self::serve(config, None).await
+    }
+
+    async fn serve(config: Config, source: Option<&Path>) -> Self {
         let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = match config.admin {
             Some(_) => Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
@@ -55,7 +64,10 @@ impl TestGateway {
         };
         let addr = public.local_addr().unwrap();
         let admin_addr = admin.as_ref().map(|l| l.local_addr().unwrap());
-        let app = App::new(config);
+        let app = match source {
+            Some(path) => App::new(config).reloading_from(path),
+            None => App::new(config),
+        };
         let (stop, stopped) = oneshot::channel::<()>();
         let serving = app.clone().serve(public, admin, async {
             let _ = stopped.await;
@@ -235,6 +247,37 @@ pub struct GatewayProcess {
     /// Its public listener, as it logged it.
     pub addr: SocketAddr,
     _dir: TempDir,
+}
+
+impl GatewayProcess {
+    /// Its working directory (where the default state file goes) and `config.toml`.
+    pub fn dir(&self) -> &Path {
+        &self._dir.0
+    }
+
+    /// Sends a signal (`"TERM"`, `"HUP"`) to the process.
+    pub fn signal(&self, name: &str) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), &pid])
+            .status();
+        assert!(sent.unwrap().success(), "kill -{name} {pid}");
+    }
+
+    /// Waits up to `limit` for the process to exit; its status.
+    pub async fn exit_within(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(exit) = self.child.try_wait().unwrap() {
+                return exit;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "the gateway did not exit within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Drop for GatewayProcess {

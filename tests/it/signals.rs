@@ -1,0 +1,98 @@
+//! Signals to the real binary: SIGTERM stops new connections, lets the request in
+//! flight finish (up to `timeouts.shutdown`), writes the state file and exits 0;
+//! SIGHUP re-reads the config file.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use http::Response;
+use http_body_util::BodyExt;
+
+use crate::support::{self, config_for, start_binary};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_the_request_in_flight_finish_writes_the_state_and_exits_zero() {
+    let node = support::upstream(|_request| async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        Response::new(Body::from("slow page, complete"))
+    })
+    .await;
+    let data = support::named_upstream("data").await;
+    let mut gateway = start_binary(&config_for(&[node], data, ""));
+    let url = format!("http://{}/course/view.php?id=2", gateway.addr);
+
+    let in_flight = tokio::spawn(async move {
+        let response = support::client().get(url.parse().unwrap()).await.unwrap();
+        let status = response.status();
+        (
+            status,
+            response.into_body().collect().await.unwrap().to_bytes(),
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gateway.signal("TERM");
+
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!(
+        (status.as_u16(), &body[..]),
+        (200, &b"slow page, complete"[..])
+    );
+    let exit = gateway.exit_within(Duration::from_secs(10)).await;
+    assert!(exit.success(), "exit status {exit}");
+    assert!(
+        tokio::net::TcpStream::connect(gateway.addr).await.is_err(),
+        "nothing listens after shutdown"
+    );
+    let state = gateway.dir().join("moodle-gateway.state");
+    assert!(
+        state.exists(),
+        "the default state file is in the working directory"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_slower_than_the_shutdown_grace_does_not_keep_the_gateway_alive() {
+    let node = support::upstream(|_request| async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Response::new(Body::from("never seen"))
+    })
+    .await;
+    let data = support::named_upstream("data").await;
+    let config = config_for(&[node], data, "[timeouts]\nshutdown = \"1s\"\n");
+    let mut gateway = start_binary(&config);
+    let url = format!("http://{}/course/view.php?id=2", gateway.addr);
+    let in_flight = tokio::spawn(async move { support::client().get(url.parse().unwrap()).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gateway.signal("TERM");
+    let exit = gateway.exit_within(Duration::from_secs(20)).await;
+    assert!(exit.success(), "exit status {exit}");
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the request was cut at the grace"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_config_file() {
+    let (old, new) = (
+        support::named_upstream("old").await,
+        support::named_upstream("new").await,
+    );
+    let data = support::named_upstream("data").await;
+    let gateway = start_binary(&config_for(&[old], data, ""));
+    let url = format!("http://{}/login/index.php", gateway.addr);
+    assert_eq!(support::get(&url).await.upstream(), Some("old"));
+    std::fs::write(
+        gateway.dir().join("config.toml"),
+        config_for(&[new], data, ""),
+    )
+    .unwrap();
+    gateway.signal("HUP");
+    for _ in 0..100 {
+        if support::get(&url).await.upstream() == Some("new") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the gateway never sent a request to the node of the new config");
+}
