@@ -43,6 +43,8 @@ pub struct App {
     gateway: Arc<Gateway>,
     config: Arc<Mutex<Config>>,
     source: Option<Arc<PathBuf>>,
+    /// The state file, unless there is none or it is not ours to overwrite.
+    save_to: Option<Arc<PathBuf>>,
 }
 
 impl App {
@@ -55,15 +57,16 @@ impl App {
     /// Builds the gateway with a given clock (tests move it to expire sessions).
     pub fn with_clock(config: Config, clock: Clock) -> Self {
         let file = config.state.file.as_deref();
-        let (table, snapshot) = crate::state::open(file, gateway::limits(&config), clock);
-        let gateway = Gateway::with_table(&config, table);
-        if let Some(snapshot) = snapshot {
+        let opened = crate::state::open(file, gateway::limits(&config), clock);
+        let gateway = Gateway::with_table(&config, opened.table);
+        if let Some(snapshot) = opened.snapshot {
             crate::state::restore(&gateway, snapshot);
         }
         Self {
             gateway: Arc::new(gateway),
             config: Arc::new(Mutex::new(config)),
             source: None,
+            save_to: opened.save_to.map(Arc::new),
         }
     }
 
@@ -128,10 +131,11 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let (request_headers, state) = {
+        let (request_headers, save_every) = {
             let config = self.config();
-            (config.timeouts.request_headers, config.state.clone())
+            (config.timeouts.request_headers, config.state.save_every)
         };
+        let save_to = self.save_to.as_deref().cloned();
         let mut background = tokio::task::JoinSet::new();
         background.spawn(sweep(self.gateway.clone(), stop_rx.clone()));
         let probed = self.gateway.clone();
@@ -139,13 +143,8 @@ impl App {
             move || probe_targets(&probed),
             stop_rx.clone(),
         ));
-        if let Some(file) = state.file.clone() {
-            let saving = crate::state::run(
-                self.gateway.clone(),
-                file,
-                state.save_every,
-                stop_rx.clone(),
-            );
+        if let Some(file) = save_to.clone() {
+            let saving = crate::state::run(self.gateway.clone(), file, save_every, stop_rx.clone());
             background.spawn(saving);
         }
         let (drained_tx, drained_rx) = tokio::sync::watch::channel(Duration::ZERO);
@@ -186,7 +185,7 @@ impl App {
         let _ = public_task.await;
         let _ = stop_tx.send(true);
         background.shutdown().await;
-        if let Some(file) = state.file {
+        if let Some(file) = save_to {
             crate::state::save_in_background(self.gateway.clone(), file).await;
         }
         Ok(())

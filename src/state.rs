@@ -19,15 +19,26 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::affinity::{AffinityTable, Clock, Limits};
 use crate::gateway::Gateway;
-use crate::snapshot::{self, Snapshot};
+use crate::snapshot::{self, Snapshot, SnapshotError};
 
-/// The table to start with: keyed with the snapshot's secret when one could be read,
-/// returned alongside so its entries can be restored once node ids exist.
-pub fn open(
-    file: Option<&Path>,
-    limits: Limits,
-    clock: Clock,
-) -> (AffinityTable, Option<Snapshot>) {
+/// What [`open`] found: the table to start with (keyed with the snapshot's secret
+/// when one could be read), the snapshot to restore once node ids exist, and where
+/// to save from now on.
+#[derive(Debug)]
+pub struct Opened {
+    /// The (still empty) table.
+    pub table: AffinityTable,
+    /// The snapshot read, if any.
+    pub snapshot: Option<Snapshot>,
+    /// Where to save: the configured file, unless it is not ours to overwrite.
+    pub save_to: Option<PathBuf>,
+}
+
+/// Reads the state file, if configured. A corrupt snapshot is reported and will be
+/// replaced by the next save; a file that is not a snapshot at all (a typo in
+/// `state.file` naming some other file) is reported and never overwritten.
+pub fn open(file: Option<&Path>, limits: Limits, clock: Clock) -> Opened {
+    let mut save_to = file.map(Path::to_path_buf);
     let loaded = match file.map(|path| (path, snapshot::read(path))) {
         None | Some((_, Ok(None))) => None,
         Some((_, Ok(Some(snapshot)))) => Some(snapshot),
@@ -36,15 +47,25 @@ pub fn open(
                 "ignoring the state file {}: {error}; starting with an empty affinity table",
                 path.display()
             );
+            if matches!(error, SnapshotError::Foreign) {
+                tracing::error!(
+                    "{} is not a state file: it will not be overwritten, and the table \
+                     will not be saved until state.file names another path",
+                    path.display()
+                );
+                save_to = None;
+            }
             None
         }
     };
-    match loaded {
-        Some(snapshot) => (
-            AffinityTable::with_secret(snapshot.secret, limits, clock),
-            Some(snapshot),
-        ),
-        None => (AffinityTable::new(limits, clock), None),
+    let table = match &loaded {
+        Some(snapshot) => AffinityTable::with_secret(snapshot.secret, limits, clock),
+        None => AffinityTable::new(limits, clock),
+    };
+    Opened {
+        table,
+        snapshot: loaded,
+        save_to,
     }
 }
 

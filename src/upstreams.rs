@@ -251,3 +251,86 @@ fn upstream(config: &UpstreamConfig, id: NodeId, kept: Option<&Upstream>) -> Ups
         configured: config.state,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigEnv;
+    use std::path::Path;
+
+    fn config(nodes: &[(&str, &str)]) -> Config {
+        let mut text = String::new();
+        for (name, extra) in nodes {
+            // The address follows the name, so a reordered node keeps its address.
+            let host = name.as_bytes()[0];
+            text +=
+                &format!("[[nodes]]\nname = \"{name}\"\nurl = \"http://10.0.0.{host}\"\n{extra}\n");
+        }
+        text += "[data]\nname = \"data\"\nurl = \"http://10.0.0.9\"\n";
+        Config::parse(&text, Path::new("."), ConfigEnv::default()).unwrap()
+    }
+
+    fn names(upstreams: &Upstreams, picks: impl Iterator<Item = Option<NodeId>>) -> Vec<String> {
+        picks
+            .map(|id| id.map_or("-".into(), |id| upstreams.get(id).unwrap().name.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn new_sessions_skip_down_draining_and_disabled_nodes_and_stay_even() {
+        let ids = NodeIds::default();
+        let u = Upstreams::build(
+            &config(&[("a", ""), ("b", ""), ("c", ""), ("d", "")]),
+            &ids,
+            None,
+        )
+        .unwrap();
+        u.by_name("b").unwrap().health.failure(1);
+        u.by_name("c").unwrap().set_state(NodeState::Draining);
+        let dealt = names(&u, (0..6).map(|_| u.deal(|_| 0, None)));
+        assert_eq!(dealt, ["a", "d", "a", "d", "a", "d"]);
+        u.by_name("d").unwrap().set_state(NodeState::Disabled);
+        assert_eq!(names(&u, (0..2).map(|_| u.spread(None))), ["a", "a"]);
+        let a = u.by_name("a").unwrap().id;
+        assert_eq!(u.deal(|_| 0, Some(a)), None, "nothing else may take it");
+    }
+
+    #[test]
+    fn a_reload_keeps_ids_health_and_an_admins_drain_but_follows_the_files_changes() {
+        let ids = NodeIds::default();
+        let first = Upstreams::build(&config(&[("a", ""), ("b", "")]), &ids, None).unwrap();
+        first.by_name("a").unwrap().set_state(NodeState::Draining);
+        first.by_name("b").unwrap().health.failure(1);
+        // Reordered, b re-weighted, c added.
+        let next = config(&[("c", ""), ("b", "weight = 3"), ("a", "")]);
+        let second = Upstreams::build(&next, &ids, Some(&first)).unwrap();
+        let (a, b) = (second.by_name("a").unwrap(), second.by_name("b").unwrap());
+        assert_eq!(
+            (a.id, b.id, second.by_name("c").unwrap().id),
+            (0, 1, 3),
+            "data took 2"
+        );
+        assert_eq!(
+            a.state(),
+            NodeState::Draining,
+            "the file did not change a's state"
+        );
+        assert!(!b.health.is_up(), "b's health is kept");
+        assert_eq!(b.weight, 3);
+        // The file now says something new about a: it wins.
+        let third = config(&[("a", "state = \"disabled\""), ("b", "")]);
+        let third = Upstreams::build(&third, &ids, Some(&second)).unwrap();
+        assert_eq!(third.by_name("a").unwrap().state(), NodeState::Disabled);
+        assert!(third.get(3).is_none(), "c left: its id names nobody now");
+    }
+
+    #[test]
+    fn an_admins_state_change_is_seen_by_older_generations_too() {
+        let ids = NodeIds::default();
+        let first = Upstreams::build(&config(&[("a", ""), ("b", "")]), &ids, None).unwrap();
+        let second =
+            Upstreams::build(&config(&[("a", ""), ("b", "")]), &ids, Some(&first)).unwrap();
+        second.by_name("a").unwrap().set_state(NodeState::Disabled);
+        assert_eq!(first.by_name("a").unwrap().state(), NodeState::Disabled);
+    }
+}

@@ -486,3 +486,33 @@ async fn without_a_state_file_the_route_cookie_keeps_a_student_on_their_node() {
     assert_eq!(reply.upstream(), "web1");
     assert!(reply.sent_to_login());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_state_file_is_ignored_and_replaced_and_a_foreign_one_left_alone() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let file = ConfigFile::new("corrupt");
+    let state = file.0.join("affinity.state");
+    let text = format!(
+        "state.file = {:?}\n{}",
+        state.display().to_string(),
+        config(&cluster, "")
+    );
+
+    std::fs::write(&state, b"MGWSNAP\0\x01\0\0\0 cut short").unwrap();
+    let gateway = TestGateway::start(&text).await;
+    assert!(gateway.app.gateway().table().is_empty());
+    assert_eq!(new_visitor(&gateway).await.status, 200, "it serves anyway");
+    gateway.shutdown().await;
+    let saved = moodle_gateway::snapshot::read(&state).unwrap().unwrap();
+    assert_eq!(saved.entries.len(), 1, "replaced by a good snapshot");
+
+    std::fs::write(&state, "an admin's notes, not a snapshot\n").unwrap();
+    let gateway = TestGateway::start(&text).await;
+    assert_eq!(new_visitor(&gateway).await.status, 200);
+    gateway.shutdown().await;
+    let kept = std::fs::read_to_string(&state).unwrap();
+    assert_eq!(
+        kept, "an admin's notes, not a snapshot\n",
+        "never overwritten"
+    );
+}
