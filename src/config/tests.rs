@@ -302,6 +302,19 @@ url = "192.168.1.2""#;
 }
 
 #[test]
+fn node_names_fit_in_a_route_cookie() {
+    let longest = "w".repeat(64);
+    let c = parse(&format!("{}{DATA}", NODES.replace("web1", &longest)), None).unwrap();
+    assert_eq!(c.nodes[0].name, longest);
+    let doc = NODES.replace("web1", &"w".repeat(65));
+    let want = "2: nodes[0].name: must be at most 64 characters, got 65";
+    assert_eq!(errors(&format!("{doc}{DATA}")), want);
+    let data = DATA.replace("\"data\"", &format!("{:?}", "d".repeat(65)));
+    let want = "5: data.name: must be at most 64 characters, got 65";
+    assert_eq!(errors(&format!("{NODES}{data}")), want);
+}
+
+#[test]
 fn whole_file_problems() {
     let bad = |text: &str, want: &str| assert_eq!(errors(text), want, "for {text:?}");
     let no_nodes = "nodes: at least one [[nodes]] block is required";

@@ -179,14 +179,25 @@ pub(super) fn cookie_name(raw: &str) -> Result<String, String> {
     ensure(ok, || format!("{raw:?} is not a valid cookie name")).map(|()| raw.to_owned())
 }
 
-/// Names appear in logs, metrics labels and admin URLs: keep them plain.
+/// Longest node name: the route cookie carries the name and refuses longer ones, so a longer
+/// name would silently lose that node's route cookies.
+const MAX_NODE_NAME: usize = 64;
+
+/// Names appear in logs, metrics labels, admin URLs and route cookies: keep them plain and short.
 pub(super) fn node_name(raw: &str) -> Result<String, String> {
     ensure(!raw.is_empty(), || "must not be empty".to_owned())?;
     let plain = raw
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
     let why = || format!("{raw:?} may only contain letters, digits, \".\", \"_\" and \"-\"");
-    ensure(plain, why).map(|()| raw.to_owned())
+    ensure(plain, why)?;
+    let long = || {
+        format!(
+            "must be at most {MAX_NODE_NAME} characters, got {}",
+            raw.len()
+        )
+    };
+    ensure(raw.len() <= MAX_NODE_NAME, long).map(|()| raw.to_owned())
 }
 
 /// The gateway forwards the browser's path unchanged, so an upstream is only a
