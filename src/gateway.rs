@@ -291,8 +291,9 @@ impl Gateway {
         peer: Peer,
         settings: &Settings,
     ) -> Result<(Route, Response<IdleLimited>), GatewayError> {
+        let elsewhere = settings.upstreams.nodes().len() > 1;
         let replay = match route {
-            Route::Deal(_) | Route::Spread(_) => Replay::of(&request),
+            Route::Deal(_) | Route::Spread(_) if elsewhere => Replay::of(&request),
             _ => None,
         };
         let mut request = request.map(Some);

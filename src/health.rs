@@ -99,11 +99,17 @@ impl Health {
         self.observe(false, fall)
     }
 
-    /// The request path's success: a single load when nothing needs resetting, so
-    /// many cores reading the same upstream do not fight over its cache line.
+    /// The request path's success: resets the failure streak of an up upstream. A
+    /// single load when nothing needs resetting, so many cores reading the same
+    /// upstream do not fight over its cache line. It never counts towards `rise`:
+    /// only probes bring a down upstream back (a response still in flight when the
+    /// node was marked down says nothing about the node now).
     pub fn request_succeeded(&self) {
-        if self.state.load(Ordering::Relaxed) != UP {
-            self.success(u32::MAX);
+        let state = self.state.load(Ordering::Relaxed);
+        if state & UP != 0 && state != UP {
+            let _ = self
+                .state
+                .compare_exchange(state, UP, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
 
@@ -320,6 +326,8 @@ mod tests {
         health.request_succeeded();
         health.request_succeeded();
         assert!(!health.is_up());
+        assert_eq!(health.success(2), Change::None, "nor counts towards rise");
+        assert_eq!(health.success(2), Change::Up);
     }
 
     #[tokio::test(start_paused = true)]

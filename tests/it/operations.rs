@@ -516,3 +516,29 @@ async fn a_corrupt_state_file_is_ignored_and_replaced_and_a_foreign_one_left_alo
         "never overwritten"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_server_is_probed_too_and_scorm_gets_a_quick_503_while_it_is_down() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster, "").await;
+    let scorm = gateway.url("/pluginfile.php/27/mod_scorm/content/1/index.html");
+    tokio::time::sleep(Duration::from_millis(500)).await; // several probe rounds
+    assert_eq!(
+        support::get(&scorm).await.status,
+        200,
+        "still up after probes"
+    );
+    assert!(cluster.data().probes() > 0, "the data server is probed");
+    cluster.data().stop();
+    for _ in 0..100 {
+        let (_, nodes) = admin(&gateway, "GET", "/nodes").await;
+        if nodes["data"]["health"] == "down" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen = support::get(&scorm).await;
+    assert_eq!(seen.status, 503);
+    assert!(seen.text().contains("course content"), "{}", seen.text());
+    assert_eq!(new_visitor(&gateway).await.status, 200, "pages still work");
+}
