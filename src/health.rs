@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{HeaderValue, RETRY_AFTER, USER_AGENT};
+use http::header::{HeaderValue, HOST, RETRY_AFTER, USER_AGENT};
 use http::{Request, StatusCode, Uri};
 use http_body_util::Empty;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -202,6 +202,14 @@ pub async fn probe(client: &ProbeClient, authority: &str, health: &HealthConfig)
         USER_AGENT,
         HeaderValue::from_static("moodle-gateway-health"),
     );
+    // Validated by the config as a plain host[:port].
+    if let Some(host) = health
+        .host
+        .as_deref()
+        .and_then(|h| HeaderValue::from_str(h).ok())
+    {
+        request.headers_mut().insert(HOST, host);
+    }
     let answer = tokio::time::timeout(health.timeout, client.request(request)).await;
     match answer {
         Err(_) => Probe::Failed(format!("no answer within {:?}", health.timeout)),
@@ -328,6 +336,71 @@ mod tests {
         assert!(!health.is_up());
         assert_eq!(health.success(2), Change::None, "nor counts towards rise");
         assert_eq!(health.success(2), Change::Up);
+    }
+
+    /// An upstream that answers 200 only to `Host: moodle.example.edu`, 303 otherwise
+    /// (what Moodle's full setup does for another host than wwwroot's), and 503 with
+    /// `Retry-After` to `/maintenance`.
+    async fn moodle_like() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let service = hyper::service::service_fn(|request: Request<_>| async move {
+                    let host = request.headers().get(HOST).cloned();
+                    let mut response = http::Response::new(Empty::<Bytes>::new());
+                    *response.status_mut() = if request.uri().path() == "/maintenance" {
+                        response
+                            .headers_mut()
+                            .insert(RETRY_AFTER, HeaderValue::from_static("300"));
+                        StatusCode::SERVICE_UNAVAILABLE
+                    } else if host.is_some_and(|h| h == "moodle.example.edu") {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::SEE_OTHER
+                    };
+                    Ok::<_, std::convert::Infallible>(response)
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new().serve_connection(io, service),
+                );
+            }
+        });
+        addr.to_string()
+    }
+
+    fn settings(path: &str, host: Option<&str>) -> HealthConfig {
+        HealthConfig {
+            path: path.into(),
+            host: host.map(str::to_owned),
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            rise: 1,
+            fall: 1,
+            statuses: vec![crate::config::StatusRange {
+                low: 200,
+                high: 200,
+            }],
+        }
+    }
+
+    #[tokio::test]
+    async fn probes_name_the_configured_host_and_see_maintenance_as_alive() {
+        let (client, upstream) = (probe_client(), moodle_like().await);
+        let own_address = probe(
+            &client,
+            &upstream,
+            &settings("/admin/tool/heartbeat/", None),
+        )
+        .await;
+        assert_eq!(own_address, Probe::Failed("answered 303 See Other".into()));
+        let wwwroot = settings("/admin/tool/heartbeat/", Some("moodle.example.edu"));
+        assert_eq!(probe(&client, &upstream, &wwwroot).await, Probe::Healthy);
+        let closed = probe(&client, &upstream, &settings("/maintenance", None)).await;
+        assert_eq!(closed, Probe::Maintenance);
+        let nobody = probe(&client, "127.0.0.1:1", &settings("/", None)).await;
+        assert_eq!(nobody, Probe::Failed("connection failed".into()));
     }
 
     #[tokio::test(start_paused = true)]

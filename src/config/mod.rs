@@ -230,6 +230,10 @@ pub struct HealthConfig {
     /// `path`: path and optional query probed with `GET`; starts with `/`; the
     /// site path is *not* prepended.
     pub path: String,
+    /// `host`: the `Host` header probes carry; `None` (default) sends the
+    /// upstream's own address. Moodle redirects a full-setup script (like
+    /// `tool_heartbeat`) asked for another host than `$CFG->wwwroot`'s.
+    pub host: Option<String>,
     /// `interval`: time between probes of one upstream. Default 2s.
     pub interval: Duration,
     /// `timeout`: how long one probe may take (connect to full response head). Default 1s.

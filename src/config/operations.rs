@@ -14,7 +14,7 @@ use super::{
     DEFAULT_STATE_FILE,
 };
 
-const HEALTH_KEYS: &str = "path interval timeout rise fall statuses";
+const HEALTH_KEYS: &str = "path host interval timeout rise fall statuses";
 const STATE_KEYS: &str = "file save_every";
 
 /// `statuses` default: only a plain success; a redirect usually means the probe
@@ -28,6 +28,7 @@ impl Checker<'_> {
     pub(super) fn health(&mut self, root: &Section) -> HealthConfig {
         let s = self.open("health".into(), root.get("health"), HEALTH_KEYS);
         let path = self.parsed(&s, "path", health_path);
+        let host = self.parsed(&s, "host", health_host);
         let (interval, timeout) = self.probe_timing(&s);
         let rise = self
             .int_in(&s, "rise", 1..=100)
@@ -37,6 +38,7 @@ impl Checker<'_> {
             .map_or(DEFAULT_FALL, |n| n as u32);
         HealthConfig {
             path: path.map_or_else(|| DEFAULT_HEALTH_PATH.to_owned(), |v| v.0),
+            host: host.map(|v| v.0),
             interval,
             timeout,
             rise,
@@ -119,5 +121,17 @@ impl Checker<'_> {
             file: file.map_or_else(|| Some(DEFAULT_STATE_FILE.into()), |v| v.0),
             save_every: self.duration(&s, "save_every", DEFAULT_SAVE_EVERY),
         }
+    }
+}
+
+/// `health.host`: a host name with an optional port, as a `Host` header carries it.
+fn health_host(raw: &str) -> Result<String, String> {
+    let authority = raw.parse::<http::uri::Authority>();
+    let plain = authority.is_ok_and(|a| a.as_str() == raw && !raw.contains('@'));
+    match plain && !raw.is_empty() {
+        true => Ok(raw.to_owned()),
+        false => Err(format!(
+            "{raw:?} is not a host name (like \"moodle.example.edu\" or \"moodle.example.edu:8443\")"
+        )),
     }
 }

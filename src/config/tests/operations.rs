@@ -54,6 +54,31 @@ fn shutdown_grace() {
 }
 
 #[test]
+fn health_host_is_a_plain_host_with_an_optional_port() {
+    let host = |h: &str| valid(&format!("health.host = {h:?}")).health.host;
+    assert_eq!(valid("").health.host, None);
+    assert_eq!(
+        host("moodle.example.edu").as_deref(),
+        Some("moodle.example.edu")
+    );
+    assert_eq!(
+        host("moodle.example.edu:8443").as_deref(),
+        Some("moodle.example.edu:8443")
+    );
+    for bad in [
+        "",
+        "user@moodle.example.edu",
+        "moodle.example.edu/path",
+        "two words",
+    ] {
+        let want = format!(
+            "1: health.host: {bad:?} is not a host name (like \"moodle.example.edu\" or \"moodle.example.edu:8443\")"
+        );
+        check(&format!("health.host = {bad:?}"), &want);
+    }
+}
+
+#[test]
 fn health_path_is_a_request_target_sent_as_written() {
     let path = |p: &str| valid(&format!("health.path = {p:?}")).health.path;
     assert_eq!(path("/admin/tool/heartbeat/"), "/admin/tool/heartbeat/");
@@ -112,7 +137,7 @@ fn health_timing_and_counts() {
         r#"
 2: health.rise: must be between 1 and 100, got 0
 3: health.fall: must be between 1 and 100, got 101
-4: health.probe: unknown key (expected one of: path, interval, timeout, rise, fall, statuses)"#,
+4: health.probe: unknown key (expected one of: path, host, interval, timeout, rise, fall, statuses)"#,
     );
     check("health = []", "1: health: expected a table, found array");
 }
