@@ -80,11 +80,14 @@ impl Config {
         };
         format!(
             "session store: {store}\nshutdown: in-flight requests get {} to finish\n\
-             health checks: GET {} every {}, timeout {}; an upstream is marked down after {} \
+             health checks: GET {}{} every {}, timeout {}; an upstream is marked down after {} \
              in a row, up after {}; healthy statuses: {}\n\
              snapshot: {snapshot}\nroute cookie: {route}\n",
             d(self.timeouts.shutdown),
             h.path,
+            h.host
+                .as_ref()
+                .map_or(String::new(), |host| format!(" (Host: {host})")),
             d(h.interval),
             d(h.timeout),
             count(h.fall, "failure", "failures"),

@@ -192,7 +192,8 @@ async fn moodle_maintenance_mode_is_passed_through_and_ejects_no_node() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drained_node_keeps_its_students_gets_no_new_ones_and_says_when_it_is_empty() {
+async fn a_drained_node_keeps_its_students_gets_no_new_ones_and_says_when_it_is_empty_and_disable_moves_them(
+) {
     let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
     let gateway = start(&cluster, "").await;
     let mut students = Vec::new();
@@ -218,12 +219,23 @@ async fn a_drained_node_keeps_its_students_gets_no_new_ones_and_says_when_it_is_
         assert_eq!(out.upstream(), "web1");
     }
     assert_eq!(node_row(&gateway, "web1").await["drained"], true);
-    assert_eq!(cluster.lost_sessions(), 0);
+    assert_eq!(
+        cluster.lost_sessions(),
+        0,
+        "nobody was logged out by the drain"
+    );
     let (status, row) = admin(&gateway, "POST", "/nodes/web1/undrain").await;
     assert_eq!((status, &row["state"]), (200, &Value::from("active")));
     assert!(futures_upstreams(&gateway, 2)
         .await
         .contains(&"web1".to_owned()));
+    // Disable: a node that must stop now hands its students over at once.
+    let (mut student, node) = logged_in(&gateway, 9).await;
+    let (status, row) = admin(&gateway, "POST", &format!("/nodes/{node}/disable")).await;
+    assert_eq!((status, &row["state"]), (200, &Value::from("disabled")));
+    let moved = student.get("/my/").await.unwrap();
+    assert_ne!(moved.upstream(), node, "moved at once, no hold");
+    assert!(moved.sent_to_login(), "node-local sessions: log in again");
     let (status, _) = admin(&gateway, "POST", "/nodes/data/drain").await;
     assert_eq!(status, 400, "the data server cannot be drained");
     let (status, _) = admin(&gateway, "POST", "/nodes/web9/drain").await;
