@@ -20,11 +20,13 @@ use super::values::{
     site_path,
 };
 use super::{
-    error, line_of, Balance, Config, ConfigEnv, ConfigError, ConfigErrors, SessionConfig,
-    SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE, DEFAULT_CONNECT,
-    DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE,
-    DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, DEFAULT_SHUTDOWN,
-    DEFAULT_UPSTREAM_IDLE,
+    error, line_of, Balance, Config, ConfigEnv, ConfigError, ConfigErrors, LimitsConfig,
+    SessionConfig, SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE,
+    DEFAULT_CLIENT_IDLE, DEFAULT_CONNECT, DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD,
+    DEFAULT_HTTP2_MAX_STREAMS, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADERS, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_SESSIONS, DEFAULT_MAX_URI_BYTES, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS,
+    DEFAULT_SHUTDOWN, DEFAULT_TUNNEL_IDLE, DEFAULT_UPSTREAM_IDLE,
 };
 
 // The keys each table accepts, space-separated; anything else is reported. The
@@ -118,6 +120,16 @@ impl Checker<'_> {
             health,
             state,
             route_cookie,
+            limits: LimitsConfig {
+                max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+                max_headers: DEFAULT_MAX_HEADERS,
+                max_uri_bytes: DEFAULT_MAX_URI_BYTES,
+                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                max_connections: DEFAULT_MAX_CONNECTIONS,
+                max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+                http2_max_streams: DEFAULT_HTTP2_MAX_STREAMS,
+            },
+            tls: None,
             base_dir: self.base_dir.to_path_buf(),
         })
     }
@@ -264,7 +276,10 @@ impl Checker<'_> {
         let path = self
             .parsed(&s, "path", site_path)
             .map_or_else(String::new, |v| v.0);
-        SiteConfig { path }
+        SiteConfig {
+            path,
+            hosts: Vec::new(),
+        }
     }
 
     fn session(&mut self, root: &Section, site: &SiteConfig) -> SessionConfig {
@@ -295,6 +310,8 @@ impl Checker<'_> {
             request_headers: self.duration(&s, "request_headers", DEFAULT_REQUEST_HEADERS),
             body_idle: self.duration(&s, "body_idle", DEFAULT_BODY_IDLE),
             shutdown: self.duration(&s, "shutdown", DEFAULT_SHUTDOWN),
+            client_idle: DEFAULT_CLIENT_IDLE,
+            tunnel_idle: DEFAULT_TUNNEL_IDLE,
         }
     }
 }

@@ -80,6 +80,26 @@ pub const MAX_WEIGHT: u32 = 1000;
 /// `session.failover_hold` default: long enough for a node's web server or PHP-FPM
 /// to restart, short enough that a student sees a slow page rather than an error.
 pub const DEFAULT_FAILOVER_HOLD: Duration = Duration::from_secs(10);
+/// `timeouts.client_idle` default: a browser reuses its connection for the next click.
+pub const DEFAULT_CLIENT_IDLE: Duration = Duration::from_secs(60);
+/// `timeouts.tunnel_idle` default: HAProxy's usual `timeout tunnel`.
+pub const DEFAULT_TUNNEL_IDLE: Duration = Duration::from_secs(3600);
+/// `limits.max_header_bytes` default (HAProxy's `tune.bufsize` order, nginx's
+/// `large_client_header_buffers` 4 × 8k).
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 32 * 1024;
+/// `limits.max_headers` default (hyper's and HAProxy's `tune.http.maxhdr` 101).
+pub const DEFAULT_MAX_HEADERS: usize = 100;
+/// `limits.max_uri_bytes` default (nginx's 8k line buffer).
+pub const DEFAULT_MAX_URI_BYTES: usize = 8 * 1024;
+/// `limits.max_body_bytes` default: above common Moodle upload limits; set it to
+/// PHP's `post_max_size`.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+/// `limits.max_connections` default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// `limits.max_in_flight` default.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+/// `limits.http2_max_streams` default (nginx's `http2_max_concurrent_streams`).
+pub const DEFAULT_HTTP2_MAX_STREAMS: u32 = 100;
 /// `timeouts.shutdown` default: how long in-flight requests may finish at shutdown.
 pub const DEFAULT_SHUTDOWN: Duration = Duration::from_secs(30);
 /// `health.path` default: a `NO_MOODLE_COOKIES` script every Moodle since 2.x has
@@ -136,6 +156,10 @@ pub struct Config {
     pub state: StateConfig,
     /// The signed route cookie (`[route_cookie]`); `None` when the section is absent.
     pub route_cookie: Option<RouteCookieConfig>,
+    /// Request size and concurrency limits at the edge (`[limits]`).
+    pub limits: LimitsConfig,
+    /// TLS on the public listener (`[tls]`); `None` when the section is absent.
+    pub tls: Option<TlsConfig>,
     /// Directory of the config file, for resolving relative paths.
     pub base_dir: PathBuf,
 }
@@ -146,6 +170,46 @@ pub struct SiteConfig {
     /// `path`: the wwwroot sub-path, `""` for a site at the host root, else `"/moodle"`
     /// (leading slash, no trailing slash).
     pub path: String,
+    /// `hosts`: the public host names students may use (lowercase, an optional
+    /// `:port` kept); empty (default) accepts any. A request naming another host
+    /// is refused, so a forged `Host` cannot reach Moodle (which builds
+    /// password-reset links from it).
+    pub hosts: Vec<String>,
+}
+
+/// `[limits]`: what one client may send and how many at once, each refused with
+/// its own status before it reaches a node.
+#[derive(Debug, Clone)]
+pub struct LimitsConfig {
+    /// `max_header_bytes`: the whole request head (names, values, request line), 431
+    /// beyond. Default 32 KiB.
+    pub max_header_bytes: usize,
+    /// `max_headers`: header lines per request, 431 beyond. Default 100.
+    pub max_headers: usize,
+    /// `max_uri_bytes`: the request target, 414 beyond. Default 8 KiB.
+    pub max_uri_bytes: usize,
+    /// `max_body_bytes`: a request body, 413 beyond (at once on `Content-Length`,
+    /// counted while streaming otherwise). Default 2 GiB.
+    pub max_body_bytes: u64,
+    /// `max_connections`: open client connections; one more gets a 503 and is
+    /// closed. Default 10,000.
+    pub max_connections: usize,
+    /// `max_in_flight`: requests being proxied at once; one more gets a 503.
+    /// Default 10,000.
+    pub max_in_flight: usize,
+    /// `http2_max_streams`: concurrent streams per HTTP/2 connection. Default 100.
+    pub http2_max_streams: u32,
+}
+
+/// `[tls]`: the public listener speaks TLS (HTTP/2 and HTTP/1.1 by ALPN).
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    /// `cert`: PEM certificate chain, leaf first (relative to the config file).
+    pub cert: PathBuf,
+    /// `key`: PEM private key (relative to the config file).
+    pub key: PathBuf,
+    /// `redirect_listen`: an optional plain-HTTP listener that redirects to HTTPS.
+    pub redirect_listen: Option<SocketAddr>,
 }
 
 /// `[admin]`. `Debug` is written by hand so the token never reaches a log.
@@ -369,6 +433,12 @@ pub struct Timeouts {
     /// `shutdown`: how long in-flight requests may take to finish once shutdown
     /// starts, default 30s.
     pub shutdown: Duration,
+    /// `client_idle`: how long a client's keep-alive connection may wait for its
+    /// next request, default 60s.
+    pub client_idle: Duration,
+    /// `tunnel_idle`: how long an upgraded connection (WebSocket) may carry no
+    /// byte either way, default 1h.
+    pub tunnel_idle: Duration,
 }
 
 /// One `[[nodes]]` block or the `[data]` block.
