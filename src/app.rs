@@ -17,6 +17,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -24,9 +25,10 @@ use axum::extract::ConnectInfo;
 use axum::Router;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
 use crate::affinity::Clock;
@@ -45,6 +47,20 @@ pub struct App {
     source: Option<Arc<PathBuf>>,
     /// The state file, unless there is none or it is not ours to overwrite.
     save_to: Option<Arc<PathBuf>>,
+    /// TLS on the public listener, when configured.
+    tls: Option<PublicTls>,
+}
+
+/// The public listener's TLS: the acceptor (its certificate is re-read on reload).
+#[derive(Clone)]
+struct PublicTls {
+    acceptor: TlsAcceptor,
+}
+
+impl std::fmt::Debug for PublicTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PublicTls")
+    }
 }
 
 impl App {
@@ -67,6 +83,7 @@ impl App {
             config: Arc::new(Mutex::new(config)),
             source: None,
             save_to: opened.save_to.map(Arc::new),
+            tls: None,
         }
     }
 
@@ -131,9 +148,9 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let (request_headers, save_every) = {
+        let (listening, save_every) = {
             let config = self.config();
-            (config.timeouts.request_headers, config.state.save_every)
+            (Listening::plain(&config), config.state.save_every)
         };
         let save_to = self.save_to.as_deref().cloned();
         let mut background = tokio::task::JoinSet::new();
@@ -161,9 +178,10 @@ impl App {
                 let app = self.clone();
                 let reload: crate::admin::Reload = Arc::new(move || app.reload());
                 let router = crate::admin::router(self.gateway.clone(), settings.token, reload);
-                let serving = serve_connections(listener, request_headers, drain(), move |peer| {
-                    admin_service(router.clone(), peer)
-                });
+                let serving =
+                    serve_connections(listener, listening.clone(), drain(), move |peer, _| {
+                        admin_service(router.clone(), peer)
+                    });
                 Some(tokio::spawn(serving))
             }
             _ => None,
@@ -171,9 +189,12 @@ impl App {
         let gateway = self.gateway.clone();
         let public_task = tokio::spawn(serve_connections(
             public,
-            request_headers,
+            Listening {
+                tls: self.tls.as_ref().map(|t| t.acceptor.clone()),
+                ..listening
+            },
             drain(),
-            move |peer| public_service(gateway.clone(), peer),
+            move |peer, tls| public_service(gateway.clone(), peer, tls),
         ));
         shutdown.await;
         let grace = self.config().timeouts.shutdown;
@@ -264,15 +285,17 @@ fn probe_targets(gateway: &Gateway) -> (crate::config::HealthConfig, Vec<crate::
 fn public_service(
     gateway: Arc<Gateway>,
     peer: SocketAddr,
+    tls: bool,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = Response<ProxyBody>,
     Error = Infallible,
     Future = impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send,
-> + Send {
+> + Clone
+       + Send {
     hyper::service::service_fn(move |request: Request<Incoming>| {
         let gateway = gateway.clone();
-        async move { Ok(gateway.handle(request, peer.ip()).await) }
+        async move { Ok(gateway.handle(request, peer.ip(), tls).await) }
     })
 }
 
@@ -285,7 +308,8 @@ fn admin_service(
     Response = Response<axum::body::Body>,
     Error = Infallible,
     Future = impl Future<Output = Result<Response<axum::body::Body>, Infallible>> + Send,
-> + Send {
+> + Clone
+       + Send {
     hyper::service::service_fn(move |mut request: Request<Incoming>| {
         request.extensions_mut().insert(ConnectInfo(peer));
         let router = router.clone();
@@ -316,16 +340,69 @@ async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<boo
     }
 }
 
-/// Accepts connections and serves each with the service `service_for(peer)` builds,
-/// HTTP/1.1 with keep-alive, until `shutdown` resolves with the grace period; then
-/// waits up to that long for open requests to finish.
+/// How one listener serves its connections.
+#[derive(Clone)]
+struct Listening {
+    /// The deadline for a request head, which hyper also applies to a keep-alive
+    /// connection waiting for its next request.
+    request_headers: Duration,
+    max_headers: usize,
+    max_connections: usize,
+    http2_max_streams: u32,
+    /// TLS, with HTTP/2 or HTTP/1.1 chosen by ALPN; `None` for plain HTTP/1.1.
+    tls: Option<TlsAcceptor>,
+}
+
+impl Listening {
+    fn plain(config: &Config) -> Self {
+        Self {
+            request_headers: config.timeouts.request_headers,
+            max_headers: config.limits.max_headers,
+            max_connections: config.limits.max_connections,
+            http2_max_streams: config.limits.http2_max_streams,
+            tls: None,
+        }
+    }
+}
+
+/// An open connection's place under `max_connections`, given back when dropped.
+struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a connection over `max_connections` gets: a 503 that tells the browser when
+/// to come back, then the close. Written by hand, without parsing the request:
+/// the point is to spend as little as possible on it.
+async fn turn_away(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const ANSWER: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 10\r\n\
+        Content-Type: text/plain; charset=utf-8\r\nCache-Control: no-store\r\n\
+        Connection: close\r\nContent-Length: 71\r\n\r\n\
+        service unavailable: too many connections; please try again in a bit\n";
+    // Read what has arrived, so closing does not reset the connection before the
+    // client has read the answer.
+    let mut scratch = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(100), stream.read(&mut scratch)).await;
+    let _ = stream.write_all(ANSWER).await;
+    let _ = stream.shutdown().await;
+}
+
+/// Accepts connections and serves each with the service `service_for(peer, tls)`
+/// builds, until `shutdown` resolves with the grace period; then waits up to that
+/// long for open requests to finish. Plain connections speak HTTP/1.1; TLS ones
+/// HTTP/2 or HTTP/1.1, as ALPN settled.
 async fn serve_connections<S, B>(
     listener: TcpListener,
-    request_headers: Duration,
+    how: Listening,
     shutdown: impl Future<Output = Duration>,
-    service_for: impl Fn(SocketAddr) -> S,
+    service_for: impl Fn(SocketAddr, bool) -> S,
 ) where
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
@@ -334,10 +411,18 @@ async fn serve_connections<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let graceful = GracefulShutdown::new();
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(request_headers)
+    let open = Arc::new(AtomicUsize::new(0));
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(how.request_headers)
+        .max_headers(how.max_headers)
         .keep_alive(true);
+    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(how.http2_max_streams)
+        .max_header_list_size(64 * 1024);
     let mut shutdown = std::pin::pin!(shutdown);
     let grace = loop {
         let (stream, peer) = tokio::select! {
@@ -353,11 +438,49 @@ async fn serve_connections<S, B>(
             },
             grace = &mut shutdown => break grace,
         };
+        if open.fetch_add(1, Ordering::Relaxed) >= how.max_connections {
+            open.fetch_sub(1, Ordering::Relaxed);
+            tokio::spawn(turn_away(stream));
+            continue;
+        }
+        let place = Open(open.clone());
         let _ = stream.set_nodelay(true);
-        let connection = http.serve_connection(TokioIo::new(stream), service_for(peer));
-        let connection = graceful.watch(connection);
+        let watcher = graceful.watcher();
+        let Some(acceptor) = how.tls.clone() else {
+            let connection = http1.serve_connection(TokioIo::new(stream), service_for(peer, false));
+            let connection = watcher.watch(connection);
+            tokio::spawn(async move {
+                let _place = place;
+                if let Err(error) = connection.await {
+                    tracing::debug!(%peer, "connection ended: {error}");
+                }
+            });
+            continue;
+        };
+        let (http1, http2) = (http1.clone(), http2.clone());
+        let (service, handshake) = (service_for(peer, true), how.request_headers);
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
+            let _place = place;
+            // The handshake counts against the same deadline as a request head.
+            let stream = match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => return tracing::debug!(%peer, "TLS handshake failed: {error}"),
+                Err(_) => return tracing::debug!(%peer, "TLS handshake took too long"),
+            };
+            let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+            let ended = match h2 {
+                true => {
+                    watcher
+                        .watch(http2.serve_connection(TokioIo::new(stream), service))
+                        .await
+                }
+                false => {
+                    watcher
+                        .watch(http1.serve_connection(TokioIo::new(stream), service))
+                        .await
+                }
+            };
+            if let Err(error) = ended {
                 tracing::debug!(%peer, "connection ended: {error}");
             }
         });

@@ -33,11 +33,45 @@ impl std::fmt::Display for BodyIdle {
 
 impl StdError for BodyIdle {}
 
+/// The student's body went over `limits.max_body_bytes` while streaming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyTooLarge;
+
+impl std::fmt::Display for BodyTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("request body larger than limits.max_body_bytes")
+    }
+}
+
+impl StdError for BodyTooLarge {}
+
+/// The student's body could not be read: broken chunked framing, a connection cut
+/// halfway. The student's fault (or network's), never the node's.
+#[derive(Debug)]
+pub struct ClientBodyError(pub BoxError);
+
+impl std::fmt::Display for ClientBodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the client's request body failed: {}", self.0)
+    }
+}
+
+impl StdError for ClientBodyError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.0)
+    }
+}
+
 /// Whether `error`, or anything it wraps, is a [`BodyIdle`].
 pub fn is_body_idle(error: &(dyn StdError + 'static)) -> bool {
+    wraps::<BodyIdle>(error)
+}
+
+/// Whether `error`, or anything it wraps, is a `T`.
+pub fn wraps<T: StdError + 'static>(error: &(dyn StdError + 'static)) -> bool {
     let mut current = Some(error);
     while let Some(error) = current {
-        if error.is::<BodyIdle>() {
+        if error.is::<T>() {
             return true;
         }
         current = error.source();
@@ -129,14 +163,23 @@ where
 pub struct RequestBody {
     inner: Option<IdleLimited<Incoming>>,
     sent: Option<oneshot::Sender<()>>,
+    /// Bytes still allowed (`limits.max_body_bytes` minus what passed).
+    allowed: u64,
 }
 
 impl RequestBody {
-    /// Wraps an upload; `sent` fires once it has gone out in full (or failed).
-    pub fn new(inner: Option<Incoming>, idle: Duration, sent: Option<oneshot::Sender<()>>) -> Self {
+    /// Wraps an upload of at most `max_bytes`; `sent` fires once it has gone out in
+    /// full (or failed).
+    pub fn new(
+        inner: Option<Incoming>,
+        idle: Duration,
+        max_bytes: u64,
+        sent: Option<oneshot::Sender<()>>,
+    ) -> Self {
         Self {
             inner: inner.map(|inner| IdleLimited::new(inner, idle)),
             sent,
+            allowed: max_bytes,
         }
     }
 
@@ -158,10 +201,26 @@ impl Body for RequestBody {
         let Some(inner) = self.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        let frame = Pin::new(&mut *inner).poll_frame(cx);
+        let mut frame = Pin::new(&mut *inner).poll_frame(cx);
+        let ended = inner.is_end_stream();
+        match &mut frame {
+            Poll::Ready(Some(Ok(data))) => {
+                let len = data.data_ref().map_or(0, |d| d.len() as u64);
+                match self.allowed.checked_sub(len) {
+                    Some(left) => self.allowed = left,
+                    // Chunked bodies have no length to check up front: cut here.
+                    None => frame = Poll::Ready(Some(Err(Box::new(BodyTooLarge)))),
+                }
+            }
+            Poll::Ready(Some(Err(error))) if !is_body_idle(&**error) => {
+                let error = std::mem::replace(error, Box::new(BodyIdle));
+                frame = Poll::Ready(Some(Err(Box::new(ClientBodyError(error)))));
+            }
+            _ => {}
+        }
         // hyper stops polling once a sized body reports its end, so check after
         // every frame, not only for the final `None`.
-        if matches!(frame, Poll::Ready(None | Some(Err(_)))) || inner.is_end_stream() {
+        if matches!(frame, Poll::Ready(None | Some(Err(_)))) || ended {
             self.finished();
         }
         frame

@@ -28,6 +28,19 @@ pub enum GatewayError {
     NoNodeAvailable,
     /// The data server, the only home of SCORM files, is down.
     DataServerDown,
+    /// A request that can be read more than one way: no or two `Host` lines, both
+    /// `Content-Length` and `chunked`, a broken chunked body.
+    MalformedRequest,
+    /// A `Host` not in `[site] hosts`.
+    UnknownHost,
+    /// The request head is over `max_header_bytes` or `max_headers`.
+    HeadersTooLarge,
+    /// The request target is over `max_uri_bytes`.
+    UriTooLong,
+    /// The body is over `max_body_bytes`.
+    PayloadTooLarge,
+    /// More requests in flight than `max_in_flight`.
+    Overloaded,
 }
 
 impl GatewayError {
@@ -39,7 +52,14 @@ impl GatewayError {
             Self::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::UpstreamUnreachable | Self::UpstreamBroken => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Self::NoNodeAvailable | Self::DataServerDown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoNodeAvailable | Self::DataServerDown | Self::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::MalformedRequest => StatusCode::BAD_REQUEST,
+            Self::UnknownHost => StatusCode::MISDIRECTED_REQUEST,
+            Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::UriTooLong => StatusCode::URI_TOO_LONG,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 
@@ -60,7 +80,30 @@ impl GatewayError {
                 "service unavailable: the server with the course content is down; \
                  please try again in a minute\n"
             }
+            Self::MalformedRequest => "bad request\n",
+            Self::UnknownHost => "misdirected request: this server does not serve that host\n",
+            Self::HeadersTooLarge => "request header fields too large\n",
+            Self::UriTooLong => "uri too long\n",
+            Self::PayloadTooLarge => "payload too large\n",
+            Self::Overloaded => {
+                "service unavailable: too many requests right now; \
+                 please try again in a minute\n"
+            }
         }
+    }
+
+    /// Whether the client connection must close after this answer: the rest of
+    /// what it sent (an unread body, a request framed two ways) cannot be trusted
+    /// to start a next request.
+    pub fn closes_connection(self) -> bool {
+        matches!(
+            self,
+            Self::MalformedRequest
+                | Self::HeadersTooLarge
+                | Self::UriTooLong
+                | Self::PayloadTooLarge
+                | Self::ClientTimeout
+        )
     }
 
     /// Whether the error says something about the upstream's health: it could not be
@@ -120,6 +163,12 @@ mod tests {
             (GatewayError::UpstreamTimeout, 504),
             (GatewayError::NoNodeAvailable, 503),
             (GatewayError::DataServerDown, 503),
+            (GatewayError::MalformedRequest, 400),
+            (GatewayError::UnknownHost, 421),
+            (GatewayError::HeadersTooLarge, 431),
+            (GatewayError::UriTooLong, 414),
+            (GatewayError::PayloadTooLarge, 413),
+            (GatewayError::Overloaded, 503),
         ];
         for (error, status) in table {
             assert_eq!(error.status().as_u16(), status, "{error:?}");

@@ -13,6 +13,7 @@
 //! requests still using the old.
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,10 +28,11 @@ use ipnet::IpNet;
 use crate::affinity::{AffinityTable, Clock, Limits, SessionKey, SessionState};
 use crate::body::IdleLimited;
 use crate::config::{Config, HealthConfig, SessionStore};
+use crate::edge::EdgeRules;
 use crate::error::GatewayError;
 use crate::health::Change;
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
-use crate::proxy::{self, Deadlines, Peer, Replay, UpstreamClient};
+use crate::proxy::{self, Bounds, Peer, Replay, UpstreamClient};
 use crate::route_cookie::RouteCookie;
 use crate::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
 
@@ -78,7 +80,9 @@ pub struct Settings {
     store: SessionStore,
     failover_hold: Duration,
     trusted_proxies: Box<[IpNet]>,
-    deadlines: Deadlines,
+    bounds: Bounds,
+    edge: EdgeRules,
+    max_in_flight: usize,
 }
 
 impl Settings {
@@ -89,10 +93,13 @@ impl Settings {
             store: config.session.store,
             failover_hold: config.session.failover_hold,
             trusted_proxies: config.trusted_proxies.clone().into_boxed_slice(),
-            deadlines: Deadlines {
+            bounds: Bounds {
+                max_body_bytes: config.limits.max_body_bytes,
                 response_headers: config.timeouts.response_headers,
                 body_idle: config.timeouts.body_idle,
             },
+            edge: EdgeRules::new(config),
+            max_in_flight: config.limits.max_in_flight,
         })
     }
 
@@ -114,6 +121,8 @@ pub struct Gateway {
     ids: NodeIds,
     settings: ArcSwap<Settings>,
     route_cookie: Option<RouteCookie>,
+    /// Requests between admission and their response head.
+    in_flight: AtomicUsize,
 }
 
 impl Gateway {
@@ -139,6 +148,7 @@ impl Gateway {
             ids,
             settings: ArcSwap::from_pointee(settings),
             route_cookie,
+            in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -162,11 +172,24 @@ impl Gateway {
     }
 
     /// Proxies one request and returns the streaming response or an error page.
-    pub async fn handle(&self, request: Request<Incoming>, peer: IpAddr) -> Response<ProxyBody> {
+    /// `tls` says whether the student's connection is TLS (terminated here).
+    pub async fn handle(
+        &self,
+        mut request: Request<Incoming>,
+        peer: IpAddr,
+        tls: bool,
+    ) -> Response<ProxyBody> {
         if request.method() == Method::CONNECT {
             return GatewayError::MethodNotAllowed.response().map(Either::Right);
         }
         let settings = self.settings.load();
+        if let Err(refused) = settings.edge.admit(&mut request) {
+            return refused.response().map(Either::Right);
+        }
+        // Never an unbounded queue: past the cap a student gets a quick 503.
+        let Some(_slot) = InFlight::take(&self.in_flight, settings.max_in_flight) else {
+            return GatewayError::Overloaded.response().map(Either::Right);
+        };
         let uri = request.uri();
         let kind = match self.site.classify(uri.path(), uri.query()) {
             Ok(kind) => kind,
@@ -176,6 +199,7 @@ impl Gateway {
         let is_post = request.method() == Method::POST;
         let peer = Peer {
             ip: peer,
+            tls,
             trusted: settings
                 .trusted_proxies
                 .iter()
@@ -307,7 +331,7 @@ impl Gateway {
                 &upstream.authority,
                 request,
                 peer,
-                settings.deadlines,
+                settings.bounds,
             );
             let error = match forwarded.await {
                 Ok(response) => {
@@ -406,6 +430,25 @@ impl Gateway {
         settings
             .upstreams
             .deal(|node| self.table.live(node), except)
+    }
+}
+
+/// One request's place under `max_in_flight`, given back when dropped.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn take(count: &'a AtomicUsize, max: usize) -> Option<Self> {
+        if count.fetch_add(1, Ordering::Relaxed) >= max {
+            count.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Self(count))
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

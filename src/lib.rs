@@ -10,6 +10,7 @@
 //! - [`snapshot`]: the affinity table's snapshot file: atomic, streaming, checksummed.
 //! - [`state`]: the table across restarts: loaded at start, saved periodically and at shutdown.
 //! - [`route_cookie`]: the signed cookie that lets any gateway recover a session's node.
+//! - [`edge`]: what a request must be before it is looked at: sizes, framing, one known host.
 //! - [`gateway`]: one request's journey: classify, route, forward, learn.
 //! - [`proxy`]: forwarding mechanics: header hygiene, pooled client, streaming.
 //! - [`body`]: the streaming bodies: when an upload is sent, how long a body may pause.
@@ -26,6 +27,7 @@ pub mod balancer;
 pub mod body;
 pub mod config;
 pub mod demo;
+pub mod edge;
 pub mod error;
 pub mod gateway;
 pub mod health;

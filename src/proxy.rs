@@ -18,7 +18,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::sync::oneshot;
 
-use crate::body::{is_body_idle, IdleLimited, RequestBody};
+use crate::body::{is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, RequestBody};
 use crate::config::Timeouts;
 use crate::error::GatewayError;
 
@@ -27,9 +27,11 @@ use crate::error::GatewayError;
 /// handed over as is (no boxing, no copy) inside a [`RequestBody`].
 pub type UpstreamClient = Client<HttpConnector, RequestBody>;
 
-/// How long the parts of one exchange may take.
+/// How long the parts of one exchange may take, and how large the upload may be.
 #[derive(Debug, Clone, Copy)]
-pub struct Deadlines {
+pub struct Bounds {
+    /// The largest request body (`limits.max_body_bytes`).
+    pub max_body_bytes: u64,
     /// From the end of the request body to the response head.
     pub response_headers: Duration,
     /// The longest pause inside a body, either way.
@@ -54,6 +56,8 @@ pub struct Peer {
     pub ip: IpAddr,
     /// Whether that peer is a trusted proxy whose `X-Forwarded-*` headers are kept.
     pub trusted: bool,
+    /// Whether the student's connection is TLS (the gateway terminated it).
+    pub tls: bool,
 }
 
 /// A copy of a body-less request, kept so that it can be sent to another node if
@@ -90,10 +94,11 @@ impl Replay {
 /// Whether the student reached the public side over HTTPS, as far as the gateway can
 /// tell: a trusted proxy in front said so.
 pub fn is_https(headers: &HeaderMap, peer: Peer) -> bool {
-    peer.trusted
-        && headers
-            .get(&X_FORWARDED_PROTO)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"))
+    peer.tls
+        || peer.trusted
+            && headers
+                .get(&X_FORWARDED_PROTO)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"))
 }
 
 /// Sends `request` (its body, if any) to `upstream` and returns its streaming
@@ -104,9 +109,12 @@ pub async fn forward(
     upstream: &Authority,
     mut request: Request<Option<Incoming>>,
     peer: Peer,
-    deadlines: Deadlines,
+    bounds: Bounds,
 ) -> Result<Response<IdleLimited>, GatewayError> {
     *request.uri_mut() = upstream_uri(upstream, request.uri());
+    // PHP gets HTTP/1.1 whatever the student spoke (an HTTP/2 request's host is
+    // already in its Host header, its cookie crumbs are joined below).
+    *request.version_mut() = http::Version::HTTP_11;
     prepare_request_headers(request.headers_mut(), peer);
     // A body-less request (most of them) needs no signal: its timer starts now.
     let empty = request
@@ -120,12 +128,13 @@ pub async fn forward(
             (Some(sent), Some(body_sent))
         }
     };
-    let request = request.map(|inner| RequestBody::new(inner, deadlines.body_idle, sent));
+    let request =
+        request.map(|inner| RequestBody::new(inner, bounds.body_idle, bounds.max_body_bytes, sent));
     let deadline = async {
         if let Some(body_sent) = body_sent {
             let _ = body_sent.await;
         }
-        tokio::time::sleep(deadlines.response_headers).await;
+        tokio::time::sleep(bounds.response_headers).await;
     };
     let mut response = tokio::select! {
         biased;
@@ -134,12 +143,12 @@ pub async fn forward(
             Err(error) => return Err(classify_client_error(upstream, &error)),
         },
         () = deadline => {
-            tracing::warn!(%upstream, "no response headers within {:?}", deadlines.response_headers);
+            tracing::warn!(%upstream, "no response headers within {:?}", bounds.response_headers);
             return Err(GatewayError::UpstreamTimeout);
         }
     };
     strip_hop_by_hop(response.headers_mut());
-    Ok(response.map(|body| IdleLimited::new(body, deadlines.body_idle)))
+    Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)))
 }
 
 fn classify_client_error(
@@ -149,6 +158,12 @@ fn classify_client_error(
     if is_body_idle(error) {
         tracing::info!(%upstream, "the student's upload paused longer than body_idle");
         GatewayError::ClientTimeout
+    } else if wraps::<BodyTooLarge>(error) {
+        tracing::info!(%upstream, "the student's upload went over max_body_bytes");
+        GatewayError::PayloadTooLarge
+    } else if wraps::<ClientBodyError>(error) {
+        tracing::info!(%upstream, "the student's upload could not be read: {error:?}");
+        GatewayError::MalformedRequest
     } else if error.is_connect() {
         tracing::warn!(%upstream, "upstream unreachable: {error:?}");
         GatewayError::UpstreamUnreachable
@@ -224,6 +239,7 @@ const CLIENT_IP: HeaderName = HeaderName::from_static("client-ip");
 fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer) {
     strip_hop_by_hop(headers);
     headers.remove(CLIENT_IP);
+    drop_underscored(headers);
     join_cookie_lines(headers);
     let forwarded_for = match (peer.trusted, headers.get(&X_FORWARDED_FOR)) {
         (true, Some(chain)) => {
@@ -237,7 +253,9 @@ fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer) {
     let forwarded_for = forwarded_for.unwrap_or_else(|| ip_header_value(peer.ip));
     // `insert` replaces every earlier line, so a client cannot smuggle a second one.
     headers.insert(X_FORWARDED_FOR, forwarded_for);
-    if !(peer.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+    if peer.tls {
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
+    } else if !(peer.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
     if !(peer.trusted && headers.contains_key(&X_FORWARDED_HOST)) {
@@ -245,6 +263,23 @@ fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer) {
             Some(host) => headers.insert(X_FORWARDED_HOST, host),
             None => headers.remove(X_FORWARDED_HOST),
         };
+    }
+}
+
+/// Header names with `_` never reach PHP: PHP turns `-` and `_` alike into `_` in
+/// `$_SERVER`, so `X_Forwarded_For` would land on the very key the gateway just set
+/// (nginx drops them by default too). No allocation unless there is one.
+fn drop_underscored(headers: &mut HeaderMap) {
+    if !headers.keys().any(|name| name.as_str().contains('_')) {
+        return;
+    }
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().contains('_'))
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(name);
     }
 }
 
@@ -287,6 +322,7 @@ mod tests {
         Peer {
             ip: "203.0.113.9".parse().unwrap(),
             trusted,
+            tls: false,
         }
     }
 
@@ -360,6 +396,19 @@ mod tests {
         prepare_request_headers(&mut map, peer(true));
         assert_eq!(map[&X_FORWARDED_FOR], "198.51.100.1, 203.0.113.9");
         assert_eq!(map[&X_FORWARDED_PROTO], "https");
+    }
+
+    #[test]
+    fn header_names_with_underscores_never_reach_php() {
+        let mut map = headers(&[
+            ("x_forwarded_for", "1.2.3.4"),
+            ("client_ip", "1.2.3.4"),
+            ("x-real", "kept"),
+        ]);
+        prepare_request_headers(&mut map, peer(false));
+        assert!(map.keys().all(|name| !name.as_str().contains('_')));
+        assert_eq!(map["x-real"], "kept");
+        assert_eq!(map[&X_FORWARDED_FOR], "203.0.113.9");
     }
 
     #[test]

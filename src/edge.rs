@@ -1,0 +1,282 @@
+//! What a request must be before the gateway looks at it: within the size limits,
+//! framed one way only, for exactly one host this site serves.
+//!
+//! Why here, before routing: each rule stops something that would otherwise reach
+//! PHP. A request that is both `Content-Length` and `chunked` is read one way by one
+//! server and another way by the next (request smuggling); hyper re-frames what it
+//! forwards, but refusing the ambiguity is cheaper than reasoning about it. A forged
+//! or second `Host` becomes Moodle's idea of its own address in password-reset
+//! mails. Sizes are checked with the status each one has (414, 431, 413) so a
+//! client learns what was wrong, and the connection is closed after framing errors
+//! because what follows on it cannot be trusted.
+//!
+//! No Moodle knowledge and no allocation on the way through: a few passes over the
+//! header map the request already has.
+
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{Request, Version};
+
+use crate::config::Config;
+use crate::error::GatewayError;
+
+/// The rules, from `[limits]` and `[site] hosts`.
+#[derive(Debug, Clone)]
+pub struct EdgeRules {
+    max_header_bytes: usize,
+    max_headers: usize,
+    max_uri_bytes: usize,
+    max_body_bytes: u64,
+    /// Lowercase, each with or without a port; empty accepts any host.
+    hosts: Box<[String]>,
+}
+
+impl EdgeRules {
+    /// The rules a config sets.
+    pub fn new(config: &Config) -> Self {
+        let l = &config.limits;
+        Self {
+            max_header_bytes: l.max_header_bytes,
+            max_headers: l.max_headers,
+            max_uri_bytes: l.max_uri_bytes,
+            max_body_bytes: l.max_body_bytes,
+            hosts: config.site.hosts.clone().into_boxed_slice(),
+        }
+    }
+
+    /// The largest body a request may carry.
+    pub fn max_body_bytes(&self) -> u64 {
+        self.max_body_bytes
+    }
+
+    /// Checks `request` and, for HTTP/2, gives it the `Host` header PHP needs
+    /// (HTTP/2 carries the host in `:authority`).
+    pub fn admit<B>(&self, request: &mut Request<B>) -> Result<(), GatewayError> {
+        let target = target_len(request);
+        if target > self.max_uri_bytes {
+            return Err(GatewayError::UriTooLong);
+        }
+        self.head_size(request, target)?;
+        let headers = request.headers();
+        if headers.contains_key(TRANSFER_ENCODING) && headers.contains_key(CONTENT_LENGTH) {
+            return Err(GatewayError::MalformedRequest);
+        }
+        let declared = headers.get(CONTENT_LENGTH).and_then(content_length);
+        if declared.is_some_and(|length| length > self.max_body_bytes) {
+            return Err(GatewayError::PayloadTooLarge);
+        }
+        let host = host(request)?;
+        if !self.serves(host.as_bytes()) {
+            return Err(GatewayError::UnknownHost);
+        }
+        if !request.headers().contains_key(HOST) {
+            request.headers_mut().insert(HOST, host);
+        }
+        Ok(())
+    }
+
+    fn head_size<B>(&self, request: &Request<B>, target: usize) -> Result<(), GatewayError> {
+        let headers = request.headers();
+        if headers.len() > self.max_headers {
+            return Err(GatewayError::HeadersTooLarge);
+        }
+        // As on the wire: "name: value\r\n", plus the request line.
+        let lines = headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4);
+        let bytes = target + request.method().as_str().len() + 12 + lines.sum::<usize>();
+        match bytes > self.max_header_bytes {
+            true => Err(GatewayError::HeadersTooLarge),
+            false => Ok(()),
+        }
+    }
+
+    /// Whether `host` (as the request names it) is one of ours. An entry without a
+    /// port matches the host on any port; names compare without regard to case.
+    fn serves(&self, host: &[u8]) -> bool {
+        if self.hosts.is_empty() {
+            return true;
+        }
+        let bare = strip_port(host);
+        self.hosts.iter().any(|entry| {
+            let has_port = strip_port(entry.as_bytes()).len() != entry.len();
+            let wanted = if has_port { host } else { bare };
+            wanted.eq_ignore_ascii_case(entry.as_bytes())
+        })
+    }
+}
+
+/// The request target's length as the client sent it.
+fn target_len<B>(request: &Request<B>) -> usize {
+    let uri = request.uri();
+    let path = uri.path_and_query().map_or(1, |p| p.as_str().len());
+    // Absolute form (`GET http://host/path`): the scheme and authority count too.
+    let absolute = match (request.version(), uri.authority()) {
+        (Version::HTTP_2 | Version::HTTP_3, _) | (_, None) => 0,
+        (_, Some(authority)) => authority.as_str().len() + 8,
+    };
+    path + absolute
+}
+
+/// The one host the request is for. HTTP/1 needs exactly one `Host` line, and an
+/// absolute-form target must name the same host (otherwise which one did the client
+/// mean?); HTTP/2 names it in `:authority`.
+fn host<B>(request: &Request<B>) -> Result<HeaderValue, GatewayError> {
+    let mut lines = request.headers().get_all(HOST).iter();
+    let (first, second) = (lines.next(), lines.next());
+    let authority = request.uri().authority();
+    match (request.version(), first, second, authority) {
+        (_, Some(_), Some(_), _) => Err(GatewayError::MalformedRequest),
+        (Version::HTTP_2 | Version::HTTP_3, None, None, Some(authority)) => {
+            HeaderValue::from_str(authority.as_str()).map_err(|_| GatewayError::MalformedRequest)
+        }
+        (_, Some(host), None, None) if !host.is_empty() => Ok(host.clone()),
+        (_, Some(host), None, Some(authority))
+            if host
+                .as_bytes()
+                .eq_ignore_ascii_case(authority.as_str().as_bytes()) =>
+        {
+            Ok(host.clone())
+        }
+        _ => Err(GatewayError::MalformedRequest),
+    }
+}
+
+/// `host:port` → `host`; `[v6]:port` → `[v6]`; a host without a port unchanged.
+fn strip_port(host: &[u8]) -> &[u8] {
+    let colon = host.iter().rposition(|&b| b == b':');
+    match colon {
+        Some(i) if !host[i..].contains(&b']') && host[i + 1..].iter().all(u8::is_ascii_digit) => {
+            &host[..i]
+        }
+        _ => host,
+    }
+}
+
+fn content_length(value: &HeaderValue) -> Option<u64> {
+    std::str::from_utf8(value.as_bytes()).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(hosts: &[&str]) -> EdgeRules {
+        EdgeRules {
+            max_header_bytes: 32 * 1024,
+            max_headers: 100,
+            max_uri_bytes: 8 * 1024,
+            max_body_bytes: 1 << 30,
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+        }
+    }
+
+    fn request(lines: &[(&str, &str)]) -> Request<()> {
+        let mut request = Request::get("/course/view.php?id=2").body(()).unwrap();
+        for (name, value) in lines {
+            let name = http::HeaderName::from_bytes(name.as_bytes()).unwrap();
+            let value = HeaderValue::from_bytes(value.as_bytes()).unwrap();
+            request.headers_mut().append(name, value);
+        }
+        request
+    }
+
+    fn verdict(rules: &EdgeRules, mut request: Request<()>) -> Result<(), GatewayError> {
+        rules.admit(&mut request)
+    }
+
+    #[test]
+    fn an_ordinary_request_passes_untouched() {
+        let r = rules(&[]);
+        let mut ordinary = request(&[("host", "moodle.example.edu"), ("cookie", "a=b")]);
+        assert_eq!(r.admit(&mut ordinary), Ok(()));
+        assert_eq!(ordinary.headers().len(), 2);
+    }
+
+    #[test]
+    fn host_must_be_exactly_one() {
+        let r = rules(&[]);
+        let none = request(&[]);
+        assert_eq!(verdict(&r, none), Err(GatewayError::MalformedRequest));
+        let two = request(&[("host", "a.example"), ("host", "b.example")]);
+        assert_eq!(verdict(&r, two), Err(GatewayError::MalformedRequest));
+        let empty = request(&[("host", "")]);
+        assert_eq!(verdict(&r, empty), Err(GatewayError::MalformedRequest));
+    }
+
+    #[test]
+    fn an_absolute_form_target_must_name_the_host_line() {
+        let r = rules(&[]);
+        let mut same = Request::get("http://Moodle.example.edu/my/")
+            .body(())
+            .unwrap();
+        same.headers_mut()
+            .insert(HOST, HeaderValue::from_static("moodle.example.edu"));
+        assert_eq!(r.admit(&mut same), Ok(()));
+        let mut other = Request::get("http://evil.example/my/").body(()).unwrap();
+        other
+            .headers_mut()
+            .insert(HOST, HeaderValue::from_static("moodle.example.edu"));
+        assert_eq!(r.admit(&mut other), Err(GatewayError::MalformedRequest));
+    }
+
+    #[test]
+    fn http2_gets_its_host_from_the_authority() {
+        let r = rules(&[]);
+        let mut h2 = Request::get("https://moodle.example.edu/my/")
+            .version(Version::HTTP_2)
+            .body(())
+            .unwrap();
+        assert_eq!(r.admit(&mut h2), Ok(()));
+        assert_eq!(h2.headers()[HOST], "moodle.example.edu");
+    }
+
+    #[test]
+    fn the_host_allow_list_ignores_case_and_an_unlisted_port() {
+        let r = rules(&["moodle.example.edu", "lms.example.edu:8443"]);
+        let host = |h: &str| verdict(&r, request(&[("host", h)]));
+        assert_eq!(host("MOODLE.example.edu"), Ok(()));
+        assert_eq!(host("moodle.example.edu:443"), Ok(()));
+        assert_eq!(host("lms.example.edu:8443"), Ok(()));
+        assert_eq!(host("lms.example.edu:443"), Err(GatewayError::UnknownHost));
+        assert_eq!(host("evil.example"), Err(GatewayError::UnknownHost));
+    }
+
+    #[test]
+    fn both_framings_at_once_are_refused() {
+        let r = rules(&[]);
+        let both = request(&[
+            ("host", "m"),
+            ("content-length", "5"),
+            ("transfer-encoding", "chunked"),
+        ]);
+        assert_eq!(verdict(&r, both), Err(GatewayError::MalformedRequest));
+    }
+
+    #[test]
+    fn each_size_limit_has_its_own_status() {
+        let r = EdgeRules {
+            max_uri_bytes: 1024,
+            max_headers: 3,
+            max_body_bytes: 100,
+            ..rules(&[])
+        };
+        let mut long = request(&[("host", "m")]);
+        *long.uri_mut() = format!("/{}", "a".repeat(1024)).parse().unwrap();
+        assert_eq!(verdict(&r, long), Err(GatewayError::UriTooLong));
+        let many = request(&[("host", "m"), ("a", "1"), ("b", "2"), ("c", "3")]);
+        assert_eq!(verdict(&r, many), Err(GatewayError::HeadersTooLarge));
+        let big = "x".repeat(40 * 1024);
+        let huge = request(&[("host", "m"), ("x-big", &big)]);
+        assert_eq!(verdict(&r, huge), Err(GatewayError::HeadersTooLarge));
+        let body = request(&[("host", "m"), ("content-length", "101")]);
+        assert_eq!(verdict(&r, body), Err(GatewayError::PayloadTooLarge));
+        let fits = request(&[("host", "m"), ("content-length", "100")]);
+        assert_eq!(verdict(&r, fits), Ok(()));
+    }
+
+    #[test]
+    fn ports_are_stripped_only_where_they_are_ports() {
+        assert_eq!(strip_port(b"a.example:8080"), b"a.example");
+        assert_eq!(strip_port(b"a.example"), b"a.example");
+        assert_eq!(strip_port(b"[::1]:443"), b"[::1]");
+        assert_eq!(strip_port(b"[::1]"), b"[::1]");
+    }
+}
