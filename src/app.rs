@@ -26,7 +26,6 @@ use axum::Router;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
@@ -365,12 +364,86 @@ impl Listening {
     }
 }
 
+/// The open connections of one listener: how many (for `max_connections`), and a
+/// wake-up when one closes (for the drain at shutdown).
+#[derive(Default)]
+struct Connections {
+    open: AtomicUsize,
+    closed: tokio::sync::Notify,
+}
+
 /// An open connection's place under `max_connections`, given back when dropped.
-struct Open(Arc<AtomicUsize>);
+struct Open(Arc<Connections>);
+
+impl Open {
+    fn take(connections: &Arc<Connections>, max: usize) -> Option<Self> {
+        if connections.open.fetch_add(1, Ordering::Relaxed) >= max {
+            connections.open.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Self(connections.clone()))
+    }
+}
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+        self.0.closed.notify_waiters();
+    }
+}
+
+/// A hyper connection that can be asked to finish its request in flight and close.
+trait Closable: Future {
+    fn close(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S, B> Closable for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: http_body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn close(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S, B, E> Closable for hyper::server::conn::http2::Connection<I, S, E>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: http_body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn close(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// Runs one connection until it ends, or until `closing` fires: then it finishes
+/// the request in flight and closes.
+async fn serve_until_closed<C, T, E>(
+    connection: C,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+    peer: SocketAddr,
+) where
+    C: Closable<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let mut connection = std::pin::pin!(connection);
+    let ended = tokio::select! {
+        ended = connection.as_mut() => ended,
+        () = async { let _ = closing.wait_for(|&closing| closing).await; } => {
+            connection.as_mut().close();
+            connection.await
+        }
+    };
+    if let Err(error) = ended {
+        tracing::debug!(%peer, "connection ended: {error}");
     }
 }
 
@@ -410,8 +483,8 @@ async fn serve_connections<S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let graceful = GracefulShutdown::new();
-    let open = Arc::new(AtomicUsize::new(0));
+    let connections = Arc::new(Connections::default());
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
         .timer(TokioTimer::new())
@@ -438,22 +511,19 @@ async fn serve_connections<S, B>(
             },
             grace = &mut shutdown => break grace,
         };
-        if open.fetch_add(1, Ordering::Relaxed) >= how.max_connections {
-            open.fetch_sub(1, Ordering::Relaxed);
+        let Some(place) = Open::take(&connections, how.max_connections) else {
             tokio::spawn(turn_away(stream));
             continue;
-        }
-        let place = Open(open.clone());
+        };
         let _ = stream.set_nodelay(true);
-        let watcher = graceful.watcher();
+        let closing = closing.clone();
         let Some(acceptor) = how.tls.clone() else {
-            let connection = http1.serve_connection(TokioIo::new(stream), service_for(peer, false));
-            let connection = watcher.watch(connection);
+            let connection = http1
+                .serve_connection(TokioIo::new(stream), service_for(peer, false))
+                .with_upgrades();
             tokio::spawn(async move {
                 let _place = place;
-                if let Err(error) = connection.await {
-                    tracing::debug!(%peer, "connection ended: {error}");
-                }
+                serve_until_closed(connection, closing, peer).await;
             });
             continue;
         };
@@ -467,29 +537,30 @@ async fn serve_connections<S, B>(
                 Ok(Err(error)) => return tracing::debug!(%peer, "TLS handshake failed: {error}"),
                 Err(_) => return tracing::debug!(%peer, "TLS handshake took too long"),
             };
-            let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-            let ended = match h2 {
+            let io = TokioIo::new(stream);
+            match io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
                 true => {
-                    watcher
-                        .watch(http2.serve_connection(TokioIo::new(stream), service))
-                        .await
+                    serve_until_closed(http2.serve_connection(io, service), closing, peer).await
                 }
                 false => {
-                    watcher
-                        .watch(http1.serve_connection(TokioIo::new(stream), service))
-                        .await
+                    let connection = http1.serve_connection(io, service).with_upgrades();
+                    serve_until_closed(connection, closing, peer).await;
                 }
-            };
-            if let Err(error) = ended {
-                tracing::debug!(%peer, "connection ended: {error}");
             }
         });
     };
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let _ = closing_tx.send(true);
+    let drained = async {
+        loop {
+            let closed = connections.closed.notified();
+            if connections.open.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            closed.await;
+        }
+    };
+    if tokio::time::timeout(grace, drained).await.is_err() {
         tracing::warn!("shutdown grace passed with requests still in flight");
     }
 }

@@ -34,6 +34,7 @@ use crate::health::Change;
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
 use crate::proxy::{self, Bounds, Peer, Replay, UpstreamClient};
 use crate::route_cookie::RouteCookie;
+use crate::tunnel;
 use crate::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
 
 /// What a student receives: the node's streaming body, or the gateway's own short page.
@@ -95,6 +96,8 @@ impl Settings {
             trusted_proxies: config.trusted_proxies.clone().into_boxed_slice(),
             bounds: Bounds {
                 max_body_bytes: config.limits.max_body_bytes,
+                connect: config.timeouts.connect,
+                tunnel_idle: config.timeouts.tunnel_idle,
                 response_headers: config.timeouts.response_headers,
                 body_idle: config.timeouts.body_idle,
             },
@@ -315,6 +318,14 @@ impl Gateway {
         peer: Peer,
         settings: &Settings,
     ) -> Result<(Route, Response<IdleLimited>), GatewayError> {
+        if tunnel::is_upgrade(&request) {
+            let upstream = settings
+                .upstream(route)
+                .ok_or(GatewayError::NoNodeAvailable)?;
+            // An upgrade is never replayed, and gets a node connection of its own.
+            let upgraded = tunnel::forward(&upstream.authority, request, peer, settings.bounds);
+            return upgraded.await.map(|response| (route, response));
+        }
         let elsewhere = settings.upstreams.nodes().len() > 1;
         let replay = match route {
             Route::Deal(_) | Route::Spread(_) if elsewhere => Replay::of(&request),

@@ -13,6 +13,7 @@
 //! - [`edge`]: what a request must be before it is looked at: sizes, framing, one known host.
 //! - [`gateway`]: one request's journey: classify, route, forward, learn.
 //! - [`proxy`]: forwarding mechanics: header hygiene, pooled client, streaming.
+//! - [`tunnel`]: upgraded connections (WebSocket): a byte tunnel once the node said 101.
 //! - [`body`]: the streaming bodies: when an upload is sent, how long a body may pause.
 //! - [`error`]: the failures a student can see, and their statuses.
 //! - [`admin`]: the token-protected admin API on its own listener.
@@ -37,6 +38,7 @@ pub mod route_cookie;
 pub mod snapshot;
 pub mod standin;
 pub mod state;
+pub mod tunnel;
 pub mod upstreams;
 
 pub use app::App;

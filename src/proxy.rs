@@ -32,6 +32,10 @@ pub type UpstreamClient = Client<HttpConnector, RequestBody>;
 pub struct Bounds {
     /// The largest request body (`limits.max_body_bytes`).
     pub max_body_bytes: u64,
+    /// Opening a connection of its own to a node (upgrades).
+    pub connect: Duration,
+    /// The longest silence of an upgraded connection (WebSocket).
+    pub tunnel_idle: Duration,
     /// From the end of the request body to the response head.
     pub response_headers: Duration,
     /// The longest pause inside a body, either way.
@@ -101,6 +105,16 @@ pub fn is_https(headers: &HeaderMap, peer: Peer) -> bool {
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"))
 }
 
+/// `request` as it goes to `upstream`: absolute URI, HTTP/1.1 whatever the student
+/// spoke (an HTTP/2 request's host is already in its Host header, its cookie
+/// crumbs are joined here), and the header hygiene of [`prepare_request_headers`].
+pub fn prepared<B>(upstream: &Authority, mut request: Request<B>, peer: Peer) -> Request<B> {
+    *request.uri_mut() = upstream_uri(upstream, request.uri());
+    *request.version_mut() = http::Version::HTTP_11;
+    prepare_request_headers(request.headers_mut(), peer);
+    request
+}
+
 /// Sends `request` (its body, if any) to `upstream` and returns its streaming
 /// response, or the error a student should see. Never retried here: once bytes left
 /// for one node, another node must not see the same POST.
@@ -111,11 +125,7 @@ pub async fn forward(
     peer: Peer,
     bounds: Bounds,
 ) -> Result<Response<IdleLimited>, GatewayError> {
-    *request.uri_mut() = upstream_uri(upstream, request.uri());
-    // PHP gets HTTP/1.1 whatever the student spoke (an HTTP/2 request's host is
-    // already in its Host header, its cookie crumbs are joined below).
-    *request.version_mut() = http::Version::HTTP_11;
-    prepare_request_headers(request.headers_mut(), peer);
+    request = prepared(upstream, request, peer);
     // A body-less request (most of them) needs no signal: its timer starts now.
     let empty = request
         .body()

@@ -8,3 +8,4 @@ mod scenarios;
 mod sessions;
 mod signals;
 mod support;
+mod tunnels;

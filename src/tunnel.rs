@@ -1,0 +1,154 @@
+//! Upgraded connections (WebSocket and other `Upgrade:` protocols): passed through
+//! to the node, and turned into a byte tunnel only once the node said `101`.
+//!
+//! Why its own connection to the node: an upgrade request leaves the connection
+//! in a state only the node knows. If the node refuses (answers anything but
+//! `101`), the answer is forwarded as plain HTTP and that connection is closed
+//! rather than pooled, so no later request can land on a half-switched socket.
+//! Why an idle limit: a tunnel holds a connection on both sides, and a peer that
+//! vanished without a FIN would hold them for ever; `timeouts.tunnel_idle` of
+//! silence in both directions ends it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{self, HeaderValue};
+use http::uri::Authority;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::body::IdleLimited;
+use crate::error::GatewayError;
+use crate::proxy::{self, Bounds, Peer};
+
+/// Whether the request asks to switch protocols: `Connection: upgrade` (as one
+/// token of the list) and an `Upgrade` header, on HTTP/1.1.
+pub fn is_upgrade<B>(request: &Request<B>) -> bool {
+    request.version() == http::Version::HTTP_11
+        && request.headers().contains_key(header::UPGRADE)
+        && request
+            .headers()
+            .get_all(header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"upgrade"))
+}
+
+/// Sends an upgrade request to `upstream` on a connection of its own and returns
+/// the node's answer. On `101` the two connections are joined in the background
+/// until either side closes or both are silent for `bounds.tunnel_idle`.
+pub async fn forward(
+    upstream: &Authority,
+    mut request: Request<Incoming>,
+    peer: Peer,
+    bounds: Bounds,
+) -> Result<Response<IdleLimited>, GatewayError> {
+    let (connect, idle) = (bounds.connect, bounds.tunnel_idle);
+    let protocol = request.headers().get(header::UPGRADE).cloned();
+    let client_side = hyper::upgrade::on(&mut request);
+    let mut request = proxy::prepared(upstream, request, peer);
+    // Origin form on a connection of our own; the hop-by-hop pair that asks for
+    // the switch goes back on after the header hygiene removed it.
+    *request.uri_mut() = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .parse()
+        .map_err(|_| GatewayError::MalformedRequest)?;
+    let headers = request.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    if let Some(protocol) = protocol.clone() {
+        headers.insert(header::UPGRADE, protocol);
+    }
+    let stream = tokio::time::timeout(connect, TcpStream::connect(upstream.as_str()))
+        .await
+        .map_err(|_| GatewayError::UpstreamUnreachable)?
+        .map_err(|_| GatewayError::UpstreamUnreachable)?;
+    let _ = stream.set_nodelay(true);
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|_| GatewayError::UpstreamBroken)?;
+    tokio::spawn(connection.with_upgrades());
+    let answer = tokio::time::timeout(bounds.response_headers, sender.send_request(request));
+    let mut response = match answer.await {
+        Err(_) => return Err(GatewayError::UpstreamTimeout),
+        Ok(Err(_)) => return Err(GatewayError::UpstreamBroken),
+        Ok(Ok(response)) => response,
+    };
+    if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+        proxy::strip_hop_by_hop(response.headers_mut());
+        return Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)));
+    }
+    let node_side = hyper::upgrade::on(&mut response);
+    tokio::spawn(async move {
+        match tokio::try_join!(client_side, node_side) {
+            Ok((client, node)) => join(TokioIo::new(client), TokioIo::new(node), idle).await,
+            Err(error) => tracing::debug!("upgrade did not complete: {error}"),
+        }
+    });
+    let node_protocol = response.headers().get(header::UPGRADE).cloned();
+    proxy::strip_hop_by_hop(response.headers_mut());
+    let headers = response.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    if let Some(protocol) = node_protocol.or(protocol) {
+        headers.insert(header::UPGRADE, protocol);
+    }
+    Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)))
+}
+
+/// Copies bytes both ways until one side closes, an error, or `idle` passes with
+/// no byte in either direction.
+async fn join<A, B>(client: A, node: B, idle: Duration)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut client_read, mut client_write) = tokio::io::split(client);
+    let (mut node_read, mut node_write) = tokio::io::split(node);
+    let last = Arc::new(AtomicU64::new(0));
+    let start = tokio::time::Instant::now();
+    let up = pump(&mut client_read, &mut node_write, &last, start, idle);
+    let down = pump(&mut node_read, &mut client_write, &last, start, idle);
+    tokio::select! {
+        () = up => {}
+        () = down => {}
+    }
+}
+
+/// One direction of a tunnel. A read that waits `idle` ends the tunnel unless the
+/// other direction moved meanwhile (`last`, milliseconds since `start`).
+async fn pump<R, W>(
+    from: &mut R,
+    to: &mut W,
+    last: &AtomicU64,
+    start: tokio::time::Instant,
+    idle: Duration,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let read = match tokio::time::timeout(idle, from.read(&mut buffer)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => n,
+            Err(_) => {
+                let quiet = start.elapsed().as_millis() as u64 - last.load(Ordering::Relaxed);
+                if u128::from(quiet) >= idle.as_millis() {
+                    tracing::debug!("tunnel idle for {idle:?}: closed");
+                    break;
+                }
+                continue;
+            }
+        };
+        if to.write_all(&buffer[..read]).await.is_err() || to.flush().await.is_err() {
+            break;
+        }
+        last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+    let _ = to.shutdown().await;
+}
