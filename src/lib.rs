@@ -14,6 +14,7 @@
 //! - [`proxy`]: forwarding mechanics: header hygiene, pooled client, streaming.
 //! - [`body`]: the streaming bodies: when an upload is sent, how long a body may pause.
 //! - [`error`]: the failures a student can see, and their statuses.
+//! - [`tls`]: the public listener's certificate, reloaded by `SIGHUP`; ALPN; the redirect to HTTPS.
 //! - [`admin`]: the token-protected admin API on its own listener.
 //! - [`app`]: builds the routers, serves the listeners until shutdown, reloads the config.
 //! - [`standin`]: stand-in Moodle nodes with node-local sessions, for tests and the demo.
@@ -35,6 +36,7 @@ pub mod route_cookie;
 pub mod snapshot;
 pub mod standin;
 pub mod state;
+pub mod tls;
 pub mod upstreams;
 
 pub use app::App;
