@@ -166,7 +166,8 @@ impl ResolvesServerCert for CurrentCertificate {
 /// inspection boxes that stop there. The server's ALPN order wins, so a client that
 /// offers both gets HTTP/2. A client that offers ALPN but none of ours is refused
 /// with a `no_application_protocol` alert (RFC 7301) rather than served a protocol it
-/// did not ask for; one that offers no ALPN at all gets HTTP/1.1.
+/// did not ask for; one that offers no ALPN at all gets HTTP/1.1. rustls's TLS 1.2
+/// suites are all ECDHE with AEAD, so none is on HTTP/2's forbidden list (RFC 9113).
 pub fn server_config(certs: Arc<Certificates>, http2: bool) -> Arc<ServerConfig> {
     let mut config = ServerConfig::builder_with_provider(Arc::new(provider()))
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -339,6 +340,37 @@ mod tests {
         assert_eq!(certs.current.load().cert, vec![der]);
     }
 
+    /// The same P-256 key as SEC1 ("EC PRIVATE KEY", what `openssl ecparam
+    /// -genkey` writes): ring's PKCS#8 wraps the SEC1 structure in a fixed
+    /// 29-byte prefix, which this peels off.
+    fn sec1_pem(pkcs8: &[u8]) -> String {
+        use base64::Engine;
+        assert_eq!(&pkcs8[27..29], &[0x04, 0x6d], "ring's P-256 PKCS#8 layout");
+        let sec1 = base64::engine::general_purpose::STANDARD.encode(&pkcs8[29..]);
+        let lines: Vec<&str> = sec1
+            .as_bytes()
+            .chunks(64)
+            .map(|l| std::str::from_utf8(l).unwrap())
+            .collect();
+        format!(
+            "-----BEGIN EC PRIVATE KEY-----\n{}\n-----END EC PRIVATE KEY-----\n",
+            lines.join("\n")
+        )
+    }
+
+    #[test]
+    fn a_sec1_key_and_a_combined_file_load() {
+        let dir = TempDir::new();
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let cert = dir.write("cert.pem", &made.cert.pem());
+        let key = dir.write("ec.key", &sec1_pem(&made.key_pair.serialize_der()));
+        Certificates::load(&cert, &key).unwrap();
+        // One file holding the chain and the key, as some ACME clients write it.
+        let both = format!("{}{}", made.cert.pem(), made.key_pair.serialize_pem());
+        let both = dir.write("both.pem", &both);
+        Certificates::load(&both, &both).unwrap();
+    }
+
     #[test]
     fn a_missing_file_is_named() {
         let dir = TempDir::new();
@@ -463,16 +495,31 @@ mod tests {
         roots: &[&CertificateDer<'static>],
         alpn: &[&[u8]],
     ) -> std::io::Result<ClientStream<TcpStream>> {
+        connect_with(address, client(roots, alpn, rustls::ALL_VERSIONS)).await
+    }
+
+    fn client(
+        roots: &[&CertificateDer<'static>],
+        alpn: &[&[u8]],
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> rustls::ClientConfig {
         let mut store = rustls::RootCertStore::empty();
         for root in roots {
             store.add((*root).clone()).unwrap();
         }
         let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider()))
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(versions)
             .unwrap()
             .with_root_certificates(store)
             .with_no_client_auth();
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        config
+    }
+
+    async fn connect_with(
+        address: std::net::SocketAddr,
+        config: rustls::ClientConfig,
+    ) -> std::io::Result<ClientStream<TcpStream>> {
         let tcp = TcpStream::connect(address).await?;
         let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
         TlsConnector::from(Arc::new(config))
@@ -520,6 +567,23 @@ mod tests {
         let mut none = connect(address, &[&der], &[]).await.unwrap();
         assert_eq!(none.get_ref().1.alpn_protocol(), None);
         assert!(!server_saw_h2(&mut none).await);
+    }
+
+    #[tokio::test]
+    async fn a_tls12_only_client_still_gets_h2() {
+        let dir = TempDir::new();
+        let (cert, key, der) = pair_in(&dir);
+        let address = serve(server_config(
+            Certificates::load(&cert, &key).unwrap(),
+            true,
+        ))
+        .await;
+        let old_client = client(&[&der], &[b"h2"], &[&rustls::version::TLS12]);
+        let mut stream = connect_with(address, old_client).await.unwrap();
+        let version = stream.get_ref().1.protocol_version();
+        assert_eq!(version, Some(rustls::ProtocolVersion::TLSv1_2));
+        assert!(server_saw_h2(&mut stream).await);
+        assert_eq!(echo(&mut stream, b"ping").await, b"ping");
     }
 
     #[tokio::test]
