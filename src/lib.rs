@@ -16,6 +16,7 @@
 //! - [`tunnel`]: upgraded connections (WebSocket): a byte tunnel once the node said 101.
 //! - [`body`]: the streaming bodies: when an upload is sent, how long a body may pause.
 //! - [`error`]: the failures a student can see, and their statuses.
+//! - [`tls`]: the public listener's certificate, reloaded by `SIGHUP`; ALPN; the redirect to HTTPS.
 //! - [`admin`]: the token-protected admin API on its own listener.
 //! - [`app`]: builds the routers, serves the listeners until shutdown, reloads the config.
 //! - [`standin`]: stand-in Moodle nodes with node-local sessions, for tests and the demo.
@@ -39,6 +40,7 @@ pub mod snapshot;
 pub mod standin;
 pub mod state;
 pub mod tunnel;
+pub mod tls;
 pub mod upstreams;
 
 pub use app::App;
