@@ -1,5 +1,6 @@
 //! Integration tests: a real gateway over real sockets, in front of real upstreams.
 
+mod bad_input;
 mod check_cli;
 mod memory;
 mod operations;
