@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod check_cli;
+mod faults;
 mod memory;
 mod operations;
 mod proxying;
