@@ -9,4 +9,5 @@ mod proxying;
 mod scenarios;
 mod sessions;
 mod signals;
+mod slowloris;
 mod support;
