@@ -1,11 +1,14 @@
 //! Integration tests: a real gateway over real sockets, in front of real upstreams.
 
+mod bad_input;
 mod check_cli;
+mod faults;
 mod memory;
 mod operations;
 mod proxying;
 mod scenarios;
 mod sessions;
 mod signals;
+mod slowloris;
 mod support;
 mod tunnels;

@@ -331,3 +331,237 @@ pub fn start_binary(config: &str) -> GatewayProcess {
         _dir: TempDir(dir),
     }
 }
+
+/// One response read off a [`RawConn`], byte for byte as the gateway framed it.
+#[derive(Debug)]
+pub struct RawResponse {
+    /// The status code from the status line.
+    pub status: u16,
+    /// The head: status line and header lines, without the blank line.
+    pub head: String,
+    /// The body bytes that arrived.
+    pub body: Vec<u8>,
+    /// Whether the body was as long as its framing promised.
+    pub complete: bool,
+}
+
+impl RawResponse {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+/// What a connection did after the responses a test expected.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AfterwardsRaw {
+    /// The peer closed it (end of stream or reset).
+    Closed,
+    /// Still open and silent.
+    Open,
+    /// More bytes arrived: a response nobody asked for.
+    Extra(String),
+}
+
+/// A client connection that writes exactly the bytes a test gives it, so requests a
+/// well-behaved client library would refuse to send can be sent.
+pub struct RawConn {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl RawConn {
+    /// Connects to `addr`.
+    pub async fn connect(addr: SocketAddr) -> Self {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        Self {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Writes `bytes`; an error means the peer already closed or reset.
+    pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(bytes).await
+    }
+
+    /// Reads more into the buffer; `Ok(0)` at end of stream.
+    async fn fill(&mut self, limit: Duration) -> Result<usize, String> {
+        use tokio::io::AsyncReadExt;
+        let mut chunk = [0u8; 16 * 1024];
+        match tokio::time::timeout(limit, self.stream.read(&mut chunk)).await {
+            Err(_) => Err(format!("nothing more within {limit:?}")),
+            Ok(Err(error)) => Err(format!("read failed: {error}")),
+            Ok(Ok(n)) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                Ok(n)
+            }
+        }
+    }
+
+    /// Reads one response; the body is skipped when `head_only` (answers to `HEAD`).
+    pub async fn response(
+        &mut self,
+        limit: Duration,
+        head_only: bool,
+    ) -> Result<RawResponse, String> {
+        let end = loop {
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end;
+            }
+            if self.fill(limit).await? == 0 {
+                let got = String::from_utf8_lossy(&self.buf).into_owned();
+                return Err(format!("closed before a complete response head: {got:?}"));
+            }
+        };
+        let head = String::from_utf8_lossy(&self.buf[..end]).into_owned();
+        self.buf.drain(..end + 4);
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("no status line in {head:?}"))?;
+        let mut response = RawResponse {
+            status,
+            head,
+            body: Vec::new(),
+            complete: true,
+        };
+        let bodiless = head_only || status < 200 || status == 204 || status == 304;
+        if !bodiless {
+            self.body(&mut response, limit).await;
+        }
+        Ok(response)
+    }
+
+    async fn body(&mut self, response: &mut RawResponse, limit: Duration) {
+        let chunked = response
+            .header("transfer-encoding")
+            .is_some_and(|te| te.eq_ignore_ascii_case("chunked"));
+        let length = response
+            .header("content-length")
+            .and_then(|l| l.parse().ok());
+        response.complete = match (chunked, length) {
+            (true, _) => self.chunked(&mut response.body, limit).await,
+            (false, Some(length)) => self.exactly(&mut response.body, length, limit).await,
+            (false, None) => {
+                while matches!(self.fill(limit).await, Ok(n) if n > 0) {}
+                response.body.append(&mut self.buf);
+                true
+            }
+        };
+    }
+
+    async fn exactly(&mut self, into: &mut Vec<u8>, length: usize, limit: Duration) -> bool {
+        while self.buf.len() < length {
+            if !matches!(self.fill(limit).await, Ok(n) if n > 0) {
+                into.append(&mut self.buf);
+                return false;
+            }
+        }
+        into.extend(self.buf.drain(..length));
+        true
+    }
+
+    async fn chunked(&mut self, into: &mut Vec<u8>, limit: Duration) -> bool {
+        loop {
+            let line_end = loop {
+                if let Some(end) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                    break end;
+                }
+                if !matches!(self.fill(limit).await, Ok(n) if n > 0) {
+                    return false;
+                }
+            };
+            let line = String::from_utf8_lossy(&self.buf[..line_end]).into_owned();
+            self.buf.drain(..line_end + 2);
+            let size = line.split(';').next().unwrap_or("").trim();
+            let Ok(size) = usize::from_str_radix(size, 16) else {
+                return false;
+            };
+            let mut chunk = Vec::new();
+            if !self.exactly(&mut chunk, size + 2, limit).await {
+                into.extend_from_slice(&chunk);
+                return false;
+            }
+            into.extend_from_slice(&chunk[..size]);
+            if size == 0 {
+                return true;
+            }
+        }
+    }
+
+    /// Whether the peer closes the connection within `limit`, keeps it open, or
+    /// sends more.
+    pub async fn afterwards(&mut self, limit: Duration) -> AfterwardsRaw {
+        if self.buf.is_empty() {
+            match self.fill(limit).await {
+                Ok(0) => return AfterwardsRaw::Closed,
+                Err(e) if e.starts_with("read failed") => return AfterwardsRaw::Closed,
+                Err(_) => return AfterwardsRaw::Open,
+                Ok(_) => {}
+            }
+        }
+        AfterwardsRaw::Extra(String::from_utf8_lossy(&self.buf).into_owned())
+    }
+}
+
+/// One request as a [`recording_upstream`] received it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The method.
+    pub method: String,
+    /// The request target as the node saw it.
+    pub uri: String,
+    /// Header lines in order, names lowercase.
+    pub headers: Vec<(String, String)>,
+    /// The body, or what arrived of it; `None` while it is still being read.
+    pub body: Option<Result<Vec<u8>, String>>,
+}
+
+/// What a [`recording_upstream`] has received so far (health probes excluded).
+pub type Record = std::sync::Arc<std::sync::Mutex<Vec<Received>>>;
+
+/// An upstream that records every request except the gateway's health probes and
+/// answers 200 `ok`; counted on arrival, before its body is read.
+pub async fn recording_upstream() -> (SocketAddr, Record) {
+    let record = Record::default();
+    let log = record.clone();
+    let addr = upstream(move |request: Request<Incoming>| {
+        let log = log.clone();
+        async move {
+            let probe = request.uri().path() == "/theme/image.php";
+            let index = (!probe).then(|| {
+                let mut log = log.lock().unwrap();
+                log.push(Received {
+                    method: request.method().to_string(),
+                    uri: request.uri().to_string(),
+                    headers: request
+                        .headers()
+                        .iter()
+                        .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
+                        .collect(),
+                    body: None,
+                });
+                log.len() - 1
+            });
+            let body = request.into_body().collect().await;
+            if let Some(index) = index {
+                let body = body
+                    .map(|b| b.to_bytes().to_vec())
+                    .map_err(|e| e.to_string());
+                log.lock().unwrap()[index].body = Some(body);
+            }
+            Response::builder()
+                .header("x-upstream", "web1")
+                .body(Body::from("ok"))
+                .unwrap()
+        }
+    })
+    .await;
+    (addr, record)
+}

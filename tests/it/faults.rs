@@ -1,0 +1,340 @@
+//! Nodes that misbehave at the socket level, scripted with a raw `TcpListener`
+//! where a hyper server would be too polite: refusing, hanging, stalling or closing
+//! mid-body, answering garbage, closing pooled connections, framing bodiless
+//! answers, sending `100 Continue`; and a student who gives up halfway through an
+//! upload.
+//!
+//! Why the byte-level view: a proxy that turns a node's broken body into a complete
+//! short one hands the browser a truncated page or file it believes is whole, and
+//! one that writes body bytes after a `HEAD` or `204` desynchronises the next
+//! response on the same connection.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::support::{self, config_for, named_upstream, AfterwardsRaw, RawConn, TestGateway};
+
+const WITHIN: Duration = Duration::from_secs(5);
+const HOST: &str = "moodle.example.edu";
+
+/// What a scripted node does after writing its answer to one request head.
+#[derive(Debug, Clone, Copy)]
+enum Then {
+    /// Waits for the next request on the connection.
+    KeepOpen,
+    /// Closes the socket.
+    Close,
+    /// Holds the socket open and never writes again.
+    Hold,
+}
+
+/// A node's answer to the head it was sent.
+type Script = fn(&str) -> (Vec<u8>, Then);
+
+/// A raw node on `127.0.0.1:0` playing `script` for every request head except the
+/// gateway's health probes (which get an empty 200); counts requests.
+async fn scripted(script: Script) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counted = requests.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(play_script(stream, script, counted.clone()));
+        }
+    });
+    (addr, requests)
+}
+
+async fn play_script(mut stream: TcpStream, script: Script, requests: Arc<AtomicUsize>) {
+    let mut buf = Vec::new();
+    loop {
+        let end = loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end;
+            }
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        buf.drain(..end + 4);
+        let (answer, then) = match head.starts_with("GET /theme/image.php") {
+            true => (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".to_vec(),
+                Then::KeepOpen,
+            ),
+            false => {
+                requests.fetch_add(1, Ordering::SeqCst);
+                script(&head)
+            }
+        };
+        if stream.write_all(&answer).await.is_err() {
+            return;
+        }
+        match then {
+            Then::KeepOpen => continue,
+            Then::Close => return,
+            Then::Hold => {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn gateway_for(node: std::net::SocketAddr, extra: &str) -> TestGateway {
+    let data = named_upstream("data").await;
+    TestGateway::start(&config_for(&[node], data, extra)).await
+}
+
+fn get(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n").into_bytes()
+}
+
+#[tokio::test]
+async fn a_node_that_refuses_connections_gives_502() {
+    let gateway = gateway_for(support::refused_addr().await, "").await;
+    assert_eq!(
+        support::get(&gateway.url("/course/view.php")).await.status,
+        502
+    );
+}
+
+#[tokio::test]
+async fn a_node_that_never_sends_headers_gives_504_after_response_headers() {
+    let extra = "timeouts.response_headers = \"500ms\"";
+    let gateway = gateway_for(support::silent_upstream().await, extra).await;
+    assert_eq!(
+        support::get(&gateway.url("/course/view.php")).await.status,
+        504
+    );
+}
+
+/// Promises 1000 bytes, sends 100, then does `then`.
+fn short_body(then: Then) -> (Vec<u8>, Then) {
+    let mut answer = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n".to_vec();
+    answer.extend_from_slice(&[b'x'; 100]);
+    (answer, then)
+}
+
+/// The client must see a body cut short and a closed connection, never a complete
+/// (shorter) response.
+async fn assert_cut_short(gateway: &TestGateway) {
+    let mut conn = RawConn::connect(gateway.addr).await;
+    conn.send(&get("/pluginfile.php/1/mod_resource/content/1/notes.pdf"))
+        .await
+        .unwrap();
+    let response = conn.response(WITHIN, false).await.expect("a response head");
+    assert_eq!(response.status, 200);
+    assert!(
+        !response.complete && response.body.len() < 1000,
+        "the client was handed a complete body: {} bytes, head {:?}",
+        response.body.len(),
+        response.head
+    );
+    assert_eq!(
+        conn.afterwards(Duration::from_secs(1)).await,
+        AfterwardsRaw::Closed
+    );
+}
+
+#[tokio::test]
+async fn a_node_that_stalls_mid_body_gets_the_client_connection_aborted() {
+    let (node, _) = scripted(|_| short_body(Then::Hold)).await;
+    let gateway = gateway_for(node, "timeouts.body_idle = \"500ms\"").await;
+    assert_cut_short(&gateway).await;
+}
+
+#[tokio::test]
+async fn a_node_that_closes_mid_body_gets_the_client_connection_aborted() {
+    let (node, _) = scripted(|_| short_body(Then::Close)).await;
+    let gateway = gateway_for(node, "").await;
+    assert_cut_short(&gateway).await;
+}
+
+#[tokio::test]
+async fn a_node_answering_garbage_gives_502() {
+    let (node, _) = scripted(|_| (b"HELLO\r\n\r\n".to_vec(), Then::Close)).await;
+    let gateway = gateway_for(node, "").await;
+    assert_eq!(
+        support::get(&gateway.url("/course/view.php")).await.status,
+        502
+    );
+}
+
+#[tokio::test]
+async fn a_node_closing_each_connection_after_answering_never_fails_the_next_request() {
+    // No `Connection: close`: the gateway pools the connection, then finds it closed.
+    let ok = |_: &str| {
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+            Then::Close,
+        )
+    };
+    let (node, requests) = scripted(ok).await;
+    let gateway = gateway_for(node, "").await;
+    for i in 0..20 {
+        let seen = support::get(&gateway.url(&format!("/course/view.php?id={i}"))).await;
+        assert_eq!(
+            (seen.status.as_u16(), seen.text().as_str()),
+            (200, "ok"),
+            "request {i}"
+        );
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 20);
+}
+
+fn bodiless_answers(head: &str) -> (Vec<u8>, Then) {
+    let answer: &[u8] = match head.split(' ').take(2).collect::<Vec<_>>()[..] {
+        ["HEAD", _] => b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n",
+        [_, "/no-content"] => b"HTTP/1.1 204 No Content\r\n\r\n",
+        [_, "/not-modified"] => b"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n\r\n",
+        _ => b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext",
+    };
+    (answer.to_vec(), Then::KeepOpen)
+}
+
+#[tokio::test]
+async fn head_204_and_304_answers_carry_no_body_and_the_connection_stays_usable() {
+    let (node, _) = scripted(bodiless_answers).await;
+    let gateway = gateway_for(node, "").await;
+    let cases = [
+        ("HEAD", "/course/view.php", 200),
+        ("GET", "/no-content", 204),
+        ("GET", "/not-modified", 304),
+    ];
+    for (method, path, status) in cases {
+        let mut conn = RawConn::connect(gateway.addr).await;
+        let request = format!("{method} {path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
+        conn.send(request.as_bytes()).await.unwrap();
+        let response = conn.response(WITHIN, true).await.unwrap();
+        assert_eq!(response.status, status, "{method} {path}");
+        let after = conn.afterwards(Duration::from_millis(300)).await;
+        assert_eq!(
+            after,
+            AfterwardsRaw::Open,
+            "{method} {path}: bytes after the head"
+        );
+        conn.send(&get("/course/view.php?id=2")).await.unwrap();
+        let next = conn.response(WITHIN, false).await.unwrap();
+        assert_eq!(
+            (next.status, next.body.as_slice()),
+            (200, &b"next"[..]),
+            "after {method} {path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_100_continue_from_the_node_is_followed_by_the_final_response() {
+    let (node, _) = scripted(|_| {
+        let answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        (answer.to_vec(), Then::KeepOpen)
+    })
+    .await;
+    let gateway = gateway_for(node, "").await;
+    let seen = support::get(&gateway.url("/course/view.php")).await;
+    assert_eq!((seen.status.as_u16(), seen.text().as_str()), (200, "ok"));
+}
+
+/// One request as the connection-counting node saw it.
+#[derive(Debug, Clone)]
+struct Arrival {
+    connection: usize,
+    path: String,
+    body: Result<usize, String>,
+}
+
+/// A hyper node that numbers its connections and records, per request (probes
+/// excluded), the connection it came on and how its body ended.
+async fn connection_counting_node() -> (std::net::SocketAddr, Arc<Mutex<Vec<Arrival>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let log = arrivals.clone();
+    tokio::spawn(async move {
+        for connection in 0.. {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let log = log.clone();
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let log = log.clone();
+                async move {
+                    let path = request.uri().path().to_owned();
+                    let body = request.into_body().collect().await;
+                    let body = body.map(|b| b.to_bytes().len()).map_err(|e| e.to_string());
+                    if path != "/theme/image.php" {
+                        log.lock().unwrap().push(Arrival {
+                            connection,
+                            path,
+                            body,
+                        });
+                    }
+                    Ok::<_, std::convert::Infallible>(Response::new(Body::from("ok")))
+                }
+            });
+            tokio::spawn(async move {
+                let io = TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    (addr, arrivals)
+}
+
+#[tokio::test]
+async fn an_upload_the_student_abandons_is_cut_short_at_the_node_and_its_connection_not_reused() {
+    let (node, arrivals) = connection_counting_node().await;
+    let gateway = gateway_for(node, "").await;
+    let mut conn = RawConn::connect(gateway.addr).await;
+    let head = format!(
+        "POST /repository/repository_ajax.php HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 100000\r\n\r\n"
+    );
+    conn.send(head.as_bytes()).await.unwrap();
+    conn.send(&[b'a'; 50_000]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(conn);
+
+    let first = wait_for_arrivals(&arrivals, 1).await.remove(0);
+    assert!(
+        !matches!(first.body, Ok(100_000)),
+        "the node saw a complete body: {first:?}"
+    );
+    let seen = support::get(&gateway.url("/course/view.php")).await;
+    assert_eq!(seen.status, 200);
+    let second = wait_for_arrivals(&arrivals, 2).await.remove(1);
+    assert_eq!(second.path, "/course/view.php");
+    assert_ne!(
+        second.connection, first.connection,
+        "the next request went on the connection of the abandoned upload"
+    );
+}
+
+async fn wait_for_arrivals(arrivals: &Mutex<Vec<Arrival>>, count: usize) -> Vec<Arrival> {
+    for _ in 0..100 {
+        let seen = arrivals.lock().unwrap().clone();
+        if seen.len() >= count {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the node saw fewer than {count} requests: {:?}",
+        arrivals.lock().unwrap()
+    );
+}
