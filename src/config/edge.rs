@@ -46,7 +46,10 @@ impl Checker<'_> {
                 v => Err(format!("expected a string, found {}", v.type_str())),
             };
             let host = host.and_then(|h| match hosts.iter().position(|x| *x == h) {
-                Some(first) => Err(format!("duplicate host {h:?} (already hosts[{first}])")),
+                Some(first) => Err(format!(
+                    "duplicate host {h:?} (already listed as {}[{first}])",
+                    s.key("hosts")
+                )),
                 None => Ok(h),
             });
             match host {

@@ -449,6 +449,31 @@ fn the_shipped_config_parses() {
     assert_eq!(names, ["web1", "web2", "web3", "web4"]);
     assert_eq!(c.data.authority.as_str(), "192.168.1.5");
     assert_eq!(c.admin.unwrap().token_source, TokenSource::Env);
+    // It writes out every default it documents; [tls] stays commented out.
+    assert!(c.site.hosts.is_empty() && c.tls.is_none());
+    let l = &c.limits;
+    assert_eq!(
+        (l.max_header_bytes, l.max_headers, l.max_uri_bytes),
+        (
+            DEFAULT_MAX_HEADER_BYTES,
+            DEFAULT_MAX_HEADERS,
+            DEFAULT_MAX_URI_BYTES
+        )
+    );
+    assert_eq!(
+        (l.max_body_bytes, l.max_connections, l.max_in_flight),
+        (
+            DEFAULT_MAX_BODY_BYTES,
+            DEFAULT_MAX_CONNECTIONS,
+            DEFAULT_MAX_IN_FLIGHT
+        )
+    );
+    assert_eq!(l.http2_max_streams, DEFAULT_HTTP2_MAX_STREAMS);
+    let t = &c.timeouts;
+    assert_eq!(
+        (t.client_idle, t.tunnel_idle),
+        (DEFAULT_CLIENT_IDLE, DEFAULT_TUNNEL_IDLE)
+    );
 }
 
 /// Pins the exact `check` stderr the integration test compares against:

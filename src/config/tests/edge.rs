@@ -95,7 +95,7 @@ hosts = [
 ]"#,
         &format!(
             r#"
-4: site.hosts[1]: duplicate host "moodle.example.edu" (already hosts[0])
+4: site.hosts[1]: duplicate host "moodle.example.edu" (already listed as site.hosts[0])
 5: site.hosts[2]: "moodle.example.edu:0" {like}
 6: site.hosts[3]: "https://moodle.example.edu" {like}
 7: site.hosts[4]: "moodle.example.edu/moodle" {like}
