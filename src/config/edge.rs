@@ -11,9 +11,7 @@ use std::path::PathBuf;
 use toml::de::DeValue;
 
 use super::check::{integer, Checker, Section, Span};
-use super::values::{
-    cert_pem_problem, format_size, key_pem_problem, listeners_clash, parse_size, site_host,
-};
+use super::values::{format_size, listeners_clash, parse_size, site_host};
 use super::{
     io_reason, LimitsConfig, TlsConfig, DEFAULT_HTTP2_MAX_STREAMS, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADERS, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_IN_FLIGHT,
@@ -204,4 +202,46 @@ impl Checker<'_> {
             None => Some(path),
         }
     }
+}
+
+/// The labels of the PEM blocks in `text` (`CERTIFICATE`, `PRIVATE KEY`, ...):
+/// only the armour lines are read; the TLS module parses what is inside.
+fn pem_labels(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter_map(|line| {
+        let line = line.trim();
+        line.strip_prefix("-----BEGIN ")?.strip_suffix("-----")
+    })
+}
+
+/// `tls.cert` must hold at least one certificate block. A key in its place
+/// is the usual mix-up, so it is named.
+fn cert_pem_problem(text: &str) -> Option<String> {
+    if pem_labels(text).any(|l| l == "CERTIFICATE") {
+        return None;
+    }
+    let swapped = pem_labels(text).any(|l| l.ends_with("PRIVATE KEY"));
+    Some(match swapped {
+        true => "holds a private key, not a certificate: are cert and key swapped?".to_owned(),
+        false => "has no PEM certificate (a \"-----BEGIN CERTIFICATE-----\" block)".to_owned(),
+    })
+}
+
+/// `tls.key` must hold an unencrypted private key block (PKCS#8, PKCS#1 or
+/// SEC1): the gateway starts unattended and cannot ask for a passphrase.
+fn key_pem_problem(text: &str) -> Option<String> {
+    let mut labels = pem_labels(text);
+    let plain = |l: &str| l.ends_with("PRIVATE KEY") && l != "ENCRYPTED PRIVATE KEY";
+    if labels.any(plain) {
+        return None;
+    }
+    let has = |want: &str| pem_labels(text).any(|l| l == want);
+    Some(if has("ENCRYPTED PRIVATE KEY") {
+        "holds an encrypted private key: the gateway cannot ask for a passphrase \
+         (decrypt it with: openssl pkey -in KEY -out KEY.plain)"
+            .to_owned()
+    } else if has("CERTIFICATE") {
+        "holds a certificate, not a private key: are cert and key swapped?".to_owned()
+    } else {
+        "has no PEM private key (a \"-----BEGIN PRIVATE KEY-----\" block)".to_owned()
+    })
 }

@@ -1,5 +1,5 @@
-//! Parsers and validators for single config values (addresses, durations, paths,
-//! cookie and node names, upstream URLs, tokens, probe statuses): pure functions
+//! Parsers and validators for single config values (addresses, durations, sizes,
+//! paths, host, cookie and node names, upstream URLs, tokens, probe statuses): pure functions
 //! from a raw value to a typed one or the message to report. Separate from the tree walk so each
 //! rule can be read, and changed, on its own.
 
@@ -376,46 +376,4 @@ fn dns_name(host: &str) -> bool {
             && !l.ends_with('-')
     };
     host.len() <= 253 && host.split('.').all(label)
-}
-
-/// The labels of the PEM blocks in `text` (`CERTIFICATE`, `PRIVATE KEY`, ...):
-/// only the armour lines are read; the TLS module parses what is inside.
-fn pem_labels(text: &str) -> impl Iterator<Item = &str> {
-    text.lines().filter_map(|line| {
-        let line = line.trim();
-        line.strip_prefix("-----BEGIN ")?.strip_suffix("-----")
-    })
-}
-
-/// `tls.cert` must hold at least one certificate block. A key in its place
-/// is the usual mix-up, so it is named.
-pub(super) fn cert_pem_problem(text: &str) -> Option<String> {
-    if pem_labels(text).any(|l| l == "CERTIFICATE") {
-        return None;
-    }
-    let swapped = pem_labels(text).any(|l| l.ends_with("PRIVATE KEY"));
-    Some(match swapped {
-        true => "holds a private key, not a certificate: are cert and key swapped?".to_owned(),
-        false => "has no PEM certificate (a \"-----BEGIN CERTIFICATE-----\" block)".to_owned(),
-    })
-}
-
-/// `tls.key` must hold an unencrypted private key block (PKCS#8, PKCS#1 or
-/// SEC1): the gateway starts unattended and cannot ask for a passphrase.
-pub(super) fn key_pem_problem(text: &str) -> Option<String> {
-    let mut labels = pem_labels(text);
-    let plain = |l: &str| l.ends_with("PRIVATE KEY") && l != "ENCRYPTED PRIVATE KEY";
-    if labels.any(plain) {
-        return None;
-    }
-    let has = |want: &str| pem_labels(text).any(|l| l == want);
-    Some(if has("ENCRYPTED PRIVATE KEY") {
-        "holds an encrypted private key: the gateway cannot ask for a passphrase \
-         (decrypt it with: openssl pkey -in KEY -out KEY.plain)"
-            .to_owned()
-    } else if has("CERTIFICATE") {
-        "holds a certificate, not a private key: are cert and key swapped?".to_owned()
-    } else {
-        "has no PEM private key (a \"-----BEGIN PRIVATE KEY-----\" block)".to_owned()
-    })
 }
