@@ -3,8 +3,8 @@
 //! problem with its dotted key and line instead of stopping at the first. Kept
 //! apart from the public types so `mod.rs` reads as the API and this as the rules.
 //! This file holds the walk's primitives and the plain sections; the sections
-//! with rules of their own extend [`Checker`] in `upstreams`, `secrets` and
-//! `operations`.
+//! with rules of their own extend [`Checker`] in `upstreams`, `secrets`,
+//! `operations` and `edge`.
 
 use std::net::SocketAddr;
 use std::ops::{Range, RangeInclusive};
@@ -15,29 +15,28 @@ use ipnet::IpNet;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
+use super::edge::Listeners;
 use super::values::{
     cookie_name, cookie_path, parse_addr, parse_balance, parse_duration, parse_net, parse_store,
     site_path,
 };
 use super::{
-    error, line_of, Balance, Config, ConfigEnv, ConfigError, ConfigErrors, LimitsConfig,
-    SessionConfig, SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE,
-    DEFAULT_CLIENT_IDLE, DEFAULT_CONNECT, DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD,
-    DEFAULT_HTTP2_MAX_STREAMS, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADERS, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_MAX_SESSIONS, DEFAULT_MAX_URI_BYTES, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS,
-    DEFAULT_SHUTDOWN, DEFAULT_TUNNEL_IDLE, DEFAULT_UPSTREAM_IDLE,
+    error, line_of, Balance, Config, ConfigEnv, ConfigError, ConfigErrors, SessionConfig,
+    SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE,
+    DEFAULT_CLIENT_IDLE, DEFAULT_CONNECT, DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD, DEFAULT_LISTEN,
+    DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS,
+    DEFAULT_RESPONSE_HEADERS, DEFAULT_SHUTDOWN, DEFAULT_TUNNEL_IDLE, DEFAULT_UPSTREAM_IDLE,
 };
 
 // The keys each table accepts, space-separated; anything else is reported. The
 // tables of other files' sections keep their lists next to their readers.
-const TOP_KEYS: &str =
-    "listen trusted_proxies site admin session timeouts health state route_cookie nodes data";
-const SITE_KEYS: &str = "path";
+const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts health state \
+                        route_cookie limits tls nodes data";
+const SITE_KEYS: &str = "path hosts";
 const SESSION_KEYS: &str =
     "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle store failover_hold";
-const TIMEOUT_KEYS: &str =
-    "connect response_headers upstream_idle request_headers body_idle shutdown";
+const TIMEOUT_KEYS: &str = "connect response_headers upstream_idle request_headers body_idle \
+                            shutdown client_idle tunnel_idle";
 
 pub(super) type Span = Range<usize>;
 pub(super) type Value<'a> = Spanned<DeValue<'a>>;
@@ -101,11 +100,18 @@ impl Checker<'_> {
         let trusted_proxies = self.trusted_proxies(&root);
         let site = self.site(&root);
         let admin = self.admin(&root, listen);
+        let listeners = Listeners {
+            public: listen,
+            admin: admin.0,
+        };
+        let admin = admin.1;
         let session = self.session(&root, &site);
         let timeouts = self.timeouts(&root);
         let health = self.health(&root);
         let state = self.state(&root);
         let route_cookie = self.route_cookie(&root, &session.cookie);
+        let limits = self.limits(&root);
+        let tls = self.tls(&root, &listeners);
         let upstreams = self.upstreams(&root);
         let (nodes, data) = upstreams?;
         Some(Config {
@@ -120,16 +126,8 @@ impl Checker<'_> {
             health,
             state,
             route_cookie,
-            limits: LimitsConfig {
-                max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
-                max_headers: DEFAULT_MAX_HEADERS,
-                max_uri_bytes: DEFAULT_MAX_URI_BYTES,
-                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-                max_connections: DEFAULT_MAX_CONNECTIONS,
-                max_in_flight: DEFAULT_MAX_IN_FLIGHT,
-                http2_max_streams: DEFAULT_HTTP2_MAX_STREAMS,
-            },
-            tls: None,
+            limits,
+            tls,
             base_dir: self.base_dir.to_path_buf(),
         })
     }
@@ -276,10 +274,8 @@ impl Checker<'_> {
         let path = self
             .parsed(&s, "path", site_path)
             .map_or_else(String::new, |v| v.0);
-        SiteConfig {
-            path,
-            hosts: Vec::new(),
-        }
+        let hosts = self.site_hosts(&s);
+        SiteConfig { path, hosts }
     }
 
     fn session(&mut self, root: &Section, site: &SiteConfig) -> SessionConfig {
@@ -310,8 +306,8 @@ impl Checker<'_> {
             request_headers: self.duration(&s, "request_headers", DEFAULT_REQUEST_HEADERS),
             body_idle: self.duration(&s, "body_idle", DEFAULT_BODY_IDLE),
             shutdown: self.duration(&s, "shutdown", DEFAULT_SHUTDOWN),
-            client_idle: DEFAULT_CLIENT_IDLE,
-            tunnel_idle: DEFAULT_TUNNEL_IDLE,
+            client_idle: self.duration(&s, "client_idle", DEFAULT_CLIENT_IDLE),
+            tunnel_idle: self.duration(&s, "tunnel_idle", DEFAULT_TUNNEL_IDLE),
         }
     }
 }

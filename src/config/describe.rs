@@ -1,10 +1,11 @@
 //! [`Config::describe`]: the resolved setup in plain words, for
 //! `moodle-gateway check`. It says what each setting will *do*, so an admin can
 //! read the effect of a change before restarting; secrets are named by where they
-//! came from, never shown.
+//! came from, never shown; limits are shown with the status they answer.
 
 use std::time::Duration;
 
+use super::values::format_size;
 use super::{Config, NodeState, SessionStore, StatusRange};
 
 fn d(d: Duration) -> String {
@@ -28,26 +29,77 @@ impl Config {
         let site = Some(self.site.path.as_str()).filter(|p| !p.is_empty());
         let site = site.unwrap_or("/ (Moodle at the host root)");
         let (login, anon) = (d(s.logged_in_idle), d(s.anonymous_idle));
-        let [conn, head, pool, req, body] = [
+        let [conn, head, pool, req, body, client, tunnel] = [
             t.connect,
             t.response_headers,
             t.upstream_idle,
             t.request_headers,
             t.body_idle,
+            t.client_idle,
+            t.tunnel_idle,
         ]
         .map(d);
         format!(
-            "public listener: {}\nadmin listener: {admin}\ntrusted proxies: {proxies}\n\
-             site path: {site}\nsession cookie: {} (path {})\nbalance: {}\n\
+            "public listener: {}\ntls: {}\nadmin listener: {admin}\ntrusted proxies: {proxies}\n\
+             site path: {site}\nsite hosts: {}\nsession cookie: {} (path {})\nbalance: {}\n\
              sessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
-             timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, body idle {body}\n{}{}",
+             timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, body idle {body}, \
+             client idle {client}, tunnel idle {tunnel}\nlimits: {}\n{}{}",
             self.listen,
+            self.describe_tls(),
+            self.describe_hosts(),
             s.cookie,
             s.cookie_path,
             s.balance,
             s.max_sessions,
+            self.describe_limits(),
             self.describe_operations(),
             self.describe_routing()
+        )
+    }
+
+    /// `[site] hosts`: which `Host` headers get through.
+    fn describe_hosts(&self) -> String {
+        match self.site.hosts.is_empty() {
+            true => "any (every Host header is passed on)".to_owned(),
+            false => format!(
+                "{} (requests naming another host are refused)",
+                self.site.hosts.join(", ")
+            ),
+        }
+    }
+
+    /// `[limits]`, with the status each one answers.
+    fn describe_limits(&self) -> String {
+        let l = &self.limits;
+        let size = |n: usize| format_size(n as u64);
+        format!(
+            "request head {} and {} header lines (431 beyond), URI {} (414 beyond), \
+             body {} (413 beyond); {} connections and {} requests in flight (503 beyond); \
+             {} streams per HTTP/2 connection",
+            size(l.max_header_bytes),
+            l.max_headers,
+            size(l.max_uri_bytes),
+            format_size(l.max_body_bytes),
+            l.max_connections,
+            l.max_in_flight,
+            l.http2_max_streams
+        )
+    }
+
+    /// `[tls]`: the files it will read, and the redirect listener.
+    fn describe_tls(&self) -> String {
+        let Some(t) = &self.tls else {
+            return "off (plain HTTP)".to_owned();
+        };
+        let redirect = t.redirect_listen.map_or_else(
+            || "no redirect listener".to_owned(),
+            |a| format!("plain HTTP on {a} is redirected to https"),
+        );
+        format!(
+            "on (HTTP/2 and HTTP/1.1), cert {}, key {}; {redirect}",
+            t.cert.display(),
+            t.key.display()
         )
     }
 

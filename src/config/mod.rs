@@ -11,14 +11,14 @@
 //! Why it walks a spanned TOML tree ([`toml::de::DeTable`]) instead of deriving
 //! serde: serde stops at the first type error and cannot give the line of an
 //! unknown key, the two things an admin most needs. Parsing ([`Config::parse`],
-//! pure but for `token_file` and `secret_file`) is separate from reading the file
+//! pure but for `token_file`, `secret_file` and the `[tls]` files) is separate from reading the file
 //! and environment ([`Config::load`], [`ConfigEnv::from_process`]) so tests feed
 //! it strings.
 //!
 //! Layout: this file holds the public types, their errors and the entry points
 //! ([`Config::parse`], [`Config::load`]); `check` walks the TOML tree collecting
-//! errors, with its sections for upstreams, secrets and operations in `upstreams`,
-//! `secrets` and `operations`; `values` holds the pure parsers for single values;
+//! errors, with its sections for upstreams, secrets, operations and the edge
+//! (limits, TLS, allowed hosts) in `upstreams`, `secrets`, `operations` and `edge`; `values` holds the pure parsers for single values;
 //! `describe` words the resolved setup for `check`; `tests` pins every message and
 //! line.
 
@@ -36,6 +36,7 @@ use check::Checker;
 
 mod check;
 mod describe;
+mod edge;
 mod operations;
 mod secrets;
 #[cfg(test)]
@@ -204,9 +205,11 @@ pub struct LimitsConfig {
 /// `[tls]`: the public listener speaks TLS (HTTP/2 and HTTP/1.1 by ALPN).
 #[derive(Debug, Clone)]
 pub struct TlsConfig {
-    /// `cert`: PEM certificate chain, leaf first (relative to the config file).
+    /// `cert`: PEM certificate chain, leaf first. Written relative to the config
+    /// file's directory; stored already joined to `base_dir`, so open it as is.
     pub cert: PathBuf,
-    /// `key`: PEM private key (relative to the config file).
+    /// `key`: PEM private key (PKCS#8, PKCS#1 or SEC1, unencrypted). Stored
+    /// joined to `base_dir`, like `cert`.
     pub key: PathBuf,
     /// `redirect_listen`: an optional plain-HTTP listener that redirects to HTTPS.
     pub redirect_listen: Option<SocketAddr>,
@@ -591,7 +594,8 @@ impl Config {
 
     /// Parses and validates `text`, collecting every problem. Pure except that it
     /// reads `admin.token_file` and `route_cookie.secret_file` (relative to
-    /// `base_dir`) when nothing beats them. `env` stands for the process
+    /// `base_dir`) when nothing beats them, and `tls.cert` and `tls.key` to see
+    /// that they hold PEM blocks of the right kind. `env` stands for the process
     /// environment; its blank values count as unset.
     pub fn parse(text: &str, base_dir: &Path, env: ConfigEnv) -> Result<Config, ConfigErrors> {
         let doc = DeTable::parse(text).map_err(|e| syntax_error(text, &e))?;

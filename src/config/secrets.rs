@@ -56,9 +56,18 @@ struct Resolved {
 }
 
 impl Checker<'_> {
-    pub(super) fn admin(&mut self, root: &Section, public: SocketAddr) -> Option<AdminConfig> {
+    /// The admin listener (`None` without an `[admin]` section), returned even
+    /// when the token is bad so other listeners can still be checked against
+    /// it, and the whole section when it is valid.
+    pub(super) fn admin(
+        &mut self,
+        root: &Section,
+        public: SocketAddr,
+    ) -> (Option<SocketAddr>, Option<AdminConfig>) {
         let s = self.open("admin".into(), root.get("admin"), ADMIN_KEYS);
-        s.table?;
+        if s.table.is_none() {
+            return (None, None);
+        }
         let (listen, span) = match self.address(&s, "listen") {
             Some((addr, span)) => (addr, Some(span)),
             None => (DEFAULT_ADMIN_LISTEN, s.span.clone()),
@@ -67,8 +76,12 @@ impl Checker<'_> {
             let message = format!("{listen} clashes with the public listen {public}");
             self.error(s.key("listen"), span, message);
         }
+        (Some(listen), self.admin_token(&s, listen))
+    }
+
+    fn admin_token(&mut self, s: &Section, listen: SocketAddr) -> Option<AdminConfig> {
         let env = self.env.admin_token.clone();
-        let r = self.secret(&s, env, &ADMIN_TOKEN)?;
+        let r = self.secret(s, env, &ADMIN_TOKEN)?;
         let token_source = match r.found {
             Found::Env => TokenSource::Env,
             Found::Inline => TokenSource::Token,

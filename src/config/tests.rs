@@ -3,7 +3,9 @@
 
 use super::*;
 
+mod edge;
 mod operations;
+mod tls;
 
 const NODES: &str = "[[nodes]]\nname = \"web1\"\nurl = \"http://192.168.1.1\"\n";
 const DATA: &str = "[data]\nname = \"data\"\nurl = \"http://192.168.1.5\"\n";
@@ -33,13 +35,16 @@ fn a_minimal_config_gets_every_default() {
     assert_eq!(
         c.describe(),
         r#"public listener: 0.0.0.0:8080
+tls: off (plain HTTP)
 admin listener: none (no [admin] section)
 trusted proxies: none (X-Forwarded-For from clients is replaced)
 site path: / (Moodle at the host root)
+site hosts: any (every Host header is passed on)
 session cookie: MoodleSession (path /)
 balance: round-robin
 sessions: at most 1000000; forgotten after 8h 30m idle when logged in, 1h when anonymous
-timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s, body idle 1m
+timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s, body idle 1m, client idle 1m, tunnel idle 1h
+limits: request head 32KiB and 100 header lines (431 beyond), URI 8KiB (414 beyond), body 2GiB (413 beyond); 10000 connections and 10000 requests in flight (503 beyond); 100 streams per HTTP/2 connection
 session store: node-local: a student whose node is down waits up to 10s for it to come back, then goes to another node and must log in again
 shutdown: in-flight requests get 30s to finish
 health checks: GET /theme/image.php?theme=boost&component=core&image=favicon every 2s, timeout 1s; an upstream is marked down after 3 failures in a row, up after 2 successes; healthy statuses: 200
@@ -55,6 +60,27 @@ routing: SCORM files (/pluginfile.php/*/mod_scorm/..., and the same files via /w
     assert_eq!(c.session.store, SessionStore::NodeLocal);
     assert_eq!(c.session.failover_hold, DEFAULT_FAILOVER_HOLD);
     assert_eq!(c.timeouts.shutdown, DEFAULT_SHUTDOWN);
+    assert_eq!(c.timeouts.client_idle, DEFAULT_CLIENT_IDLE);
+    assert_eq!(c.timeouts.tunnel_idle, DEFAULT_TUNNEL_IDLE);
+    assert!(c.site.hosts.is_empty() && c.tls.is_none());
+    let l = &c.limits;
+    assert_eq!(
+        (l.max_header_bytes, l.max_headers, l.max_uri_bytes),
+        (
+            DEFAULT_MAX_HEADER_BYTES,
+            DEFAULT_MAX_HEADERS,
+            DEFAULT_MAX_URI_BYTES
+        )
+    );
+    assert_eq!(l.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    assert_eq!(
+        (l.max_connections, l.max_in_flight, l.http2_max_streams),
+        (
+            DEFAULT_MAX_CONNECTIONS,
+            DEFAULT_MAX_IN_FLIGHT,
+            DEFAULT_HTTP2_MAX_STREAMS
+        )
+    );
     let h = &c.health;
     assert_eq!(h.path, DEFAULT_HEALTH_PATH);
     assert_eq!(
@@ -81,6 +107,7 @@ const FULL: &str = r#"listen = "[::]:80"
 trusted_proxies = ["10.1.2.3/8", "192.0.2.7", "2001:db8::/32"]
 [site]
 path = "/moodle/"
+hosts = ["Moodle.Example.edu", "moodle.example.edu:8443", "192.0.2.1", "[2001:DB8::1]:8080"]
 [admin]
 listen = "127.0.0.1:9999"
 token = "s3cret-token"
@@ -99,6 +126,16 @@ upstream_idle = "30s"
 request_headers = "3s"
 body_idle = "20s"
 shutdown = "2m"
+client_idle = "75s"
+tunnel_idle = "2h"
+[limits]
+max_header_bytes = "64KiB"
+max_headers = 200
+max_uri_bytes = 16384
+max_body_bytes = "100MB"
+max_connections = 50_000
+max_in_flight = 2000
+http2_max_streams = 250
 [health]
 path = "/moodle/admin/tool/heartbeat/?fail=1"
 interval = "10s"
@@ -136,13 +173,16 @@ fn a_full_config_reads_every_key() {
     assert_eq!(
         c.describe(),
         r#"public listener: [::]:80
+tls: off (plain HTTP)
 admin listener: 127.0.0.1:9999 (token: set, from admin.token)
 trusted proxies: 10.0.0.0/8, 192.0.2.7/32, 2001:db8::/32 (their X-Forwarded-For is extended)
 site path: /moodle
+site hosts: moodle.example.edu, moodle.example.edu:8443, 192.0.2.1, [2001:db8::1]:8080 (requests naming another host are refused)
 session cookie: MoodleSessionprod (path /moodle/)
 balance: least-sessions
 sessions: at most 5000; forgotten after 2h 30m idle when logged in, 15m when anonymous
-timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s, body idle 20s
+timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s, body idle 20s, client idle 1m 15s, tunnel idle 2h
+limits: request head 64KiB and 200 header lines (431 beyond), URI 16KiB (414 beyond), body 100MB (413 beyond); 50000 connections and 2000 requests in flight (503 beyond); 250 streams per HTTP/2 connection
 session store: shared: a student whose node is down goes to another node at once
 shutdown: in-flight requests get 2m to finish
 health checks: GET /moodle/admin/tool/heartbeat/?fail=1 every 10s, timeout 10s; an upstream is marked down after 100 failures in a row, up after 1 success; healthy statuses: 200, 3xx, 500
@@ -158,6 +198,10 @@ routing: SCORM files (/moodle/pluginfile.php/*/mod_scorm/..., and the same files
     );
     assert_eq!(c.admin.map(|a| a.token).as_deref(), Some("s3cret-token"));
     assert_eq!(c.session.failover_hold, Duration::from_secs(45));
+    assert_eq!(c.timeouts.client_idle, Duration::from_secs(75));
+    assert_eq!(c.timeouts.tunnel_idle, Duration::from_secs(7200));
+    assert_eq!(c.limits.max_header_bytes, 65536);
+    assert_eq!(c.limits.max_body_bytes, 100_000_000);
     let statuses =
         [(200, 200), (300, 399), (500, 500)].map(|(low, high)| StatusRange { low, high });
     assert_eq!(c.health.statuses, statuses);
@@ -199,7 +243,7 @@ upstream_idle = "400 days""#;
 1: listen: "localhost:80" is not an ip:port address (like "0.0.0.0:8080")
 2: trusted_proxies[0]: "10.0.0.0/33" is not an IP address or CIDR (like "10.0.0.0/8")
 2: trusted_proxies[1]: expected a string, found integer
-3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, nodes, data)
+3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, limits, tls, nodes, data)
 5: site.path: "moodle" must start with "/" (like "/moodle")
 7: session.cookie: "Moodle Session" is not a valid cookie name
 8: session.cookie_path: "moodle/" must start with "/"
@@ -208,7 +252,7 @@ upstream_idle = "400 days""#;
 11: session.logged_in_idle: "8" is not a duration (like "5s", "90s" or "8h30m")
 12: session.anonymous_idle: expected a duration string (like "90s"), found integer
 14: timeouts.connect: "0s" must be greater than 0
-15: timeouts.read: unknown key (expected one of: connect, response_headers, upstream_idle, request_headers, body_idle, shutdown)
+15: timeouts.read: unknown key (expected one of: connect, response_headers, upstream_idle, request_headers, body_idle, shutdown, client_idle, tunnel_idle)
 16: timeouts.upstream_idle: "400 days" is longer than a year"#,
     );
     check("site = 3", "1: site: expected a table, found integer");
@@ -405,6 +449,31 @@ fn the_shipped_config_parses() {
     assert_eq!(names, ["web1", "web2", "web3", "web4"]);
     assert_eq!(c.data.authority.as_str(), "192.168.1.5");
     assert_eq!(c.admin.unwrap().token_source, TokenSource::Env);
+    // It writes out every default it documents; [tls] stays commented out.
+    assert!(c.site.hosts.is_empty() && c.tls.is_none());
+    let l = &c.limits;
+    assert_eq!(
+        (l.max_header_bytes, l.max_headers, l.max_uri_bytes),
+        (
+            DEFAULT_MAX_HEADER_BYTES,
+            DEFAULT_MAX_HEADERS,
+            DEFAULT_MAX_URI_BYTES
+        )
+    );
+    assert_eq!(
+        (l.max_body_bytes, l.max_connections, l.max_in_flight),
+        (
+            DEFAULT_MAX_BODY_BYTES,
+            DEFAULT_MAX_CONNECTIONS,
+            DEFAULT_MAX_IN_FLIGHT
+        )
+    );
+    assert_eq!(l.http2_max_streams, DEFAULT_HTTP2_MAX_STREAMS);
+    let t = &c.timeouts;
+    assert_eq!(
+        (t.client_idle, t.tunnel_idle),
+        (DEFAULT_CLIENT_IDLE, DEFAULT_TUNNEL_IDLE)
+    );
 }
 
 /// Pins the exact `check` stderr the integration test compares against:

@@ -1,9 +1,9 @@
-//! Parsers and validators for single config values (addresses, durations, paths,
-//! cookie and node names, upstream URLs, tokens, probe statuses): pure functions
+//! Parsers and validators for single config values (addresses, durations, sizes,
+//! paths, host, cookie and node names, upstream URLs, tokens, probe statuses): pure functions
 //! from a raw value to a typed one or the message to report. Separate from the tree walk so each
 //! rule can be read, and changed, on its own.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -270,4 +270,110 @@ pub(super) fn route_secret_problem(secret: &str, source: SecretSource) -> Option
             secret.len()
         )
     })
+}
+
+/// Size units, matched ignoring case: a bare letter is binary like nginx's
+/// `8k`, `KB`/`MB`/... are decimal as disks are sold, `KiB`/`MiB`/... binary.
+const SIZE_UNITS: [(&str, u64); 13] = [
+    ("b", 1),
+    ("k", 1 << 10),
+    ("kib", 1 << 10),
+    ("kb", 1_000),
+    ("m", 1 << 20),
+    ("mib", 1 << 20),
+    ("mb", 1_000_000),
+    ("g", 1 << 30),
+    ("gib", 1 << 30),
+    ("gb", 1_000_000_000),
+    ("t", 1 << 40),
+    ("tib", 1 << 40),
+    ("tb", 1_000_000_000_000),
+];
+
+/// A byte size written as a string: digits, then an optional unit (`"512"`,
+/// `"32KiB"`, `"8k"`, `"100MB"`, `"2 GiB"`). Whole numbers only: a fraction of
+/// a unit is rarely a whole number of bytes.
+pub(super) fn parse_size(raw: &str) -> Result<u64, String> {
+    let bad = || format!("{raw:?} is not a size (like \"32KiB\", \"100MiB\" or 4096)");
+    let trimmed = raw.trim();
+    let digits = trimmed.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = trimmed.split_at(digits);
+    let unit = unit.trim_start().to_ascii_lowercase();
+    let scale = match unit.as_str() {
+        "" => 1,
+        unit => {
+            SIZE_UNITS
+                .iter()
+                .find(|(u, _)| *u == unit)
+                .ok_or_else(bad)?
+                .1
+        }
+    };
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("{raw:?} is too large"))
+}
+
+/// `n` bytes as a person would write them: in the largest binary unit that
+/// holds it exactly (`32KiB`), else decimal (`100MB`), else bytes (`1000B`
+/// is `1KB`, `1500B` stays bytes).
+pub(super) fn format_size(n: u64) -> String {
+    let units = [
+        ("TiB", 1u64 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("TB", 1_000_000_000_000),
+        ("GB", 1_000_000_000),
+        ("MB", 1_000_000),
+        ("KB", 1_000),
+    ];
+    let exact = units.iter().find(|(_, scale)| n != 0 && n % scale == 0);
+    exact.map_or_else(
+        || format!("{n}B"),
+        |(unit, scale)| format!("{}{unit}", n / scale),
+    )
+}
+
+/// A `Host` header value students may send: a DNS name, an IPv4 address or a
+/// bracketed IPv6 address, with an optional port 1..65535. Lowercased, as host
+/// names compare ignoring case.
+pub(super) fn site_host(raw: &str) -> Result<String, String> {
+    let bad = || {
+        format!(
+            "{raw:?} is not a host name (like \"moodle.example.edu\" or \"moodle.example.edu:8443\")"
+        )
+    };
+    let lower = raw.to_ascii_lowercase();
+    let (host, port) = match lower.strip_prefix('[') {
+        Some(rest) => {
+            let (v6, after) = rest.split_once(']').ok_or_else(bad)?;
+            ensure(v6.parse::<Ipv6Addr>().is_ok(), bad)?;
+            let port = match after {
+                "" => None,
+                _ => Some(after.strip_prefix(':').ok_or_else(bad)?),
+            };
+            (v6, port)
+        }
+        None => match lower.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (lower.as_str(), None),
+        },
+    };
+    let port_ok = port.is_none_or(|p| {
+        p.bytes().all(|b| b.is_ascii_digit()) && matches!(p.parse::<u16>(), Ok(1..))
+    });
+    let name_ok = lower.starts_with('[') || dns_name(host);
+    ensure(port_ok && name_ok, bad).map(|()| lower.clone())
+}
+
+/// RFC 1123 labels: letters, digits and inner hyphens, 1..63 each, 253 in all.
+fn dns_name(host: &str) -> bool {
+    let label = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    host.len() <= 253 && host.split('.').all(label)
 }
