@@ -14,7 +14,7 @@
 //! header map the request already has.
 
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-use http::{Request, Version};
+use http::{Method, Request, Version};
 
 use crate::config::Config;
 use crate::error::GatewayError;
@@ -51,12 +51,31 @@ impl EdgeRules {
     /// Checks `request` and, for HTTP/2, gives it the `Host` header PHP needs
     /// (HTTP/2 carries the host in `:authority`).
     pub fn admit<B>(&self, request: &mut Request<B>) -> Result<(), GatewayError> {
+        // A reverse proxy for a web application: CONNECT would make it a tunnel to
+        // anywhere, TRACE echoes credentials back (cross-site tracing), and
+        // extension methods (a lowercase `get` among them) mean nothing to PHP.
+        let method = request.method();
+        if ![
+            Method::GET,
+            Method::HEAD,
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+            Method::OPTIONS,
+            Method::PATCH,
+        ]
+        .contains(method)
+        {
+            return Err(GatewayError::MethodNotAllowed);
+        }
         let target = target_len(request);
         if target > self.max_uri_bytes {
             return Err(GatewayError::UriTooLong);
         }
         self.head_size(request, target)?;
         let headers = request.headers();
+        // hyper already drops Content-Length when Transfer-Encoding is present (and
+        // closes the connection after answering); this catches any other way in.
         if headers.contains_key(TRANSFER_ENCODING) && headers.contains_key(CONTENT_LENGTH) {
             return Err(GatewayError::MalformedRequest);
         }
@@ -188,6 +207,20 @@ mod tests {
         let mut ordinary = request(&[("host", "moodle.example.edu"), ("cookie", "a=b")]);
         assert_eq!(r.admit(&mut ordinary), Ok(()));
         assert_eq!(ordinary.headers().len(), 2);
+    }
+
+    #[test]
+    fn only_the_methods_a_web_application_uses_pass() {
+        let r = rules(&[]);
+        for method in ["CONNECT", "TRACE", "get", "PROPFIND"] {
+            let mut odd = request(&[("host", "m")]);
+            *odd.method_mut() = Method::from_bytes(method.as_bytes()).unwrap();
+            assert_eq!(
+                verdict(&r, odd),
+                Err(GatewayError::MethodNotAllowed),
+                "{method}"
+            );
+        }
     }
 
     #[test]

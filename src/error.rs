@@ -136,6 +136,9 @@ impl GatewayError {
                 HeaderValue::from_static(RETRY_AFTER_SECS),
             );
         }
+        if self.closes_connection() {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         response
     }
 }
@@ -186,6 +189,13 @@ mod tests {
             .unwrap()
             .starts_with("text/plain"));
         assert!(!response.headers().contains_key(header::RETRY_AFTER));
+        assert!(!response.headers().contains_key(header::CONNECTION));
+    }
+
+    #[test]
+    fn framing_errors_close_the_connection() {
+        let response = GatewayError::MalformedRequest.response();
+        assert_eq!(response.headers()[header::CONNECTION], "close");
     }
 
     #[test]

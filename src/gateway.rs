@@ -182,9 +182,6 @@ impl Gateway {
         peer: IpAddr,
         tls: bool,
     ) -> Response<ProxyBody> {
-        if request.method() == Method::CONNECT {
-            return GatewayError::MethodNotAllowed.response().map(Either::Right);
-        }
         let settings = self.settings.load();
         if let Err(refused) = settings.edge.admit(&mut request) {
             return refused.response().map(Either::Right);

@@ -39,8 +39,8 @@ pub mod route_cookie;
 pub mod snapshot;
 pub mod standin;
 pub mod state;
-pub mod tunnel;
 pub mod tls;
+pub mod tunnel;
 pub mod upstreams;
 
 pub use app::App;

@@ -22,10 +22,10 @@ use super::values::{
 };
 use super::{
     error, line_of, Balance, Config, ConfigEnv, ConfigError, ConfigErrors, SessionConfig,
-    SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE,
-    DEFAULT_CLIENT_IDLE, DEFAULT_CONNECT, DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD, DEFAULT_LISTEN,
-    DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS,
-    DEFAULT_RESPONSE_HEADERS, DEFAULT_SHUTDOWN, DEFAULT_TUNNEL_IDLE, DEFAULT_UPSTREAM_IDLE,
+    SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE, DEFAULT_CONNECT,
+    DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE,
+    DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, DEFAULT_SHUTDOWN,
+    DEFAULT_TUNNEL_IDLE, DEFAULT_UPSTREAM_IDLE,
 };
 
 // The keys each table accepts, space-separated; anything else is reported. The
@@ -36,7 +36,7 @@ const SITE_KEYS: &str = "path hosts";
 const SESSION_KEYS: &str =
     "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle store failover_hold";
 const TIMEOUT_KEYS: &str = "connect response_headers upstream_idle request_headers body_idle \
-                            shutdown client_idle tunnel_idle";
+                            shutdown tunnel_idle";
 
 pub(super) type Span = Range<usize>;
 pub(super) type Value<'a> = Spanned<DeValue<'a>>;
@@ -306,7 +306,6 @@ impl Checker<'_> {
             request_headers: self.duration(&s, "request_headers", DEFAULT_REQUEST_HEADERS),
             body_idle: self.duration(&s, "body_idle", DEFAULT_BODY_IDLE),
             shutdown: self.duration(&s, "shutdown", DEFAULT_SHUTDOWN),
-            client_idle: self.duration(&s, "client_idle", DEFAULT_CLIENT_IDLE),
             tunnel_idle: self.duration(&s, "tunnel_idle", DEFAULT_TUNNEL_IDLE),
         }
     }

@@ -29,13 +29,12 @@ impl Config {
         let site = Some(self.site.path.as_str()).filter(|p| !p.is_empty());
         let site = site.unwrap_or("/ (Moodle at the host root)");
         let (login, anon) = (d(s.logged_in_idle), d(s.anonymous_idle));
-        let [conn, head, pool, req, body, client, tunnel] = [
+        let [conn, head, pool, req, body, tunnel] = [
             t.connect,
             t.response_headers,
             t.upstream_idle,
             t.request_headers,
             t.body_idle,
-            t.client_idle,
             t.tunnel_idle,
         ]
         .map(d);
@@ -44,7 +43,7 @@ impl Config {
              site path: {site}\nsite hosts: {}\nsession cookie: {} (path {})\nbalance: {}\n\
              sessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
              timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, body idle {body}, \
-             client idle {client}, tunnel idle {tunnel}\nlimits: {}\n{}{}",
+             tunnel idle {tunnel}\nlimits: {}\n{}{}",
             self.listen,
             self.describe_tls(),
             self.describe_hosts(),

@@ -81,8 +81,6 @@ pub const MAX_WEIGHT: u32 = 1000;
 /// `session.failover_hold` default: long enough for a node's web server or PHP-FPM
 /// to restart, short enough that a student sees a slow page rather than an error.
 pub const DEFAULT_FAILOVER_HOLD: Duration = Duration::from_secs(10);
-/// `timeouts.client_idle` default: a browser reuses its connection for the next click.
-pub const DEFAULT_CLIENT_IDLE: Duration = Duration::from_secs(60);
 /// `timeouts.tunnel_idle` default: HAProxy's usual `timeout tunnel`.
 pub const DEFAULT_TUNNEL_IDLE: Duration = Duration::from_secs(3600);
 /// `limits.max_header_bytes` default (HAProxy's `tune.bufsize` order, nginx's
@@ -436,9 +434,6 @@ pub struct Timeouts {
     /// `shutdown`: how long in-flight requests may take to finish once shutdown
     /// starts, default 30s.
     pub shutdown: Duration,
-    /// `client_idle`: how long a client's keep-alive connection may wait for its
-    /// next request, default 60s.
-    pub client_idle: Duration,
     /// `tunnel_idle`: how long an upgraded connection (WebSocket) may carry no
     /// byte either way, default 1h.
     pub tunnel_idle: Duration,

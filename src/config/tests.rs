@@ -43,7 +43,7 @@ site hosts: any (every Host header is passed on)
 session cookie: MoodleSession (path /)
 balance: round-robin
 sessions: at most 1000000; forgotten after 8h 30m idle when logged in, 1h when anonymous
-timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s, body idle 1m, client idle 1m, tunnel idle 1h
+timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s, body idle 1m, tunnel idle 1h
 limits: request head 32KiB and 100 header lines (431 beyond), URI 8KiB (414 beyond), body 2GiB (413 beyond); 10000 connections and 10000 requests in flight (503 beyond); 100 streams per HTTP/2 connection
 session store: node-local: a student whose node is down waits up to 10s for it to come back, then goes to another node and must log in again
 shutdown: in-flight requests get 30s to finish
@@ -60,7 +60,6 @@ routing: SCORM files (/pluginfile.php/*/mod_scorm/..., and the same files via /w
     assert_eq!(c.session.store, SessionStore::NodeLocal);
     assert_eq!(c.session.failover_hold, DEFAULT_FAILOVER_HOLD);
     assert_eq!(c.timeouts.shutdown, DEFAULT_SHUTDOWN);
-    assert_eq!(c.timeouts.client_idle, DEFAULT_CLIENT_IDLE);
     assert_eq!(c.timeouts.tunnel_idle, DEFAULT_TUNNEL_IDLE);
     assert!(c.site.hosts.is_empty() && c.tls.is_none());
     let l = &c.limits;
@@ -126,7 +125,6 @@ upstream_idle = "30s"
 request_headers = "3s"
 body_idle = "20s"
 shutdown = "2m"
-client_idle = "75s"
 tunnel_idle = "2h"
 [limits]
 max_header_bytes = "64KiB"
@@ -181,7 +179,7 @@ site hosts: moodle.example.edu, moodle.example.edu:8443, 192.0.2.1, [2001:db8::1
 session cookie: MoodleSessionprod (path /moodle/)
 balance: least-sessions
 sessions: at most 5000; forgotten after 2h 30m idle when logged in, 15m when anonymous
-timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s, body idle 20s, client idle 1m 15s, tunnel idle 2h
+timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s, body idle 20s, tunnel idle 2h
 limits: request head 64KiB and 200 header lines (431 beyond), URI 16KiB (414 beyond), body 100MB (413 beyond); 50000 connections and 2000 requests in flight (503 beyond); 250 streams per HTTP/2 connection
 session store: shared: a student whose node is down goes to another node at once
 shutdown: in-flight requests get 2m to finish
@@ -198,7 +196,6 @@ routing: SCORM files (/moodle/pluginfile.php/*/mod_scorm/..., and the same files
     );
     assert_eq!(c.admin.map(|a| a.token).as_deref(), Some("s3cret-token"));
     assert_eq!(c.session.failover_hold, Duration::from_secs(45));
-    assert_eq!(c.timeouts.client_idle, Duration::from_secs(75));
     assert_eq!(c.timeouts.tunnel_idle, Duration::from_secs(7200));
     assert_eq!(c.limits.max_header_bytes, 65536);
     assert_eq!(c.limits.max_body_bytes, 100_000_000);
@@ -252,7 +249,7 @@ upstream_idle = "400 days""#;
 11: session.logged_in_idle: "8" is not a duration (like "5s", "90s" or "8h30m")
 12: session.anonymous_idle: expected a duration string (like "90s"), found integer
 14: timeouts.connect: "0s" must be greater than 0
-15: timeouts.read: unknown key (expected one of: connect, response_headers, upstream_idle, request_headers, body_idle, shutdown, client_idle, tunnel_idle)
+15: timeouts.read: unknown key (expected one of: connect, response_headers, upstream_idle, request_headers, body_idle, shutdown, tunnel_idle)
 16: timeouts.upstream_idle: "400 days" is longer than a year"#,
     );
     check("site = 3", "1: site: expected a table, found integer");
@@ -470,10 +467,7 @@ fn the_shipped_config_parses() {
     );
     assert_eq!(l.http2_max_streams, DEFAULT_HTTP2_MAX_STREAMS);
     let t = &c.timeouts;
-    assert_eq!(
-        (t.client_idle, t.tunnel_idle),
-        (DEFAULT_CLIENT_IDLE, DEFAULT_TUNNEL_IDLE)
-    );
+    assert_eq!(t.tunnel_idle, DEFAULT_TUNNEL_IDLE);
 }
 
 /// Pins the exact `check` stderr the integration test compares against:

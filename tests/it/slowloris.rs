@@ -75,8 +75,10 @@ async fn slow_request_heads_are_cut_off_while_students_are_served() {
 }
 
 #[tokio::test]
-async fn an_idle_keep_alive_connection_is_closed_after_client_idle() {
-    let gateway = gateway("timeouts.client_idle = \"1s\"").await;
+async fn an_idle_keep_alive_connection_is_closed_after_request_headers() {
+    // The head deadline starts when the connection waits for a request, so an idle
+    // keep-alive connection is held no longer than a slow head would be.
+    let gateway = gateway("timeouts.request_headers = \"1s\"").await;
     let mut conn = RawConn::connect(gateway.addr).await;
     conn.send(b"GET /course/view.php HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
@@ -90,7 +92,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_client_idle() {
         conn.afterwards(Duration::from_millis(300)).await,
         AfterwardsRaw::Open
     );
-    // ...and closed once idle for client_idle (1 s), with room to spare.
+    // ...and closed once idle for request_headers (1 s), with room to spare.
     assert_eq!(
         conn.afterwards(Duration::from_secs(3)).await,
         AfterwardsRaw::Closed
