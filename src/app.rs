@@ -50,10 +50,23 @@ pub struct App {
     tls: Option<PublicTls>,
 }
 
-/// The public listener's TLS: the acceptor (its certificate is re-read on reload).
+/// The public listener's TLS: the acceptor, and the certificates it serves (re-read
+/// on reload; handshakes after that use the new ones).
 #[derive(Clone)]
 struct PublicTls {
     acceptor: TlsAcceptor,
+    certs: Arc<crate::tls::Certificates>,
+}
+
+/// Every listener the gateway serves.
+#[derive(Debug)]
+pub struct Listeners {
+    /// Students (TLS when the app has certificates).
+    pub public: TcpListener,
+    /// The admin API, when configured.
+    pub admin: Option<TcpListener>,
+    /// Plain HTTP that redirects to HTTPS (`tls.redirect_listen`).
+    pub redirect: Option<TcpListener>,
 }
 
 impl std::fmt::Debug for PublicTls {
@@ -117,7 +130,14 @@ impl App {
         })?;
         self.gateway.apply(&next).map_err(|e| vec![e])?;
         let mut config = self.config();
-        let notes = restart_needed(&config, &next);
+        let mut notes = restart_needed(&config, &next);
+        if let Some(tls) = &self.tls {
+            // A renewed certificate, same paths: new handshakes get it at once.
+            if let Err(error) = tls.certs.reload() {
+                tracing::error!("TLS certificate not reloaded, the old one stays: {error}");
+                notes.push(format!("TLS certificate not reloaded: {error}"));
+            }
+        }
         let nodes: Vec<&str> = next.nodes.iter().map(|n| n.name.as_str()).collect();
         tracing::warn!(nodes = ?nodes, "config reloaded from {}", path.display());
         for note in &notes {
@@ -146,6 +166,37 @@ impl App {
         admin: Option<TcpListener>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
+        let listeners = Listeners {
+            public,
+            admin,
+            redirect: None,
+        };
+        self.serve_all(listeners, shutdown).await
+    }
+
+    /// Serves the public listener over TLS with the certificates `certs` (HTTP/2
+    /// and HTTP/1.1 by ALPN); a reload re-reads them.
+    pub fn with_tls(mut self, certs: Arc<crate::tls::Certificates>) -> Self {
+        let config = crate::tls::server_config(certs.clone(), true);
+        self.tls = Some(PublicTls {
+            acceptor: crate::tls::acceptor(config),
+            certs,
+        });
+        self
+    }
+
+    /// Like [`serve`](Self::serve), with every listener: the plain-HTTP `redirect`
+    /// one answers every request with a redirect to the HTTPS public listener.
+    pub async fn serve_all(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let Listeners {
+            public,
+            admin,
+            redirect,
+        } = listeners;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let (listening, save_every) = {
             let config = self.config();
@@ -185,6 +236,15 @@ impl App {
             }
             _ => None,
         };
+        let redirect_task = redirect.map(|listener| {
+            let https_port = public.local_addr().map_or(443, |a| a.port());
+            let serving = serve_connections(listener, listening.clone(), drain(), move |_, _| {
+                hyper::service::service_fn(move |request: Request<Incoming>| async move {
+                    Ok::<_, Infallible>(crate::tls::redirect_to_https(&request, https_port))
+                })
+            });
+            tokio::spawn(serving)
+        });
         let gateway = self.gateway.clone();
         let public_task = tokio::spawn(serve_connections(
             public,
@@ -199,7 +259,7 @@ impl App {
         let grace = self.config().timeouts.shutdown;
         tracing::info!("shutting down: finishing in-flight requests for up to {grace:?}");
         let _ = drained_tx.send(grace);
-        if let Some(task) = admin_task {
+        for task in admin_task.into_iter().chain(redirect_task) {
             let _ = task.await;
         }
         let _ = public_task.await;
@@ -221,6 +281,15 @@ fn restart_needed(running: &Config, next: &Config) -> Vec<String> {
         c.route_cookie
             .as_ref()
             .map(|r| (r.name.clone(), r.secret.clone()))
+    };
+    let tls = |c: &Config| {
+        let t = c.tls.as_ref();
+        t.map(|t| (t.cert.clone(), t.key.clone(), t.redirect_listen))
+    };
+    // The accept loop's limits; body, URI and in-flight limits apply at once.
+    let accept_limits = |c: &Config| {
+        let l = &c.limits;
+        (l.max_connections, l.max_headers, l.http2_max_streams)
     };
     let changed = [
         ("listen", r.listen != n.listen),
@@ -257,6 +326,11 @@ fn restart_needed(running: &Config, next: &Config) -> Vec<String> {
             r.state.file != n.state.file || r.state.save_every != n.state.save_every,
         ),
         ("[route_cookie]", route(r) != route(n)),
+        ("[tls]", tls(r) != tls(n)),
+        (
+            "limits.max_connections, max_headers or http2_max_streams",
+            accept_limits(r) != accept_limits(n),
+        ),
     ];
     changed
         .into_iter()

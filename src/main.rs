@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use moodle_gateway::{App, Config};
+use moodle_gateway::{app::Listeners, App, Config};
 use tokio::net::TcpListener;
 
 /// A session-sticky reverse proxy for a Moodle cluster.
@@ -192,18 +192,38 @@ async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
     };
     // The bound addresses, not the configured ones: with port 0 this is how a
     // supervisor (or a test) learns where the gateway listens.
+    let redirect = match config.tls.as_ref().and_then(|t| t.redirect_listen) {
+        Some(addr) => Some(bind(addr).await?),
+        None => None,
+    };
+    let certificates = match &config.tls {
+        Some(tls) => Some(moodle_gateway::tls::Certificates::load(
+            &tls.cert, &tls.key,
+        )?),
+        None => None,
+    };
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let nodes = config.nodes.len();
+    let tls = certificates.is_some();
     // Restores the affinity table from the state file before the first request.
-    let app = App::new(config).reloading_from(path);
+    let mut app = App::new(config).reloading_from(path);
+    if let Some(certificates) = certificates {
+        app = app.with_tls(certificates);
+    }
     tokio::spawn(reload_on_hangup(app.clone()));
     tracing::info!(
         listen = %public.local_addr().map_err(|e| e.to_string())?,
         admin = ?admin_addr,
+        tls,
         nodes,
         "moodle-gateway ready"
     );
-    app.serve(public, admin, shutdown_signal())
+    let listeners = Listeners {
+        public,
+        admin,
+        redirect,
+    };
+    app.serve_all(listeners, shutdown_signal())
         .await
         .map_err(|error| error.to_string())
 }

@@ -11,4 +11,5 @@ mod sessions;
 mod signals;
 mod slowloris;
 mod support;
+mod tls;
 mod tunnels;

@@ -1,0 +1,207 @@
+//! TLS on the public listener with a real TLS client: HTTP/1.1 and HTTP/2 by ALPN,
+//! one sticky session across both, HTTP/2 requests reaching PHP as HTTP/1.1, and
+//! the plain-HTTP listener that redirects to HTTPS.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::{Request, Response, Version};
+use http_body_util::BodyExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use moodle_gateway::app::Listeners;
+use moodle_gateway::standin::Cluster;
+use moodle_gateway::tls::Certificates;
+use moodle_gateway::{App, Config};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A self-signed certificate for `localhost`, written where the gateway reads it.
+struct TestCert {
+    dir: std::path::PathBuf,
+    der: CertificateDer<'static>,
+}
+
+impl TestCert {
+    fn new(name: &str) -> Self {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let dir = std::env::temp_dir().join(format!("mg-tls-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+        let der = cert.der().clone();
+        Self { dir, der }
+    }
+
+    fn certificates(&self) -> Arc<Certificates> {
+        Certificates::load(&self.dir.join("cert.pem"), &self.dir.join("key.pem")).unwrap()
+    }
+}
+
+impl Drop for TestCert {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The gateway over TLS in front of `cluster`; returns the HTTPS and redirect addresses.
+async fn gateway(cluster: &Cluster, cert: &TestCert) -> (SocketAddr, SocketAddr) {
+    let text = cluster.config_toml("127.0.0.1:0", None, "state.file = \"\"");
+    let config = Config::parse(&text, Path::new("."), Default::default()).unwrap();
+    let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let redirect = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addrs = (public.local_addr().unwrap(), redirect.local_addr().unwrap());
+    let app = App::new(config).with_tls(cert.certificates());
+    let listeners = Listeners {
+        public,
+        admin: None,
+        redirect: Some(redirect),
+    };
+    tokio::spawn(app.serve_all(listeners, std::future::pending()));
+    addrs
+}
+
+async fn tls_connect(
+    addr: SocketAddr,
+    cert: &TestCert,
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    connector.connect(name, tcp).await.unwrap()
+}
+
+async fn body_text(response: Response<hyper::body::Incoming>) -> String {
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_stays_on_its_node_over_http1_and_http2() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let cert = TestCert::new("sticky");
+    let (https, _) = gateway(&cluster, &cert).await;
+
+    // HTTP/1.1 over TLS: the first visit deals a node and issues the session.
+    let stream = tls_connect(https, &cert, b"http/1.1").await;
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let (mut h1, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let first = Request::get("/login/index.php")
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    let first = h1.send_request(first).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let node = first.headers()["x-upstream"].to_str().unwrap().to_owned();
+    let cookie = first.headers()["set-cookie"].to_str().unwrap();
+    let session = cookie.split(';').next().unwrap().to_owned();
+    body_text(first).await;
+
+    // HTTP/2 over TLS, the cookie split into crumbs as browsers send it.
+    let stream = tls_connect(https, &cert, b"h2").await;
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut h2, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let again = Request::get("https://localhost/login/index.php")
+        .version(Version::HTTP_2)
+        .header("cookie", "MOODLEID1_=x")
+        .header("cookie", session.as_str())
+        .body(Body::empty())
+        .unwrap();
+    let again = h2.send_request(again).await.unwrap();
+    assert_eq!(again.version(), Version::HTTP_2);
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.headers()["x-upstream"], node.as_str(), "same node");
+    assert!(!again.headers().contains_key("set-cookie"), "same session");
+    body_text(again).await;
+    assert_eq!(cluster.lost_sessions(), 0);
+
+    // What PHP saw: HTTP/1.1, one Host, one Cookie line, and that the student used TLS.
+    let seen = cluster.by_name(&node).unwrap().last_request().unwrap();
+    let cookies: Vec<_> = seen.headers.get_all("cookie").iter().collect();
+    assert_eq!(cookies, [format!("MOODLEID1_=x; {session}").as_str()]);
+    assert_eq!(seen.headers["host"], "localhost");
+    assert_eq!(seen.headers["x-forwarded-proto"], "https");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_is_redirected_to_https_with_the_path_kept() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let cert = TestCert::new("redirect");
+    let (https, redirect) = gateway(&cluster, &cert).await;
+    let url = format!("http://{redirect}/course/view.php?id=2");
+    let seen = crate::support::send(&url, "GET", &[("host", "localhost")], "").await;
+    assert_eq!(seen.status, 308);
+    let location = seen.headers["location"].to_str().unwrap();
+    assert_eq!(
+        location,
+        format!("https://localhost:{}/course/view.php?id=2", https.port())
+    );
+    assert_eq!(
+        cluster.nodes()[0].request_count(),
+        0,
+        "nothing reached Moodle"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_serves_a_renewed_certificate_without_dropping_open_connections() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let old = TestCert::new("renew-old");
+    let path = old.dir.join("config.toml");
+    std::fs::write(
+        &path,
+        cluster.config_toml("127.0.0.1:0", None, "state.file = \"\""),
+    )
+    .unwrap();
+    let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let https = public.local_addr().unwrap();
+    let app = App::new(Config::load(&path).unwrap())
+        .reloading_from(&path)
+        .with_tls(old.certificates());
+    tokio::spawn(app.clone().serve(public, None, std::future::pending()));
+
+    let open = tls_connect(https, &old, b"http/1.1").await;
+    let (mut before, connection) = hyper::client::conn::http1::handshake(TokioIo::new(open))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // Renewal: new files at the same paths, then a reload.
+    let new = TestCert::new("renew-new");
+    for file in ["cert.pem", "key.pem"] {
+        std::fs::copy(new.dir.join(file), old.dir.join(file)).unwrap();
+    }
+    let notes = tokio::task::spawn_blocking(move || app.reload())
+        .await
+        .unwrap();
+    assert_eq!(notes, Ok(vec![]));
+    // A new handshake needs the new certificate (the client trusts only it)...
+    let renewed = tls_connect(https, &new, b"http/1.1").await;
+    let served = renewed.get_ref().1.peer_certificates().unwrap()[0].clone();
+    assert_eq!(served, new.der);
+    // ...and the connection opened before still works.
+    let request = Request::get("/login/index.php")
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(before.send_request(request).await.unwrap().status(), 200);
+}
