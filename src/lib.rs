@@ -18,6 +18,7 @@
 //! - [`error`]: the failures a student can see, and their statuses.
 //! - [`tls`]: the public listener's certificate, reloaded by `SIGHUP`; ALPN; the redirect to HTTPS.
 //! - [`admin`]: the token-protected admin API on its own listener.
+//! - [`listener`]: one listener's accept loop: caps, TLS, HTTP/1.1 or HTTP/2, the drain.
 //! - [`app`]: builds the routers, serves the listeners until shutdown, reloads the config.
 //! - [`standin`]: stand-in Moodle nodes with node-local sessions, for tests and the demo.
 //! - [`demo`]: `moodle-gateway demo`: the real gateway in front of stand-ins, driven by simulated students.
@@ -33,6 +34,7 @@ pub mod edge;
 pub mod error;
 pub mod gateway;
 pub mod health;
+pub mod listener;
 pub mod moodle;
 pub mod proxy;
 pub mod route_cookie;

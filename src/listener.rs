@@ -1,0 +1,255 @@
+//! The accept loop of one listener: connection caps, TLS handshakes, HTTP/1.1 (with
+//! upgrades) or HTTP/2 by ALPN, the request-head deadline, and the drain at shutdown.
+//!
+//! Why hand-written rather than `axum::serve` or hyper-util's helpers: a public
+//! proxy needs what those do not give together: a deadline for the request head (a
+//! slowloris client must not hold a connection for ever), a cap on open
+//! connections answered with a quick 503 instead of a queue, `TCP_NODELAY`, TLS with
+//! the protocol chosen by ALPN, upgrades (which hyper-util's graceful shutdown cannot
+//! watch), and a drain that lets requests in flight finish.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::Config;
+
+/// How one listener serves its connections.
+#[derive(Clone)]
+pub(crate) struct Listening {
+    /// The deadline for a request head, which hyper also applies to a keep-alive
+    /// connection waiting for its next request.
+    request_headers: Duration,
+    max_headers: usize,
+    max_connections: usize,
+    http2_max_streams: u32,
+    /// TLS, with HTTP/2 or HTTP/1.1 chosen by ALPN; `None` for plain HTTP/1.1.
+    tls: Option<TlsAcceptor>,
+}
+
+impl Listening {
+    pub(crate) fn plain(config: &Config) -> Self {
+        Self {
+            request_headers: config.timeouts.request_headers,
+            max_headers: config.limits.max_headers,
+            max_connections: config.limits.max_connections,
+            http2_max_streams: config.limits.http2_max_streams,
+            tls: None,
+        }
+    }
+
+    /// The same, over TLS when `tls` is set.
+    pub(crate) fn with_tls(self, tls: Option<TlsAcceptor>) -> Self {
+        Self { tls, ..self }
+    }
+}
+
+/// The open connections of one listener: how many (for `max_connections`), and a
+/// wake-up when one closes (for the drain at shutdown).
+#[derive(Default)]
+struct Connections {
+    open: AtomicUsize,
+    closed: tokio::sync::Notify,
+}
+
+/// An open connection's place under `max_connections`, given back when dropped.
+struct Open(Arc<Connections>);
+
+impl Open {
+    fn take(connections: &Arc<Connections>, max: usize) -> Option<Self> {
+        if connections.open.fetch_add(1, Ordering::Relaxed) >= max {
+            connections.open.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Self(connections.clone()))
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+        self.0.closed.notify_waiters();
+    }
+}
+
+/// A hyper connection that can be asked to finish its request in flight and close.
+trait Closable: Future {
+    fn close(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S, B> Closable for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: http_body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn close(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S, B, E> Closable for hyper::server::conn::http2::Connection<I, S, E>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: http_body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn close(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// Runs one connection until it ends, or until `closing` fires: then it finishes
+/// the request in flight and closes.
+async fn serve_until_closed<C, T, E>(
+    connection: C,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+    peer: SocketAddr,
+) where
+    C: Closable<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let mut connection = std::pin::pin!(connection);
+    let ended = tokio::select! {
+        ended = connection.as_mut() => ended,
+        () = async { let _ = closing.wait_for(|&closing| closing).await; } => {
+            connection.as_mut().close();
+            connection.await
+        }
+    };
+    if let Err(error) = ended {
+        tracing::debug!(%peer, "connection ended: {error}");
+    }
+}
+
+/// What a connection over `max_connections` gets: a 503 that tells the browser when
+/// to come back, then the close. Written by hand, without parsing the request:
+/// the point is to spend as little as possible on it.
+async fn turn_away(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const ANSWER: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 10\r\n\
+        Content-Type: text/plain; charset=utf-8\r\nCache-Control: no-store\r\n\
+        Connection: close\r\nContent-Length: 71\r\n\r\n\
+        service unavailable: too many connections; please try again in a bit\n";
+    // Read what has arrived, so closing does not reset the connection before the
+    // client has read the answer.
+    let mut scratch = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(100), stream.read(&mut scratch)).await;
+    let _ = stream.write_all(ANSWER).await;
+    let _ = stream.shutdown().await;
+}
+
+/// Accepts connections and serves each with the service `service_for(peer, tls)`
+/// builds, until `shutdown` resolves with the grace period; then waits up to that
+/// long for open requests to finish. Plain connections speak HTTP/1.1; TLS ones
+/// HTTP/2 or HTTP/1.1, as ALPN settled.
+pub(crate) async fn serve_connections<S, B>(
+    listener: TcpListener,
+    how: Listening,
+    shutdown: impl Future<Output = Duration>,
+    service_for: impl Fn(SocketAddr, bool) -> S,
+) where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let connections = Arc::new(Connections::default());
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(how.request_headers)
+        .max_headers(how.max_headers)
+        .keep_alive(true);
+    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(how.http2_max_streams)
+        .max_header_list_size(64 * 1024);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let grace = loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors or a connection reset while queued: the
+                    // listener itself is fine, so pause briefly and keep accepting.
+                    tracing::warn!("accept failed: {error}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            grace = &mut shutdown => break grace,
+        };
+        let Some(place) = Open::take(&connections, how.max_connections) else {
+            tokio::spawn(turn_away(stream));
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let closing = closing.clone();
+        let Some(acceptor) = how.tls.clone() else {
+            let connection = http1
+                .serve_connection(TokioIo::new(stream), service_for(peer, false))
+                .with_upgrades();
+            tokio::spawn(async move {
+                let _place = place;
+                serve_until_closed(connection, closing, peer).await;
+            });
+            continue;
+        };
+        let (http1, http2) = (http1.clone(), http2.clone());
+        let (service, handshake) = (service_for(peer, true), how.request_headers);
+        tokio::spawn(async move {
+            let _place = place;
+            // The handshake counts against the same deadline as a request head.
+            let stream = match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => return tracing::debug!(%peer, "TLS handshake failed: {error}"),
+                Err(_) => return tracing::debug!(%peer, "TLS handshake took too long"),
+            };
+            let io = TokioIo::new(stream);
+            match io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+                true => {
+                    serve_until_closed(http2.serve_connection(io, service), closing, peer).await
+                }
+                false => {
+                    let connection = http1.serve_connection(io, service).with_upgrades();
+                    serve_until_closed(connection, closing, peer).await;
+                }
+            }
+        });
+    };
+    drop(listener);
+    let _ = closing_tx.send(true);
+    let drained = async {
+        loop {
+            let closed = connections.closed.notified();
+            if connections.open.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            closed.await;
+        }
+    };
+    if tokio::time::timeout(grace, drained).await.is_err() {
+        tracing::warn!("shutdown grace passed with requests still in flight");
+    }
+}
