@@ -13,6 +13,7 @@
 //! - [`edge`]: what a request must be before it is looked at: sizes, framing, one known host.
 //! - [`gateway`]: one request's journey: classify, route, forward, learn.
 //! - [`proxy`]: forwarding mechanics: header hygiene, pooled client, streaming.
+//! - [`stall`]: a student who stops reading is cut after `body_idle`, freeing the node.
 //! - [`tunnel`]: upgraded connections (WebSocket): a byte tunnel once the node said 101.
 //! - [`body`]: the streaming bodies: when an upload is sent, how long a body may pause.
 //! - [`error`]: the failures a student can see, and their statuses.
@@ -39,6 +40,7 @@ pub mod moodle;
 pub mod proxy;
 pub mod route_cookie;
 pub mod snapshot;
+pub mod stall;
 pub mod standin;
 pub mod state;
 pub mod tls;

@@ -22,6 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::Config;
+use crate::stall::WriteStall;
 
 /// How one listener serves its connections.
 #[derive(Clone)]
@@ -32,6 +33,8 @@ pub(crate) struct Listening {
     max_headers: usize,
     max_connections: usize,
     http2_max_streams: u32,
+    /// How long a write to the client may stay blocked (`timeouts.body_idle`).
+    write_stall: Duration,
     /// TLS, with HTTP/2 or HTTP/1.1 chosen by ALPN; `None` for plain HTTP/1.1.
     tls: Option<TlsAcceptor>,
 }
@@ -43,6 +46,7 @@ impl Listening {
             max_headers: config.limits.max_headers,
             max_connections: config.limits.max_connections,
             http2_max_streams: config.limits.http2_max_streams,
+            write_stall: config.timeouts.body_idle,
             tls: None,
         }
     }
@@ -205,10 +209,12 @@ pub(crate) async fn serve_connections<S, B>(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let write_stall = how.write_stall;
+        let stalls = move |stream| WriteStall::new(stream, write_stall);
         let closing = closing.clone();
         let Some(acceptor) = how.tls.clone() else {
             let connection = http1
-                .serve_connection(TokioIo::new(stream), service_for(peer, false))
+                .serve_connection(TokioIo::new(stalls(stream)), service_for(peer, false))
                 .with_upgrades();
             tokio::spawn(async move {
                 let _place = place;
@@ -221,6 +227,7 @@ pub(crate) async fn serve_connections<S, B>(
         tokio::spawn(async move {
             let _place = place;
             // The handshake counts against the same deadline as a request head.
+            let stream = stalls(stream);
             let stream = match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(error)) => return tracing::debug!(%peer, "TLS handshake failed: {error}"),

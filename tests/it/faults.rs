@@ -338,3 +338,31 @@ async fn wait_for_arrivals(arrivals: &Mutex<Vec<Arrival>>, count: usize) -> Vec<
         arrivals.lock().unwrap()
     );
 }
+
+/// A student who stops reading a large download is cut after `body_idle`, so the
+/// node's connection and its PHP worker are freed rather than held for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_student_who_stops_reading_is_cut_after_body_idle() {
+    const SIZE: usize = 64 << 20;
+    let node =
+        support::upstream(|_request| async { Response::new(Body::from(vec![7u8; SIZE])) }).await;
+    let data = named_upstream("data").await;
+    let config = config_for(&[node], data, "[timeouts]\nbody_idle = \"500ms\"");
+    let gateway = TestGateway::start(&config).await;
+    let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+    let request = format!(
+        "GET /pluginfile.php/1/course/overviewfiles/big.bin HTTP/1.1\r\nHost: {HOST}\r\n\r\n"
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    let mut first = vec![0u8; 64 * 1024];
+    client.read_exact(&mut first).await.unwrap();
+    // The student stops reading; the socket buffers fill and the gateway's writes block.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(WITHIN, client.read_to_end(&mut rest)).await;
+    assert!(ended.is_ok(), "the connection was closed, not left hanging");
+    assert!(
+        first.len() + rest.len() < SIZE,
+        "cut before the whole file went out"
+    );
+}
