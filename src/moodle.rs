@@ -360,12 +360,20 @@ fn cleaned_is(segment: &str, name: &str) -> bool {
         .eq(name.chars())
 }
 
+/// Whether `file_pluginfile()` reads the segment as a context (or course) id: it takes
+/// `(int)` of it, and PHP's cast skips leading spaces and a `+`, then reads the leading
+/// digits, so `1x`, ` 1`, `+1`, `1.5` and `1e1` all name context 1 (or 10); `0`, `-1`
+/// and `x1` name none, and Moodle answers them 404 from any node.
 fn is_number(segment: &str) -> bool {
-    let mut digits = segment
+    let mut chars = segment
         .chars()
         .filter(|&c| !dropped_by_moodle(c))
+        .skip_while(|&c| c == ' ')
         .peekable();
-    digits.peek().is_some() && digits.all(|c| c.is_ascii_digit())
+    chars.next_if_eq(&'+');
+    chars
+        .take_while(char::is_ascii_digit)
+        .any(|digit| digit != '0')
 }
 
 /// The segments `file_pluginfile()` explodes, after `PARAM_PATH` has emptied and dropped some.

@@ -194,19 +194,20 @@ mod classify {
         }
     }
 
-    // BUG: `file_pluginfile()` reads the context id as `(int)array_shift($args)`, and PHP's
+    // `file_pluginfile()` reads the context id as `(int)array_shift($args)`, and PHP's
     // `(int)` takes the leading number of a string ("1x" is 1, " 1" and "+1" are 1, "1e1" is
-    // 10). So Moodle serves these as files of `mod_scorm` in context 1, while the gateway's
-    // `is_number` wants digits only and routes them as pages. The direction is the safe one
-    // (a SCORM file goes to the student's own node instead of the data server), but it is not
-    // the request "as the PHP backend will read it". Found reading Moodle's source, not by a
-    // generated case; left for the owner of src/moodle.rs.
+    // 10): Moodle serves these as files of `mod_scorm` in context 1. Found reading Moodle's
+    // source while writing these properties; `is_number` now follows the cast.
     #[test]
-    #[ignore = "BUG: PHP's (int) cast of the context id is laxer than is_number"]
     fn a_context_id_php_casts_to_a_number_is_still_a_scorm_file() {
-        for ctx in ["1x", "%201", "+1", "1e1", "1.5"] {
+        for ctx in ["1x", "%201", "+1", "1e1", "1.5", "01"] {
             let uri = format!("/pluginfile.php/{ctx}/mod_scorm/content/1/a");
             assert_eq!(kind(&root(), &uri), Ok(RequestKind::ScormFile), "{uri}");
+        }
+        // No context at all: Moodle answers 404 from any node, so they stay pages.
+        for ctx in ["0", "-1", "x1", "+", "%20"] {
+            let uri = format!("/pluginfile.php/{ctx}/mod_scorm/content/1/a");
+            assert_ne!(kind(&root(), &uri), Ok(RequestKind::ScormFile), "{uri}");
         }
     }
 }
