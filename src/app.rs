@@ -126,8 +126,10 @@ impl App {
             let lines = errors.to_string();
             lines.lines().map(str::to_owned).collect::<Vec<_>>()
         })?;
-        self.gateway.apply(&next).map_err(|e| vec![e])?;
+        // One reload at a time (SIGHUP and POST /reload may meet): the stored config
+        // must be the one whose settings are applied.
         let mut config = self.config();
+        self.gateway.apply(&next).map_err(|e| vec![e])?;
         let mut notes = restart_needed(&config, &next);
         if let Some(tls) = &self.tls {
             // A renewed certificate, same paths: new handshakes get it at once.

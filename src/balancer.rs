@@ -54,13 +54,26 @@ impl Balancer {
 
     /// The node for the next new session (weighted round robin).
     pub fn deal(&self) -> Position {
-        let ticket = self.deal.fetch_add(1, Ordering::Relaxed);
-        self.schedule[ticket % self.schedule.len()]
+        self.at(self.deal_ticket())
     }
 
     /// The node for a request that carries no session and starts none.
     pub fn spread(&self) -> Position {
-        let ticket = self.spread.fetch_add(1, Ordering::Relaxed);
+        self.at(self.spread_ticket())
+    }
+
+    /// The next ticket of the deal; [`at`](Self::at) names its node.
+    pub fn deal_ticket(&self) -> usize {
+        self.deal.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The next ticket of the sessionless rotation.
+    pub fn spread_ticket(&self) -> usize {
+        self.spread.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The node a ticket lands on.
+    pub fn at(&self, ticket: usize) -> Position {
         self.schedule[ticket % self.schedule.len()]
     }
 

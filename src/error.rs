@@ -107,10 +107,14 @@ impl GatewayError {
     }
 
     /// Whether the error says something about the upstream's health: it could not be
-    /// reached or did not answer in time. A broken exchange may be one bad response,
-    /// and the gateway's own refusals say nothing about any upstream.
+    /// reached (refused, unreachable, or not accepted within `timeouts.connect`). A
+    /// slow answer does not count: a course backup or a big report legitimately takes
+    /// longer than `response_headers`, and three of them in a row must not take a
+    /// healthy node out (a hung node fails its probes instead). A broken exchange may
+    /// be one bad response, and the gateway's own refusals say nothing about any
+    /// upstream.
     pub fn is_upstream_failure(self) -> bool {
-        matches!(self, Self::UpstreamUnreachable | Self::UpstreamTimeout)
+        matches!(self, Self::UpstreamUnreachable)
     }
 }
 

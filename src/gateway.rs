@@ -321,7 +321,11 @@ impl Gateway {
                 .ok_or(GatewayError::NoNodeAvailable)?;
             // An upgrade is never replayed, and gets a node connection of its own.
             let upgraded = tunnel::forward(&upstream.authority, request, peer, settings.bounds);
-            return upgraded.await.map(|response| (route, response));
+            let upgraded = upgraded.await;
+            if upgraded.as_ref().is_err_and(|e| e.is_upstream_failure()) {
+                upstream.health.failure(settings.health.fall);
+            }
+            return upgraded.map(|response| (route, response));
         }
         let elsewhere = settings.upstreams.nodes().len() > 1;
         let replay = match route {

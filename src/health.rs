@@ -8,8 +8,10 @@
 //! only probes (`rise` successes in a row) bring it back: a down node gets no traffic
 //! that could vouch for it.
 //!
-//! What counts as a failure: no connection, or no answer in time. A Moodle `500` is
-//! the application's answer about one page, not about the node. Moodle's maintenance
+//! What counts as a failure: for a probe, no connection or no answer within
+//! `health.timeout`; for a student's request, no connection only (a slow page, such
+//! as a course backup, is not a sick node; a hung node fails its probes). A Moodle
+//! `500` is the application's answer about one page, not about the node. Moodle's maintenance
 //! answer (`503` with `Retry-After`, MOODLE.md) means the *site* is down on purpose:
 //! every node says it at once, and ejecting them all would replace Moodle's
 //! maintenance page with the gateway's own error, so it counts as alive.

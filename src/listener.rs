@@ -140,6 +140,9 @@ async fn serve_until_closed<C, T, E>(
     }
 }
 
+/// Connections past `max_connections` answered at the same time; more are closed.
+const TURN_AWAY_AT_ONCE: usize = 256;
+
 /// What a connection over `max_connections` gets: a 503 that tells the browser when
 /// to come back, then the close. Written by hand, without parsing the request:
 /// the point is to spend as little as possible on it.
@@ -177,6 +180,7 @@ pub(crate) async fn serve_connections<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let connections = Arc::new(Connections::default());
+    let turning_away = Arc::new(tokio::sync::Semaphore::new(TURN_AWAY_AT_ONCE));
     let (closing_tx, closing) = tokio::sync::watch::channel(false);
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
@@ -205,7 +209,14 @@ pub(crate) async fn serve_connections<S, B>(
             grace = &mut shutdown => break grace,
         };
         let Some(place) = Open::take(&connections, how.max_connections) else {
-            tokio::spawn(turn_away(stream));
+            // A flood past the cap must not cost a descriptor each for long: a few
+            // hundred get the 503 at once, the rest are simply closed.
+            if let Ok(permit) = turning_away.clone().try_acquire_owned() {
+                tokio::spawn(async move {
+                    turn_away(stream).await;
+                    drop(permit);
+                });
+            }
             continue;
         };
         let _ = stream.set_nodelay(true);

@@ -13,19 +13,118 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, Scheme, Uri};
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioIo;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::net::TcpStream;
 use tokio::sync::oneshot;
+use tower::Service;
 
 use crate::body::{is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, RequestBody};
 use crate::config::Timeouts;
 use crate::error::GatewayError;
+use crate::stall::WriteStall;
+
+/// What hyper-util's connector fails with.
+type ConnectError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The one pooled client shared by every upstream: keep-alive connections are reused
 /// per upstream authority. Its request body is the student's own `Incoming` body,
 /// handed over as is (no boxing, no copy) inside a [`RequestBody`].
-pub type UpstreamClient = Client<HttpConnector, RequestBody>;
+pub type UpstreamClient = Client<Connector, RequestBody>;
+
+/// hyper-util's connector, with every node connection's writes limited to
+/// `timeouts.body_idle` blocked. Why: an upload to a node that accepted the
+/// connection but stopped reading (all PHP workers wedged) fills the socket, hyper
+/// stops polling the upload, and neither the upload's own idle timer nor the
+/// response deadline (which starts once the upload is sent) would ever run.
+#[derive(Debug, Clone)]
+pub struct Connector {
+    inner: HttpConnector,
+    stall: Duration,
+}
+
+type Connecting =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<NodeIo, ConnectError>> + Send>>;
+
+impl Service<Uri> for Connector {
+    type Response = NodeIo;
+    type Error = ConnectError;
+    type Future = Connecting;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ConnectError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Connecting {
+        // One boxed future per new connection, not per request.
+        let (connecting, stall) = (self.inner.call(uri), self.stall);
+        Box::pin(async move {
+            let stream = connecting.await?.into_inner();
+            Ok(NodeIo(TokioIo::new(WriteStall::new(stream, stall))))
+        })
+    }
+}
+
+/// A connection to a node, as the pooled client uses it.
+#[derive(Debug)]
+pub struct NodeIo(TokioIo<WriteStall<TcpStream>>);
+
+impl Connection for NodeIo {
+    fn connected(&self) -> Connected {
+        self.0.inner().get_ref().connected()
+    }
+}
+
+impl hyper::rt::Read for NodeIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for NodeIo {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+}
 
 /// How long the parts of one exchange may take, and how large the upload may be.
 #[derive(Debug, Clone, Copy)]
@@ -44,9 +143,13 @@ pub struct Bounds {
 
 /// Builds the pooled client with the configured connect and idle timeouts.
 pub fn client(timeouts: &Timeouts) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(timeouts.connect));
-    connector.set_nodelay(true);
+    let mut inner = HttpConnector::new();
+    inner.set_connect_timeout(Some(timeouts.connect));
+    inner.set_nodelay(true);
+    let connector = Connector {
+        inner,
+        stall: timeouts.body_idle,
+    };
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(timeouts.upstream_idle)

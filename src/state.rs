@@ -89,8 +89,13 @@ pub fn restore(gateway: &Gateway, snapshot: Snapshot) -> usize {
     restored
 }
 
+/// One save at a time: a periodic save still running at shutdown must not rename
+/// its older snapshot over the final one.
+static SAVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Writes the table to `path` (atomically); returns how many sessions it holds.
 pub fn save(gateway: &Gateway, path: &Path) -> std::io::Result<usize> {
+    let _one_at_a_time = SAVING.lock().unwrap_or_else(|p| p.into_inner());
     let settings = gateway.settings();
     let nodes: Vec<String> = settings
         .upstreams

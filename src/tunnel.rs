@@ -21,7 +21,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::body::IdleLimited;
+use crate::body::{IdleLimited, RequestBody};
 use crate::error::GatewayError;
 use crate::proxy::{self, Bounds, Peer};
 
@@ -50,6 +50,9 @@ pub async fn forward(
     let (connect, idle) = (bounds.connect, bounds.tunnel_idle);
     let protocol = request.headers().get(header::UPGRADE).cloned();
     let client_side = hyper::upgrade::on(&mut request);
+    // The body (if any) under the same size and pause limits as any upload.
+    let request = request
+        .map(|body| RequestBody::new(Some(body), bounds.body_idle, bounds.max_body_bytes, None));
     let mut request = proxy::prepared(upstream, request, peer);
     // Origin form on a connection of our own; the hop-by-hop pair that asks for
     // the switch goes back on after the header hygiene removed it.

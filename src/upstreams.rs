@@ -193,7 +193,7 @@ impl Upstreams {
             node.takes_new() && Some(node.id) != except
         };
         let position = match self.balance {
-            Balance::RoundRobin => self.next_eligible(|| self.balancer.deal(), eligible),
+            Balance::RoundRobin => self.next_eligible(|| self.balancer.deal_ticket(), eligible),
             Balance::LeastSessions => self
                 .balancer
                 .least_sessions(|p| live(self.nodes[p].id), eligible),
@@ -208,39 +208,54 @@ impl Upstreams {
             let node = &self.nodes[position];
             node.takes_new() && Some(node.id) != except
         };
-        let position = self.next_eligible(|| self.balancer.spread(), eligible)?;
+        let position = self.next_eligible(|| self.balancer.spread_ticket(), eligible)?;
         Some(self.nodes[position].id)
     }
 
     /// Takes tickets until one lands on an eligible node, at most one round. A
     /// skipped ticket is used up, so the turn passes to the next node in order and
-    /// the remaining nodes still share new sessions evenly.
+    /// the remaining nodes still share new sessions evenly. Concurrent requests take
+    /// tickets from the same counter, so one request can draw only ineligible nodes'
+    /// tickets while others take the eligible ones: it then walks the schedule from
+    /// its last ticket without drawing more, and finds a node whenever one is
+    /// eligible.
     fn next_eligible(
         &self,
         ticket: impl Fn() -> usize,
         eligible: impl Fn(usize) -> bool,
     ) -> Option<usize> {
-        (0..self.balancer.round())
-            .map(|_| ticket())
+        let round = self.balancer.round();
+        let mut last = 0;
+        for _ in 0..round {
+            last = ticket();
+            let position = self.balancer.at(last);
+            if eligible(position) {
+                return Some(position);
+            }
+        }
+        (1..round)
+            .map(|step| self.balancer.at(last.wrapping_add(step)))
             .find(|&p| eligible(p))
     }
 }
 
-/// Builds one upstream, sharing `kept`'s health and state when its address is the same.
+/// Builds one upstream, sharing the admin state of the node of the same name in the
+/// previous generation (an admin's drain survives a reload, even one that moves the
+/// node to a new address), and its health when the address is the same (a new
+/// address is a new machine as far as health goes).
 fn upstream(config: &UpstreamConfig, id: NodeId, kept: Option<&Upstream>) -> Upstream {
-    let kept = kept.filter(|k| k.authority == config.authority);
-    let (health, state) = match kept {
+    let state = match kept {
         Some(k) => {
             if k.configured != config.state {
                 k.set_state(config.state);
             }
-            (k.health.clone(), k.state.clone())
+            k.state.clone()
         }
-        None => (
-            Arc::default(),
-            Arc::new(AtomicU8::new(state_index(config.state))),
-        ),
+        None => Arc::new(AtomicU8::new(state_index(config.state))),
     };
+    let health = kept
+        .filter(|k| k.authority == config.authority)
+        .map_or_else(Arc::default, |k| k.health.clone());
     Upstream {
         id,
         name: config.name.clone(),
@@ -322,6 +337,28 @@ mod tests {
         let third = Upstreams::build(&third, &ids, Some(&second)).unwrap();
         assert_eq!(third.by_name("a").unwrap().state(), NodeState::Disabled);
         assert!(third.get(3).is_none(), "c left: its id names nobody now");
+    }
+
+    #[test]
+    fn concurrent_deals_always_find_the_node_that_is_up() {
+        // Found in review: with one of two nodes down, a request could draw only the
+        // down node's tickets while others took the up node's, and get no node.
+        let ids = NodeIds::default();
+        let u = Upstreams::build(&config(&[("a", ""), ("b", "")]), &ids, None).unwrap();
+        u.by_name("a").unwrap().health.failure(1);
+        let u = std::sync::Arc::new(u);
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let u = u.clone();
+                std::thread::spawn(move || {
+                    (0..20_000)
+                        .filter(|_| u.deal(|_| 0, None).is_none() || u.spread(None).is_none())
+                        .count()
+                })
+            })
+            .collect();
+        let missed: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(missed, 0);
     }
 
     #[test]

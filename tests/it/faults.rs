@@ -366,3 +366,21 @@ async fn a_student_who_stops_reading_is_cut_after_body_idle() {
         "cut before the whole file went out"
     );
 }
+
+/// A node that accepts the connection but never reads (every PHP worker wedged): a
+/// large upload fills the socket, and without a limit on blocked writes to the node
+/// the student would wait for ever. Found in review.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_to_a_node_that_never_reads_is_answered() {
+    let extra = "[timeouts]\nresponse_headers = \"500ms\"\nbody_idle = \"1s\"";
+    let data = named_upstream("data").await;
+    let node = support::silent_upstream().await;
+    let gateway = TestGateway::start(&config_for(&[node], data, extra)).await;
+    let request = Request::post(gateway.url("/course/view.php"))
+        .header("host", HOST)
+        .body(Body::from(vec![b'x'; 32 << 20]))
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(15), support::client().request(request));
+    let response = answer.await.expect("an answer, not a hang").unwrap();
+    assert!(response.status().is_server_error(), "{}", response.status());
+}
