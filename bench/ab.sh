@@ -10,7 +10,7 @@
 #
 # Knobs: ROUNDS [6], DUR [3] seconds per run, PROXY_THREADS [1].
 set -uo pipefail
-A=$1; B=$2; WLD=${3:-W1}; R=${ROUNDS:-6}; D=${DUR:-3}
+A=$(realpath "$1"); B=$(realpath "$2"); WLD=${3:-W1}; R=${ROUNDS:-6}; D=${DUR:-3}
 export BENCH_PORT_BASE=18100 PROXY_THREADS=${PROXY_THREADS:-1}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/stack.sh"
@@ -23,7 +23,8 @@ start_gw() { # name bin port
   local d=$WORK/$1; mkdir -p $d
   render "$BENCH_DIR/gateway.config.toml.tmpl" "$d/config.toml" "${CKV[@]}"
   sed -i "s/127.0.0.1:$GATEWAY_PORT/127.0.0.1:$3/; s/127.0.0.1:$GATEWAY_ADMIN_PORT/127.0.0.1:$(( $3 + 1 ))/" $d/config.toml
-  TOKIO_WORKER_THREADS=$PROXY_THREADS $2 --config $d/config.toml >$d/log 2>&1 &
+  # Its own directory: a state file left by an earlier run must not start it full.
+  (cd $d && TOKIO_WORKER_THREADS=$PROXY_THREADS exec $2 --config $d/config.toml >$d/log 2>&1) &
   PROXY_PID[$1]=$!; STARTED_PIDS+=($!); PROXY_PORT[$1]=$3; PROXIES+=($1)
   wait_port $3 $! 20
 }

@@ -19,5 +19,8 @@ for tool in nginx haproxy wrk python3; do
     }
 done
 cargo build --release --locked --bin moodle-gateway
-export GATEWAY_CMD='target/release/moodle-gateway --config "$GATEWAY_CONFIG"'
+# An absolute path: the gateway runs in its own scratch directory, so its state
+# file (moodle-gateway.state, on by default) never carries one run's million
+# sessions into the next.
+export GATEWAY_CMD="$PWD/target/release/moodle-gateway --config \"\$GATEWAY_CONFIG\""
 exec bench/run.sh
