@@ -41,6 +41,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 pub struct App {
     gateway: Arc<Gateway>,
     config: Arc<Mutex<Config>>,
+    /// The config the process started with: what restart-only settings still are,
+    /// however many reloads came since.
+    started: Arc<Config>,
     source: Option<Arc<PathBuf>>,
     /// The state file, unless there is none or it is not ours to overwrite.
     save_to: Option<Arc<PathBuf>>,
@@ -90,6 +93,7 @@ impl App {
         }
         Self {
             gateway: Arc::new(gateway),
+            started: Arc::new(config.clone()),
             config: Arc::new(Mutex::new(config)),
             source: None,
             save_to: opened.save_to.map(Arc::new),
@@ -130,7 +134,9 @@ impl App {
         // must be the one whose settings are applied.
         let mut config = self.config();
         self.gateway.apply(&next).map_err(|e| vec![e])?;
-        let mut notes = restart_needed(&config, &next);
+        // Against the start, not the last reload: a second reload of a file that
+        // changed `listen` must still say the change is waiting for a restart.
+        let mut notes = restart_needed(&self.started, &next);
         if let Some(tls) = &self.tls {
             // A renewed certificate, same paths: new handshakes get it at once.
             if let Err(error) = tls.certs.reload() {

@@ -328,6 +328,16 @@ mod tests {
         )
     }
 
+    /// A fresh pair in `dir`, served by a TLS echo server; its address and leaf DER.
+    async fn serving_a_pair(
+        dir: &TempDir,
+        http2: bool,
+    ) -> (std::net::SocketAddr, CertificateDer<'static>) {
+        let (cert, key, der) = pair_in(dir);
+        let certs = Certificates::load(&cert, &key).unwrap();
+        (serve(server_config(certs, http2)).await, der)
+    }
+
     fn load_err(cert: &Path, key: &Path) -> String {
         Certificates::load(cert, key).unwrap_err()
     }
@@ -546,12 +556,7 @@ mod tests {
     #[tokio::test]
     async fn alpn_picks_h2_when_offered_and_http1_otherwise() {
         let dir = TempDir::new();
-        let (cert, key, der) = pair_in(&dir);
-        let address = serve(server_config(
-            Certificates::load(&cert, &key).unwrap(),
-            true,
-        ))
-        .await;
+        let (address, der) = serving_a_pair(&dir, true).await;
 
         let mut both = connect(address, &[&der], &[b"http/1.1", b"h2"])
             .await
@@ -572,12 +577,7 @@ mod tests {
     #[tokio::test]
     async fn a_tls12_only_client_still_gets_h2() {
         let dir = TempDir::new();
-        let (cert, key, der) = pair_in(&dir);
-        let address = serve(server_config(
-            Certificates::load(&cert, &key).unwrap(),
-            true,
-        ))
-        .await;
+        let (address, der) = serving_a_pair(&dir, true).await;
         let old_client = client(&[&der], &[b"h2"], &[&rustls::version::TLS12]);
         let mut stream = connect_with(address, old_client).await.unwrap();
         let version = stream.get_ref().1.protocol_version();
@@ -589,12 +589,7 @@ mod tests {
     #[tokio::test]
     async fn without_http2_an_h2_only_client_is_refused() {
         let dir = TempDir::new();
-        let (cert, key, der) = pair_in(&dir);
-        let address = serve(server_config(
-            Certificates::load(&cert, &key).unwrap(),
-            false,
-        ))
-        .await;
+        let (address, der) = serving_a_pair(&dir, false).await;
 
         let mut both = connect(address, &[&der], &[b"h2", b"http/1.1"])
             .await

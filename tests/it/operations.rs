@@ -354,6 +354,25 @@ async fn a_broken_config_file_is_rejected_with_its_errors_and_the_running_one_ke
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setting_that_needs_a_restart_is_reported_on_every_reload_until_then() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let file = ConfigFile::new("restart-note");
+    let good = format!("state.file = \"\"\n{}", config(&cluster, ""));
+    let path = file.write(&good);
+    let gateway = TestGateway::start_with_source(Config::load(&path).unwrap(), &path).await;
+    path_write(&path, &format!("session.max_sessions = 5000\n{good}"));
+    for reload in ["first", "second"] {
+        let (status, body) = admin(&gateway, "POST", "/reload").await;
+        assert_eq!(status, 200, "{body}");
+        let notes = body["notes"].to_string();
+        assert!(
+            notes.contains("session.max_sessions"),
+            "{reload} reload: {notes}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_keeps_ten_thousand_sessions_on_their_nodes() {
     const SESSIONS: usize = 10_000;
     let cluster = Cluster::spawn(4, "", "MoodleSession").unwrap();
