@@ -31,6 +31,7 @@ use crate::affinity::Clock;
 use crate::config::Config;
 use crate::gateway::{self, Gateway, ProxyBody};
 use crate::listener::{serve_connections, Listening};
+use crate::proxy::Client;
 
 /// How often expired sessions are swept out of the table.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -369,9 +370,10 @@ fn public_service(
     Future = impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send,
 > + Clone
        + Send {
+    let client = Arc::new(Client::new(peer.ip(), tls));
     hyper::service::service_fn(move |request: Request<Incoming>| {
-        let gateway = gateway.clone();
-        async move { Ok(gateway.handle(request, peer.ip(), tls).await) }
+        let (gateway, client) = (gateway.clone(), client.clone());
+        async move { Ok(gateway.handle(request, &client).await) }
     })
 }
 

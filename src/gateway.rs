@@ -12,7 +12,6 @@
 //! once, without a lock, and a reload swaps in a new one without disturbing the
 //! requests still using the old.
 
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +31,8 @@ use crate::edge::EdgeRules;
 use crate::error::GatewayError;
 use crate::health::Change;
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
-use crate::proxy::{self, Bounds, Peer, Replay, UpstreamClient};
+use crate::pool::Pool;
+use crate::proxy::{self, Bounds, Client, Peer, Replay};
 use crate::route_cookie::RouteCookie;
 use crate::tunnel;
 use crate::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
@@ -120,7 +120,7 @@ impl Settings {
 pub struct Gateway {
     site: Site,
     table: Arc<AffinityTable>,
-    client: UpstreamClient,
+    pool: Pool,
     ids: NodeIds,
     settings: ArcSwap<Settings>,
     route_cookie: Option<RouteCookie>,
@@ -147,7 +147,11 @@ impl Gateway {
         Self {
             site: Site::new(&config.site.path, &session.cookie, &session.cookie_path),
             table: Arc::new(table),
-            client: proxy::client(&config.timeouts),
+            pool: Pool::new(
+                config.timeouts.connect,
+                config.timeouts.upstream_idle,
+                config.timeouts.body_idle,
+            ),
             ids,
             settings: ArcSwap::from_pointee(settings),
             route_cookie,
@@ -179,8 +183,7 @@ impl Gateway {
     pub async fn handle(
         &self,
         mut request: Request<Incoming>,
-        peer: IpAddr,
-        tls: bool,
+        client: &Client,
     ) -> Response<ProxyBody> {
         let settings = self.settings.load();
         if let Err(refused) = settings.edge.admit(&mut request) {
@@ -197,14 +200,12 @@ impl Gateway {
         };
         let known = self.known_session(request.headers(), &settings.upstreams);
         let is_post = request.method() == Method::POST;
-        let peer = Peer {
-            ip: peer,
-            tls,
-            trusted: settings
+        let peer = client.peer(
+            settings
                 .trusted_proxies
                 .iter()
-                .any(|net| net.contains(&peer)),
-        };
+                .any(|net| net.contains(&client.ip)),
+        );
         let secure = self.route_cookie.is_some() && proxy::is_https(request.headers(), peer);
         let forwarded = match self.route(kind, known, &settings).await {
             Ok(route) => self.forward(route, request, peer, &settings).await,
@@ -312,7 +313,7 @@ impl Gateway {
         &self,
         mut route: Route,
         request: Request<Incoming>,
-        peer: Peer,
+        peer: Peer<'_>,
         settings: &Settings,
     ) -> Result<(Route, Response<IdleLimited>), GatewayError> {
         if tunnel::is_upgrade(&request) {
@@ -338,13 +339,7 @@ impl Gateway {
             let upstream = settings
                 .upstream(route)
                 .ok_or(GatewayError::NoNodeAvailable)?;
-            let forwarded = proxy::forward(
-                &self.client,
-                &upstream.authority,
-                request,
-                peer,
-                settings.bounds,
-            );
+            let forwarded = proxy::forward(&self.pool, upstream, request, peer, settings.bounds);
             let error = match forwarded.await {
                 Ok(response) => {
                     upstream.health.request_succeeded();

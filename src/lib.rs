@@ -12,7 +12,8 @@
 //! - [`route_cookie`]: the signed cookie that lets any gateway recover a session's node.
 //! - [`edge`]: what a request must be before it is looked at: sizes, framing, one known host.
 //! - [`gateway`]: one request's journey: classify, route, forward, learn.
-//! - [`proxy`]: forwarding mechanics: header hygiene, pooled client, streaming.
+//! - [`proxy`]: forwarding mechanics: header hygiene, streaming, upstream failures as statuses.
+//! - [`pool`]: keep-alive connections to the upstreams, driven by the request using them.
 //! - [`stall`]: a student who stops reading is cut after `body_idle`, freeing the node.
 //! - [`tunnel`]: upgraded connections (WebSocket): a byte tunnel once the node said 101.
 //! - [`body`]: the streaming bodies: when an upload is sent, how long a body may pause.
@@ -37,6 +38,7 @@ pub mod gateway;
 pub mod health;
 pub mod listener;
 pub mod moodle;
+pub mod pool;
 pub mod proxy;
 pub mod route_cookie;
 pub mod snapshot;

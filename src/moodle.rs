@@ -416,6 +416,14 @@ fn split_pair(pair: &[u8]) -> (&[u8], &[u8]) {
 /// Whether PHP registers a raw cookie or query name as `name`: it URL-decodes it, skips leading
 /// spaces, stops at NUL and turns `.` and ` ` into `_` (so `Moodle%53ession` is `MoodleSession`).
 fn php_name_is(raw: &[u8], name: &str) -> bool {
+    // Every request's cookies pass through here: a name with nothing PHP would
+    // decode or replace is compared as it is.
+    if !raw
+        .iter()
+        .any(|&b| matches!(b, b'%' | b'+' | b'.' | b' ' | 0))
+    {
+        return raw == name.as_bytes();
+    }
     php_urldecode(raw)
         .skip_while(|&b| b == b' ')
         .take_while(|&b| b != 0)

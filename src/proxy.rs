@@ -10,121 +10,15 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{Authority, Scheme, Uri};
+use http::uri::{Authority, Uri};
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioIo;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use tokio::net::TcpStream;
 use tokio::sync::oneshot;
-use tower::Service;
 
 use crate::body::{is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, RequestBody};
-use crate::config::Timeouts;
 use crate::error::GatewayError;
-use crate::stall::WriteStall;
-
-/// What hyper-util's connector fails with.
-type ConnectError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The one pooled client shared by every upstream: keep-alive connections are reused
-/// per upstream authority. Its request body is the student's own `Incoming` body,
-/// handed over as is (no boxing, no copy) inside a [`RequestBody`].
-pub type UpstreamClient = Client<Connector, RequestBody>;
-
-/// hyper-util's connector, with every node connection's writes limited to
-/// `timeouts.body_idle` blocked. Why: an upload to a node that accepted the
-/// connection but stopped reading (all PHP workers wedged) fills the socket, hyper
-/// stops polling the upload, and neither the upload's own idle timer nor the
-/// response deadline (which starts once the upload is sent) would ever run.
-#[derive(Debug, Clone)]
-pub struct Connector {
-    inner: HttpConnector,
-    stall: Duration,
-}
-
-type Connecting =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<NodeIo, ConnectError>> + Send>>;
-
-impl Service<Uri> for Connector {
-    type Response = NodeIo;
-    type Error = ConnectError;
-    type Future = Connecting;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), ConnectError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, uri: Uri) -> Connecting {
-        // One boxed future per new connection, not per request.
-        let (connecting, stall) = (self.inner.call(uri), self.stall);
-        Box::pin(async move {
-            let stream = connecting.await?.into_inner();
-            Ok(NodeIo(TokioIo::new(WriteStall::new(stream, stall))))
-        })
-    }
-}
-
-/// A connection to a node, as the pooled client uses it.
-#[derive(Debug)]
-pub struct NodeIo(TokioIo<WriteStall<TcpStream>>);
-
-impl Connection for NodeIo {
-    fn connected(&self) -> Connected {
-        self.0.inner().get_ref().connected()
-    }
-}
-
-impl hyper::rt::Read for NodeIo {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl hyper::rt::Write for NodeIo {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
-    }
-}
+use crate::pool::{NodeBody, Pool};
+use crate::upstreams::Upstream;
 
 /// How long the parts of one exchange may take, and how large the upload may be.
 #[derive(Debug, Clone, Copy)]
@@ -141,30 +35,51 @@ pub struct Bounds {
     pub body_idle: Duration,
 }
 
-/// Builds the pooled client with the configured connect and idle timeouts.
-pub fn client(timeouts: &Timeouts) -> UpstreamClient {
-    let mut inner = HttpConnector::new();
-    inner.set_connect_timeout(Some(timeouts.connect));
-    inner.set_nodelay(true);
-    let connector = Connector {
-        inner,
-        stall: timeouts.body_idle,
-    };
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(timeouts.upstream_idle)
-        .build(connector)
+/// One client connection, as the requests on it are forwarded: built once when the
+/// connection is accepted, so a request does not format its peer's address again.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// The TCP peer address.
+    pub ip: IpAddr,
+    /// Whether the connection is TLS (the gateway terminated it).
+    pub tls: bool,
+    /// `ip` as an `X-Forwarded-For` value.
+    forwarded_for: HeaderValue,
+}
+
+impl Client {
+    /// The connection from `ip`, TLS or not.
+    pub fn new(ip: IpAddr, tls: bool) -> Self {
+        Self {
+            ip,
+            tls,
+            forwarded_for: ip_header_value(ip),
+        }
+    }
+
+    /// What a request on this connection is forwarded as; `trusted` says whether
+    /// the peer is one of `trusted_proxies`.
+    pub fn peer(&self, trusted: bool) -> Peer<'_> {
+        Peer {
+            ip: self.ip,
+            trusted,
+            tls: self.tls,
+            forwarded_for: &self.forwarded_for,
+        }
+    }
 }
 
 /// What the gateway knows about the client side of a request.
 #[derive(Debug, Clone, Copy)]
-pub struct Peer {
+pub struct Peer<'a> {
     /// The TCP peer address.
     pub ip: IpAddr,
     /// Whether that peer is a trusted proxy whose `X-Forwarded-*` headers are kept.
     pub trusted: bool,
     /// Whether the student's connection is TLS (the gateway terminated it).
     pub tls: bool,
+    /// `ip` as a header value.
+    forwarded_for: &'a HeaderValue,
 }
 
 /// A copy of a body-less request, kept so that it can be sent to another node if
@@ -200,7 +115,7 @@ impl Replay {
 
 /// Whether the student reached the public side over HTTPS, as far as the gateway can
 /// tell: a trusted proxy in front said so.
-pub fn is_https(headers: &HeaderMap, peer: Peer) -> bool {
+pub fn is_https(headers: &HeaderMap, peer: Peer<'_>) -> bool {
     peer.tls
         || peer.trusted
             && headers
@@ -208,27 +123,37 @@ pub fn is_https(headers: &HeaderMap, peer: Peer) -> bool {
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"))
 }
 
-/// `request` as it goes to `upstream`: absolute URI, HTTP/1.1 whatever the student
-/// spoke (an HTTP/2 request's host is already in its Host header, its cookie
+/// `request` as it goes to `upstream`: origin-form target, HTTP/1.1 whatever the
+/// student spoke (an HTTP/2 request's host is already in its Host header, its cookie
 /// crumbs are joined here), and the header hygiene of [`prepare_request_headers`].
-pub fn prepared<B>(upstream: &Authority, mut request: Request<B>, peer: Peer) -> Request<B> {
-    *request.uri_mut() = upstream_uri(upstream, request.uri());
+pub fn prepared<B>(upstream: &Authority, mut request: Request<B>, peer: Peer<'_>) -> Request<B> {
+    if request.uri().authority().is_some() {
+        *request.uri_mut() = origin_form(request.uri());
+    }
     *request.version_mut() = http::Version::HTTP_11;
-    prepare_request_headers(request.headers_mut(), peer);
+    let headers = request.headers_mut();
+    if !headers.contains_key(header::HOST) {
+        // Only a request the edge let through without one (HTTP/1.0).
+        if let Ok(host) = HeaderValue::from_str(upstream.as_str()) {
+            headers.insert(header::HOST, host);
+        }
+    }
+    prepare_request_headers(headers, peer);
     request
 }
 
 /// Sends `request` (its body, if any) to `upstream` and returns its streaming
-/// response, or the error a student should see. Never retried here: once bytes left
-/// for one node, another node must not see the same POST.
+/// response, or the error a student should see. Never sent to another node here:
+/// once bytes left for one node, another node must not see the same POST.
 pub async fn forward(
-    client: &UpstreamClient,
-    upstream: &Authority,
+    pool: &Pool,
+    upstream: &Upstream,
     mut request: Request<Option<Incoming>>,
-    peer: Peer,
+    peer: Peer<'_>,
     bounds: Bounds,
 ) -> Result<Response<IdleLimited>, GatewayError> {
-    request = prepared(upstream, request, peer);
+    let authority = &upstream.authority;
+    request = prepared(authority, request, peer);
     // A body-less request (most of them) needs no signal: its timer starts now.
     let empty = request
         .body()
@@ -241,8 +166,28 @@ pub async fn forward(
             (Some(sent), Some(body_sent))
         }
     };
-    let request =
+    let mut request =
         request.map(|inner| RequestBody::new(inner, bounds.body_idle, bounds.max_body_bytes, sent));
+    let exchange = async {
+        loop {
+            let (mut lease, reused) = match pool.lease(authority, &upstream.conns).await {
+                Ok(lease) => lease,
+                Err(error) => {
+                    tracing::warn!(%authority, "upstream unreachable: {error}");
+                    return Err(GatewayError::UpstreamUnreachable);
+                }
+            };
+            match lease.send(request).await {
+                Ok(response) => return Ok(response.map(|body| NodeBody::leased(body, lease))),
+                Err(mut failed) => match failed.take_message() {
+                    // The node closed a kept connection as it was taken: nothing was
+                    // sent, so a fresh connection carries the request.
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(classify_error(authority, failed.error())),
+                },
+            }
+        }
+    };
     let deadline = async {
         if let Some(body_sent) = body_sent {
             let _ = body_sent.await;
@@ -251,12 +196,9 @@ pub async fn forward(
     };
     let mut response = tokio::select! {
         biased;
-        answer = client.request(request) => match answer {
-            Ok(response) => response,
-            Err(error) => return Err(classify_client_error(upstream, &error)),
-        },
+        answer = exchange => answer?,
         () = deadline => {
-            tracing::warn!(%upstream, "no response headers within {:?}", bounds.response_headers);
+            tracing::warn!(%authority, "no response headers within {:?}", bounds.response_headers);
             return Err(GatewayError::UpstreamTimeout);
         }
     };
@@ -264,10 +206,7 @@ pub async fn forward(
     Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)))
 }
 
-fn classify_client_error(
-    upstream: &Authority,
-    error: &hyper_util::client::legacy::Error,
-) -> GatewayError {
+fn classify_error(upstream: &Authority, error: &hyper::Error) -> GatewayError {
     if is_body_idle(error) {
         tracing::info!(%upstream, "the student's upload paused longer than body_idle");
         GatewayError::ClientTimeout
@@ -277,28 +216,24 @@ fn classify_client_error(
     } else if wraps::<ClientBodyError>(error) {
         tracing::info!(%upstream, "the student's upload could not be read: {error:?}");
         GatewayError::MalformedRequest
-    } else if error.is_connect() {
-        tracing::warn!(%upstream, "upstream unreachable: {error:?}");
-        GatewayError::UpstreamUnreachable
     } else {
         tracing::warn!(%upstream, "upstream exchange failed: {error:?}");
         GatewayError::UpstreamBroken
     }
 }
 
-/// `http://{upstream}{path?query}`: the path and query travel byte for byte, since
-/// the node must decode them exactly as the gateway classified them.
-fn upstream_uri(upstream: &Authority, original: &Uri) -> Uri {
+/// `{path?query}` of an absolute-form target (HTTP/2's, or an HTTP/1.1 client's that
+/// named the host): the path and query travel byte for byte, since the node must
+/// decode them exactly as the gateway classified them.
+fn origin_form(original: &Uri) -> Uri {
     let mut parts = http::uri::Parts::default();
-    parts.scheme = Some(Scheme::HTTP);
-    parts.authority = Some(upstream.clone());
     parts.path_and_query = Some(
         original
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
     );
-    Uri::from_parts(parts).expect("scheme, authority and path make a valid URI")
+    Uri::from_parts(parts).expect("a path alone is a valid URI")
 }
 
 /// Hop-by-hop headers name this connection, not the request; the ones in
@@ -315,8 +250,11 @@ const HOP_BY_HOP: [HeaderName; 6] = [
 /// Removes hop-by-hop headers (including `Keep-Alive`, `Proxy-*` and whatever
 /// `Connection` lists) before the gateway adds its own.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names; the Vec stays unallocated in the usual case where
-    // nothing but the fixed list needs removing.
+    // Runs twice per request and usually finds nothing: one pass over the names,
+    // without hashing any of them, decides that.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let doomed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -326,17 +264,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         // A client listing Cookie or Host as hop-by-hop would make the node read a
         // different session or site than the one the gateway routed on.
         .filter(|name| name != header::COOKIE && name != header::HOST)
-        .chain(
-            headers
-                .keys()
-                .filter(|name| name.as_str().starts_with("proxy-"))
-                .cloned(),
-        )
+        .chain(headers.keys().filter(|name| is_hop_by_hop(name)).cloned())
         .collect();
-    for name in doomed.iter().chain(&HOP_BY_HOP) {
+    for name in doomed {
         headers.remove(name);
     }
-    headers.remove("keep-alive");
+}
+
+/// Whether `name` is hop-by-hop whatever `Connection` says.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name) || name == "keep-alive" || name.as_str().starts_with("proxy-")
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -349,21 +286,32 @@ const CLIENT_IP: HeaderName = HeaderName::from_static("client-ip");
 /// `X-Forwarded-For`; a value the client made up is replaced unless the peer is a
 /// trusted proxy, and `Client-IP` is always dropped because Moodle's
 /// `getremoteaddr()` would believe it.
-fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer) {
+fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>) {
     strip_hop_by_hop(headers);
-    headers.remove(CLIENT_IP);
-    drop_underscored(headers);
+    // One pass over the names instead of a hashed lookup for each header that is
+    // usually absent.
+    let (mut client_ip, mut underscored) = (false, false);
+    for name in headers.keys() {
+        client_ip |= name == CLIENT_IP;
+        underscored |= name.as_str().contains('_');
+    }
+    if client_ip {
+        headers.remove(CLIENT_IP);
+    }
+    if underscored {
+        drop_underscored(headers);
+    }
     join_cookie_lines(headers);
-    let forwarded_for = match (peer.trusted, headers.get(&X_FORWARDED_FOR)) {
-        (true, Some(chain)) => {
+    let chain = match peer.trusted {
+        true => headers.get(&X_FORWARDED_FOR).and_then(|chain| {
             let mut joined = chain.as_bytes().to_vec();
             joined.extend_from_slice(b", ");
-            joined.extend_from_slice(peer.ip.to_string().as_bytes());
+            joined.extend_from_slice(peer.forwarded_for.as_bytes());
             HeaderValue::from_bytes(&joined).ok()
-        }
-        _ => None,
+        }),
+        false => None,
     };
-    let forwarded_for = forwarded_for.unwrap_or_else(|| ip_header_value(peer.ip));
+    let forwarded_for = chain.unwrap_or_else(|| peer.forwarded_for.clone());
     // `insert` replaces every earlier line, so a client cannot smuggle a second one.
     headers.insert(X_FORWARDED_FOR, forwarded_for);
     if peer.tls {
@@ -381,11 +329,8 @@ fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer) {
 
 /// Header names with `_` never reach PHP: PHP turns `-` and `_` alike into `_` in
 /// `$_SERVER`, so `X_Forwarded_For` would land on the very key the gateway just set
-/// (nginx drops them by default too). No allocation unless there is one.
+/// (nginx drops them by default too).
 fn drop_underscored(headers: &mut HeaderMap) {
-    if !headers.keys().any(|name| name.as_str().contains('_')) {
-        return;
-    }
     let doomed: Vec<HeaderName> = headers
         .keys()
         .filter(|name| name.as_str().contains('_'))
@@ -431,12 +376,9 @@ fn ip_header_value(ip: IpAddr) -> HeaderValue {
 mod tests {
     use super::*;
 
-    fn peer(trusted: bool) -> Peer {
-        Peer {
-            ip: "203.0.113.9".parse().unwrap(),
-            trusted,
-            tls: false,
-        }
+    fn peer(trusted: bool) -> Peer<'static> {
+        let client = Box::leak(Box::new(Client::new("203.0.113.9".parse().unwrap(), false)));
+        client.peer(trusted)
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -533,14 +475,14 @@ mod tests {
     }
 
     #[test]
-    fn upstream_uri_keeps_path_and_query_bytes() {
-        let original: Uri = "/pluginfile.php?file=%2F1%2Fmod_scorm%2Fx&a=b+c"
-            .parse()
-            .unwrap();
-        let upstream: Authority = "10.0.0.1:8080".parse().unwrap();
+    fn an_absolute_target_reaches_the_node_in_origin_form_byte_for_byte() {
+        let original: Uri =
+            "https://moodle.example.edu/pluginfile.php?file=%2F1%2Fmod_scorm%2Fx&a=b+c"
+                .parse()
+                .unwrap();
         assert_eq!(
-            upstream_uri(&upstream, &original).to_string(),
-            "http://10.0.0.1:8080/pluginfile.php?file=%2F1%2Fmod_scorm%2Fx&a=b+c"
+            origin_form(&original).to_string(),
+            "/pluginfile.php?file=%2F1%2Fmod_scorm%2Fx&a=b+c"
         );
     }
 }

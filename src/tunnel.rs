@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 
 use crate::body::{IdleLimited, RequestBody};
 use crate::error::GatewayError;
+use crate::pool::NodeBody;
 use crate::proxy::{self, Bounds, Peer};
 
 /// Whether the request asks to switch protocols: `Connection: upgrade` (as one
@@ -44,7 +45,7 @@ pub fn is_upgrade<B>(request: &Request<B>) -> bool {
 pub async fn forward(
     upstream: &Authority,
     mut request: Request<Incoming>,
-    peer: Peer,
+    peer: Peer<'_>,
     bounds: Bounds,
 ) -> Result<Response<IdleLimited>, GatewayError> {
     let (connect, idle) = (bounds.connect, bounds.tunnel_idle);
@@ -54,14 +55,8 @@ pub async fn forward(
     let request = request
         .map(|body| RequestBody::new(Some(body), bounds.body_idle, bounds.max_body_bytes, None));
     let mut request = proxy::prepared(upstream, request, peer);
-    // Origin form on a connection of our own; the hop-by-hop pair that asks for
-    // the switch goes back on after the header hygiene removed it.
-    *request.uri_mut() = request
-        .uri()
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .parse()
-        .map_err(|_| GatewayError::MalformedRequest)?;
+    // The hop-by-hop pair that asks for the switch goes back on after the header
+    // hygiene removed it.
     let headers = request.headers_mut();
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     if let Some(protocol) = protocol.clone() {
@@ -84,7 +79,9 @@ pub async fn forward(
     };
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
         proxy::strip_hop_by_hop(response.headers_mut());
-        return Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)));
+        return Ok(
+            response.map(|body| IdleLimited::new(NodeBody::detached(body), bounds.body_idle))
+        );
     }
     let node_side = hyper::upgrade::on(&mut response);
     tokio::spawn(async move {
@@ -100,7 +97,7 @@ pub async fn forward(
     if let Some(protocol) = node_protocol.or(protocol) {
         headers.insert(header::UPGRADE, protocol);
     }
-    Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)))
+    Ok(response.map(|body| IdleLimited::new(NodeBody::detached(body), bounds.body_idle)))
 }
 
 /// Copies bytes both ways until one side closes, an error, or `idle` passes with

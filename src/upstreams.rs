@@ -23,6 +23,7 @@ use http::uri::Authority;
 use crate::balancer::Balancer;
 use crate::config::{Balance, Config, NodeState, UpstreamConfig};
 use crate::health::Health;
+use crate::pool::Conns;
 
 /// A node's stable id: what the affinity table stores.
 pub type NodeId = usize;
@@ -44,6 +45,8 @@ pub struct Upstream {
     pub weight: u32,
     /// Up or down, shared with earlier generations of the same node and address.
     pub health: Arc<Health>,
+    /// Idle keep-alive connections, shared like `health`.
+    pub conns: Arc<Conns>,
     /// The admin state as a [`NodeState`] index, shared like `health`.
     state: Arc<AtomicU8>,
     /// The state the config file asked for, to tell an admin's change from a file's.
@@ -253,15 +256,16 @@ fn upstream(config: &UpstreamConfig, id: NodeId, kept: Option<&Upstream>) -> Ups
         }
         None => Arc::new(AtomicU8::new(state_index(config.state))),
     };
-    let health = kept
-        .filter(|k| k.authority == config.authority)
-        .map_or_else(Arc::default, |k| k.health.clone());
+    let same_address = kept.filter(|k| k.authority == config.authority);
+    let health = same_address.map_or_else(Arc::default, |k| k.health.clone());
+    let conns = same_address.map_or_else(Arc::default, |k| k.conns.clone());
     Upstream {
         id,
         name: config.name.clone(),
         authority: config.authority.clone(),
         weight: config.weight,
         health,
+        conns,
         state,
         configured: config.state,
     }

@@ -325,6 +325,23 @@ async fn an_upload_the_student_abandons_is_cut_short_at_the_node_and_its_connect
     );
 }
 
+/// Keep-alive towards the node: requests one after another travel on the connection
+/// the first one opened (the gateway keeps it between requests).
+#[tokio::test]
+async fn requests_one_after_another_share_one_node_connection() {
+    let (node, arrivals) = connection_counting_node().await;
+    let gateway = gateway_for(node, "").await;
+    for i in 0..10 {
+        let seen = support::get(&gateway.url(&format!("/course/view.php?id={i}"))).await;
+        assert_eq!(seen.status, 200, "request {i}");
+    }
+    let arrivals = wait_for_arrivals(&arrivals, 10).await;
+    assert!(
+        arrivals.iter().all(|a| a.connection == arrivals[0].connection),
+        "a new node connection for a request that could reuse one: {arrivals:?}"
+    );
+}
+
 async fn wait_for_arrivals(arrivals: &Mutex<Vec<Arrival>>, count: usize) -> Vec<Arrival> {
     for _ in 0..100 {
         let seen = arrivals.lock().unwrap().clone();

@@ -1,0 +1,341 @@
+//! Keep-alive connections to the upstreams, each driven by the request using it.
+//!
+//! Why not hyper-util's pooled client: it runs every upstream connection as a task of
+//! its own, so a proxied request is handed to that task through a channel, its
+//! response comes back through another, and three tasks wake for one exchange. Here
+//! the request's own task drives the connection: while it waits for the response
+//! head ([`Lease::send`]) and inside the response body while that streams to the
+//! student ([`NodeBody`]). An idle connection is a plain value in its upstream's
+//! [`Conns`] list that nobody polls.
+//!
+//! An idle connection the node closed is found when it is taken: it is polled once
+//! (hyper then reads the node's FIN) and dropped if it ended. A request that a
+//! reused connection could not even start to send (the node closed it in that very
+//! moment) is sent again on a fresh connection: hyper hands such a request back
+//! untouched, so nothing can reach a node twice.
+
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{Connection, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::body::RequestBody;
+use crate::stall::WriteStall;
+
+/// Idle connections kept per upstream. More than this many concurrent requests to
+/// one node open connections that are closed after their exchange instead of kept:
+/// a PHP node rarely has more workers than this, and every kept connection holds
+/// one of the node's (nginx or Apache) keep-alive slots.
+const MAX_IDLE: usize = 256;
+
+/// A connection to a node: its writes may stay blocked at most `body_idle` (see
+/// [`WriteStall`]: a node that accepted an upload but stopped reading would
+/// otherwise hold the request for ever).
+pub type NodeIo = TokioIo<WriteStall<TcpStream>>;
+
+/// How connections to the upstreams are opened and how long they may idle, fixed
+/// at start (`timeouts.connect`, `upstream_idle` and `body_idle`).
+#[derive(Debug, Clone, Copy)]
+pub struct Pool {
+    connect: Duration,
+    idle: Duration,
+    stall: Duration,
+}
+
+impl Pool {
+    /// A pool that connects within `connect`, keeps connections idle at most `idle`,
+    /// and cuts a connection whose writes stay blocked for `stall`.
+    pub fn new(connect: Duration, idle: Duration, stall: Duration) -> Self {
+        Self {
+            connect,
+            idle,
+            stall,
+        }
+    }
+
+    /// A connection to `authority`: an idle one from `conns` if one is still open,
+    /// else a new one. The flag says whether it was reused.
+    pub async fn lease(
+        &self,
+        authority: &Authority,
+        conns: &Arc<Conns>,
+    ) -> Result<(Lease, bool), ConnectError> {
+        if let Some(lease) = conns.take(self.idle) {
+            return Ok((lease, true));
+        }
+        let stream = tokio::time::timeout(self.connect, TcpStream::connect(authority.as_str()))
+            .await
+            .map_err(|_| ConnectError::TimedOut)?
+            .map_err(ConnectError::Io)?;
+        stream.set_nodelay(true).map_err(ConnectError::Io)?;
+        let io = TokioIo::new(WriteStall::new(stream, self.stall));
+        let (sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| ConnectError::Io(io::Error::other(e)))?;
+        let lease = Lease {
+            sender,
+            conn: Box::new(conn),
+            home: conns.clone(),
+            ended: false,
+        };
+        Ok((lease, false))
+    }
+}
+
+/// Why a connection to a node could not be opened.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// Nothing answered within `timeouts.connect`.
+    TimedOut,
+    /// Refused, unreachable, or the name did not resolve.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TimedOut => f.write_str("connect timed out"),
+            Self::Io(error) => write!(f, "connect failed: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+/// One upstream's idle connections, most recently used last. Shared by the config
+/// generations that keep the upstream's address. The lock is held for a push or a
+/// pop, never across I/O.
+#[derive(Default)]
+pub struct Conns {
+    idle: Mutex<VecDeque<Idle>>,
+}
+
+impl std::fmt::Debug for Conns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conns").field("idle", &self.len()).finish()
+    }
+}
+
+/// hyper's connection state (buffers, parser) is about 700 bytes: boxed once per
+/// connection, so that a lease moves through the request's futures as a pointer.
+type Conn = Box<Connection<NodeIo, RequestBody>>;
+
+struct Idle {
+    sender: SendRequest<RequestBody>,
+    conn: Conn,
+    since: Instant,
+}
+
+impl Conns {
+    /// Idle connections kept now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no connection is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The most recently used connection that is still open and was idle at most
+    /// `limit`. Closed and expired ones met on the way are dropped (outside the lock).
+    fn take(self: &Arc<Self>, limit: Duration) -> Option<Lease> {
+        let mut noop = Context::from_waker(Waker::noop());
+        loop {
+            let mut idle = self.lock().pop_back()?;
+            if idle.since.elapsed() > limit {
+                // Everything older is older still.
+                let expired = std::mem::take(&mut *self.lock());
+                drop((idle, expired));
+                return None;
+            }
+            // Lets hyper read a FIN (or stray bytes) that arrived while it idled, and
+            // finish the bookkeeping of the previous exchange.
+            if Pin::new(&mut idle.conn).poll(&mut noop).is_ready() {
+                continue;
+            }
+            if let Poll::Ready(Ok(())) = idle.sender.poll_ready(&mut noop) {
+                return Some(Lease {
+                    sender: idle.sender,
+                    conn: idle.conn,
+                    home: self.clone(),
+                    ended: false,
+                });
+            }
+        }
+    }
+
+    fn put(&self, sender: SendRequest<RequestBody>, conn: Conn) {
+        let idle = Idle {
+            sender,
+            conn,
+            since: Instant::now(),
+        };
+        let mut list = self.lock();
+        let evicted = (list.len() >= MAX_IDLE).then(|| list.pop_front());
+        list.push_back(idle);
+        drop(list);
+        drop(evicted);
+    }
+}
+
+/// A connection in use by one request, back to its upstream's list once the response
+/// has been read in full (see [`NodeBody`]); dropped, and so closed, otherwise.
+pub struct Lease {
+    sender: SendRequest<RequestBody>,
+    conn: Conn,
+    home: Arc<Conns>,
+    /// The connection future finished: the node closed it or it failed.
+    ended: bool,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("ended", &self.ended).finish()
+    }
+}
+
+/// A request that could not be sent, with the request when none of it left.
+pub type SendError = hyper::client::conn::TrySendError<Request<RequestBody>>;
+
+impl Lease {
+    /// Sends `request` and waits for the response head, driving the connection
+    /// (and with it the upload) meanwhile.
+    pub async fn send(
+        &mut self,
+        request: Request<RequestBody>,
+    ) -> Result<Response<Incoming>, SendError> {
+        // A fresh connection becomes ready at its first poll.
+        let ready = poll_fn(|cx| {
+            self.drive(cx);
+            self.sender.poll_ready(cx)
+        })
+        .await;
+        if ready.is_err() {
+            // Closed: hyper hands the request back untouched.
+            return self.sender.try_send_request(request).await;
+        }
+        let mut answer = std::pin::pin!(self.sender.try_send_request(request));
+        poll_fn(|cx| {
+            if let Poll::Ready(answer) = answer.as_mut().poll(cx) {
+                return Poll::Ready(answer);
+            }
+            self.drive(cx);
+            answer.as_mut().poll(cx)
+        })
+        .await
+    }
+
+    /// Polls the connection: hyper writes what is queued and reads what arrived.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        if !self.ended && Pin::new(&mut self.conn).poll(cx).is_ready() {
+            self.ended = true;
+        }
+    }
+
+    /// Returns the connection to its upstream's list, unless it ended.
+    fn release(self) {
+        if !self.ended && !self.sender.is_closed() {
+            self.home.put(self.sender, self.conn);
+        }
+    }
+}
+
+/// A node's response body, which also drives the node's connection while it streams
+/// and returns the connection for reuse once the body has been read in full. A body
+/// dropped before its end (the student left) drops the connection with it: a
+/// half-read response cannot be reused.
+#[derive(Debug)]
+pub struct NodeBody {
+    incoming: Incoming,
+    lease: Option<Lease>,
+    /// The body said it ended (a chunked one never reports `is_end_stream`).
+    done: bool,
+}
+
+impl NodeBody {
+    /// `incoming`, read over `lease`.
+    pub fn leased(incoming: Incoming, lease: Lease) -> Self {
+        Self {
+            incoming,
+            lease: Some(lease),
+            done: false,
+        }
+    }
+
+    /// `incoming` from a connection something else drives (an upgrade's).
+    pub fn detached(incoming: Incoming) -> Self {
+        Self {
+            incoming,
+            lease: None,
+            done: false,
+        }
+    }
+}
+
+impl Body for NodeBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let mut frame = Pin::new(&mut this.incoming).poll_frame(cx);
+        if frame.is_pending() {
+            // The body just asked hyper for more: let the connection read it.
+            if let Some(lease) = &mut this.lease {
+                let ended = lease.ended;
+                lease.drive(cx);
+                if lease.ended && !ended {
+                    // The node closed or failed mid-body. Let hyper flush what it
+                    // already has before it sees the error and aborts: the student
+                    // gets every byte that arrived, on a connection that is then cut.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                frame = Pin::new(&mut this.incoming).poll_frame(cx);
+            }
+        }
+        if let Poll::Ready(None) = frame {
+            this.done = true;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.incoming.size_hint()
+    }
+}
+
+impl Drop for NodeBody {
+    fn drop(&mut self) {
+        if self.done || self.incoming.is_end_stream() {
+            if let Some(lease) = self.lease.take() {
+                lease.release();
+            }
+        }
+    }
+}
