@@ -337,7 +337,9 @@ async fn requests_one_after_another_share_one_node_connection() {
     }
     let arrivals = wait_for_arrivals(&arrivals, 10).await;
     assert!(
-        arrivals.iter().all(|a| a.connection == arrivals[0].connection),
+        arrivals
+            .iter()
+            .all(|a| a.connection == arrivals[0].connection),
         "a new node connection for a request that could reuse one: {arrivals:?}"
     );
 }
