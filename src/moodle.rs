@@ -234,11 +234,30 @@ pub fn is_valid_session_id(s: &str) -> bool {
 /// Borrows when there is nothing to do, because this runs on every proxied request.
 fn normalise_path(raw: &str) -> Result<Cow<'_, str>, AmbiguousPath> {
     // `*` (OPTIONS *) and other non-path targets name no script a node could run.
-    if !raw.starts_with('/') || raw.contains(['\0', '\\']) {
+    if !raw.starts_with('/') {
         return Err(AmbiguousPath);
     }
-    let plain = raw.starts_with('/') && !raw.contains('%') && !raw.contains("//");
-    if plain && raw.split('/').all(|s| s != "." && s != "..") {
+    // One pass over the bytes: refused bytes, escapes, `//`, `.` and `..` segments.
+    let bytes = raw.as_bytes();
+    let mut plain = true;
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            0 | b'\\' => return Err(AmbiguousPath),
+            b'%' => plain = false,
+            b'/' => {
+                if let [b'/', ..]
+                | [b'.']
+                | [b'.', b'/', ..]
+                | [b'.', b'.']
+                | [b'.', b'.', b'/', ..] = bytes[i + 1..]
+                {
+                    plain = false;
+                }
+            }
+            _ => {}
+        }
+    }
+    if plain {
         return Ok(Cow::Borrowed(raw));
     }
     let decoded = decode_path(raw)?;

@@ -250,23 +250,38 @@ const HOP_BY_HOP: [HeaderName; 6] = [
 /// Removes hop-by-hop headers (including `Keep-Alive`, `Proxy-*` and whatever
 /// `Connection` lists) before the gateway adds its own.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Runs twice per request and usually finds nothing: one pass over the names,
-    // without hashing any of them, decides that.
+    // Runs twice per request and usually finds nothing, or only a node's
+    // `Connection: keep-alive`: one pass over the names, without hashing or
+    // allocating, decides that.
     if !headers.keys().any(is_hop_by_hop) {
         return;
     }
-    let doomed: Vec<HeaderName> = headers
+    let lists_more = headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        // A client listing Cookie or Host as hop-by-hop would make the node read a
-        // different session or site than the one the gateway routed on.
-        .filter(|name| name != header::COOKIE && name != header::HOST)
-        .chain(headers.keys().filter(|name| is_hop_by_hop(name)).cloned())
-        .collect();
-    for name in doomed {
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .any(|t| {
+            !(t.is_empty()
+                || t.eq_ignore_ascii_case(b"keep-alive")
+                || t.eq_ignore_ascii_case(b"close"))
+        });
+    if lists_more {
+        let listed: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            // A client listing Cookie or Host as hop-by-hop would make the node read
+            // a different session or site than the one the gateway routed on.
+            .filter(|name| name != header::COOKIE && name != header::HOST)
+            .collect();
+        for name in listed {
+            headers.remove(name);
+        }
+    }
+    while let Some(name) = headers.keys().find(|name| is_hop_by_hop(name)).cloned() {
         headers.remove(name);
     }
 }
@@ -408,6 +423,25 @@ mod tests {
         strip_hop_by_hop(&mut map);
         let left: Vec<_> = map.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["cookie"]);
+    }
+
+    #[test]
+    fn a_nodes_keep_alive_and_close_are_removed_and_nothing_else() {
+        for value in ["keep-alive", "close", "Keep-Alive, close", " , "] {
+            let mut map = headers(&[
+                ("connection", value),
+                ("set-cookie", "MoodleSession=abc; path=/"),
+                ("content-length", "5"),
+            ]);
+            strip_hop_by_hop(&mut map);
+            let mut left: Vec<_> = map.keys().map(|k| k.as_str()).collect();
+            left.sort_unstable();
+            assert_eq!(
+                left,
+                ["content-length", "set-cookie"],
+                "Connection: {value}"
+            );
+        }
     }
 
     #[test]
