@@ -397,7 +397,7 @@ fn admin_service(
 
 /// Keeps the table in shape in the background: expires idle sessions every
 /// [`SWEEP_EVERY`], and sheds the least recently used ones as soon as a bind takes it
-/// over `max_sessions`. Both scan the table, so they run on a blocking thread, never
+/// over `max_sessions`. The same pass closes upstream connections that idled too long. Both scan the table, so they run on a blocking thread, never
 /// on a worker that is serving students; each locks one shard at a time.
 async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
@@ -409,11 +409,16 @@ async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<boo
             () = table.over_bound() => {}
             _ = stop.changed() => return,
         }
-        let pass = tokio::task::spawn_blocking(move || (table.shed(), table.sweep(), table.len()));
-        if let Ok((shed, expired, live)) = pass.await {
+        let swept = gateway.clone();
+        let pass = tokio::task::spawn_blocking(move || {
+            let kept = swept.prune_connections();
+            (table.shed(), table.sweep(), table.len(), kept)
+        });
+        if let Ok((shed, expired, live, kept)) = pass.await {
             if shed + expired > 0 {
                 tracing::debug!(shed, expired, live, "swept the affinity table");
             }
+            tracing::trace!(kept, "idle upstream connections after the sweep");
         }
     }
 }

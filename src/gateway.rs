@@ -178,6 +178,19 @@ impl Gateway {
         &self.table
     }
 
+    /// Closes the upstream connections that idled past `timeouts.upstream_idle` or
+    /// that their node closed; returns how many are kept.
+    pub fn prune_connections(&self) -> usize {
+        let settings = self.settings.load();
+        let upstreams = &settings.upstreams;
+        upstreams
+            .nodes()
+            .iter()
+            .chain([upstreams.data()])
+            .map(|upstream| upstream.conns.prune(self.pool.idle()))
+            .sum()
+    }
+
     /// Proxies one request and returns the streaming response or an error page.
     /// `tls` says whether the student's connection is TLS (terminated here).
     pub async fn handle(

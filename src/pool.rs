@@ -66,6 +66,11 @@ impl Pool {
         }
     }
 
+    /// How long a connection may idle before it is closed.
+    pub fn idle(&self) -> Duration {
+        self.idle
+    }
+
     /// A connection to `authority`: an idle one from `conns` if one is still open,
     /// else a new one. The flag says whether it was reused.
     pub async fn lease(
@@ -180,6 +185,26 @@ impl Conns {
                 });
             }
         }
+    }
+
+    /// Drops the connections idle longer than `limit` and those the node closed
+    /// meanwhile; returns how many are kept. The sweeper runs it, so that a quiet
+    /// upstream's connections do not sit half-closed until its next request.
+    pub fn prune(&self, limit: Duration) -> usize {
+        let mut noop = Context::from_waker(Waker::noop());
+        let all = std::mem::take(&mut *self.lock());
+        let mut kept: VecDeque<Idle> = all
+            .into_iter()
+            .filter_map(|mut idle| {
+                let open = Pin::new(&mut idle.conn).poll(&mut noop).is_pending();
+                (open && idle.since.elapsed() <= limit).then_some(idle)
+            })
+            .collect();
+        let mut list = self.lock();
+        // Connections put back meanwhile are the most recently used: they go last.
+        kept.extend(list.drain(..));
+        *list = kept;
+        list.len()
     }
 
     fn put(&self, sender: SendRequest<RequestBody>, conn: Conn) {
@@ -337,5 +362,63 @@ impl Drop for NodeBody {
                 lease.release();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A node that accepts connections and hands them to the test.
+    async fn node() -> (Authority, tokio::sync::mpsc::UnboundedReceiver<TcpStream>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = listener.local_addr().unwrap().to_string().parse().unwrap();
+        let (accepted, streams) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let _ = accepted.send(stream);
+            }
+        });
+        (authority, streams)
+    }
+
+    fn pool() -> Pool {
+        let second = Duration::from_secs(1);
+        Pool::new(second, Duration::from_secs(60), second)
+    }
+
+    #[tokio::test]
+    async fn the_sweep_drops_connections_the_node_closed_and_keeps_the_rest() {
+        let (authority, mut streams) = node().await;
+        let conns = Arc::new(Conns::default());
+        let (one, _) = pool().lease(&authority, &conns).await.unwrap();
+        let (two, _) = pool().lease(&authority, &conns).await.unwrap();
+        one.release();
+        two.release();
+        let (first, _second) = (streams.recv().await.unwrap(), streams.recv().await.unwrap());
+        assert_eq!(conns.prune(Duration::from_secs(60)), 2);
+
+        drop(first);
+        let mut kept = 2;
+        for _ in 0..200 {
+            kept = conns.prune(Duration::from_secs(60));
+            if kept < 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(kept, 1, "the connection the node closed is still kept");
+    }
+
+    #[tokio::test]
+    async fn the_sweep_drops_connections_idle_past_the_limit() {
+        let (authority, _streams) = node().await;
+        let conns = Arc::new(Conns::default());
+        let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
+        lease.release();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(conns.prune(Duration::from_millis(1)), 0);
+        assert!(conns.is_empty());
     }
 }
