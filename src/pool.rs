@@ -92,9 +92,8 @@ impl Pool {
             .map_err(|e| ConnectError::Io(io::Error::other(e)))?;
         let lease = Lease {
             sender,
-            conn: Box::new(conn),
+            conn: Some(Box::new(conn)),
             home: conns.clone(),
-            ended: false,
         };
         Ok((lease, false))
     }
@@ -179,9 +178,8 @@ impl Conns {
             if let Poll::Ready(Ok(())) = idle.sender.poll_ready(&mut noop) {
                 return Some(Lease {
                     sender: idle.sender,
-                    conn: idle.conn,
+                    conn: Some(idle.conn),
                     home: self.clone(),
-                    ended: false,
                 });
             }
         }
@@ -225,15 +223,18 @@ impl Conns {
 /// has been read in full (see [`NodeBody`]); dropped, and so closed, otherwise.
 pub struct Lease {
     sender: SendRequest<RequestBody>,
-    conn: Conn,
+    /// `None` once the connection future finished (the node closed it, or it
+    /// failed). It is dropped at once: only then does hyper hand back a request
+    /// queued on it, or fail one waiting for an answer.
+    conn: Option<Conn>,
     home: Arc<Conns>,
-    /// The connection future finished: the node closed it or it failed.
-    ended: bool,
 }
 
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lease").field("ended", &self.ended).finish()
+        f.debug_struct("Lease")
+            .field("ended", &self.ended())
+            .finish()
     }
 }
 
@@ -270,15 +271,27 @@ impl Lease {
 
     /// Polls the connection: hyper writes what is queued and reads what arrived.
     fn drive(&mut self, cx: &mut Context<'_>) {
-        if !self.ended && Pin::new(&mut self.conn).poll(cx).is_ready() {
-            self.ended = true;
+        if let Some(conn) = &mut self.conn {
+            if Pin::new(conn).poll(cx).is_ready() {
+                self.conn = None;
+            }
         }
     }
 
-    /// Returns the connection to its upstream's list, unless it ended.
+    fn ended(&self) -> bool {
+        self.conn.is_none()
+    }
+
+    /// Returns the connection to its upstream's list if it is idle and open. hyper
+    /// marks it ready in the poll that finishes an exchange, so a connection still
+    /// sending an upload the node answered early (a 413 before the end of the
+    /// body) is not ready, and is dropped rather than kept with the student's
+    /// upload stuck in it.
     fn release(self) {
-        if !self.ended && !self.sender.is_closed() {
-            self.home.put(self.sender, self.conn);
+        if let Some(conn) = self.conn {
+            if self.sender.is_ready() {
+                self.home.put(self.sender, conn);
+            }
         }
     }
 }
@@ -328,9 +341,9 @@ impl Body for NodeBody {
         if frame.is_pending() {
             // The body just asked hyper for more: let the connection read it.
             if let Some(lease) = &mut this.lease {
-                let ended = lease.ended;
+                let ended = lease.ended();
                 lease.drive(cx);
-                if lease.ended && !ended {
+                if lease.ended() && !ended {
                     // The node closed or failed mid-body. Let hyper flush what it
                     // already has before it sees the error and aborts: the student
                     // gets every byte that arrived, on a connection that is then cut.
@@ -383,6 +396,17 @@ mod tests {
         (authority, streams)
     }
 
+    /// `lease` once hyper says it takes a request, as after a finished exchange.
+    async fn ready(mut lease: Lease) -> Lease {
+        poll_fn(|cx| {
+            lease.drive(cx);
+            lease.sender.poll_ready(cx)
+        })
+        .await
+        .unwrap();
+        lease
+    }
+
     fn pool() -> Pool {
         let second = Duration::from_secs(1);
         Pool::new(second, Duration::from_secs(60), second)
@@ -394,8 +418,8 @@ mod tests {
         let conns = Arc::new(Conns::default());
         let (one, _) = pool().lease(&authority, &conns).await.unwrap();
         let (two, _) = pool().lease(&authority, &conns).await.unwrap();
-        one.release();
-        two.release();
+        ready(one).await.release();
+        ready(two).await.release();
         let (first, _second) = (streams.recv().await.unwrap(), streams.recv().await.unwrap());
         assert_eq!(conns.prune(Duration::from_secs(60)), 2);
 
@@ -411,12 +435,58 @@ mod tests {
         assert_eq!(kept, 1, "the connection the node closed is still kept");
     }
 
+    fn get() -> Request<RequestBody> {
+        let body = RequestBody::new(None, Duration::from_secs(5), 0, None);
+        let mut request = Request::new(body);
+        request
+            .headers_mut()
+            .insert(http::header::HOST, http::HeaderValue::from_static("node"));
+        request
+    }
+
+    /// The node closes a kept connection just as a request takes it: the request must
+    /// come back unsent (the caller then opens another connection), not wait for ever
+    /// on a connection nobody reads.
+    #[tokio::test]
+    async fn a_kept_connection_closed_as_it_is_taken_hands_the_request_back() {
+        let (authority, mut streams) = node().await;
+        let conns = Arc::new(Conns::default());
+        let (mut lease, _) = pool().lease(&authority, &conns).await.unwrap();
+        let answered = lease.send(get());
+        let node_side = async {
+            let mut stream = streams.recv().await.unwrap();
+            let mut head = [0u8; 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut head).await;
+            let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+            tokio::io::AsyncWriteExt::write_all(&mut stream, answer)
+                .await
+                .unwrap();
+            stream
+        };
+        let (response, stream) = tokio::join!(answered, node_side);
+        let body = NodeBody::leased(response.unwrap().into_body(), lease);
+        http_body_util::BodyExt::collect(body).await.unwrap();
+        assert_eq!(conns.len(), 1, "the connection was kept");
+
+        let (mut lease, reused) = pool().lease(&authority, &conns).await.unwrap();
+        assert!(reused);
+        drop(stream);
+        // Lets the node's FIN arrive before the request is sent.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sent = tokio::time::timeout(Duration::from_secs(10), lease.send(get())).await;
+        let mut failed = sent.expect("the request hung").unwrap_err();
+        assert!(
+            failed.take_message().is_some(),
+            "the request was not handed back"
+        );
+    }
+
     #[tokio::test]
     async fn the_sweep_drops_connections_idle_past_the_limit() {
         let (authority, _streams) = node().await;
         let conns = Arc::new(Conns::default());
         let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
-        lease.release();
+        ready(lease).await.release();
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(conns.prune(Duration::from_millis(1)), 0);
         assert!(conns.is_empty());

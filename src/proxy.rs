@@ -181,7 +181,8 @@ pub async fn forward(
                 Ok(response) => return Ok(response.map(|body| NodeBody::leased(body, lease))),
                 Err(mut failed) => match failed.take_message() {
                     // The node closed a kept connection as it was taken: nothing was
-                    // sent, so a fresh connection carries the request.
+                    // sent, so another connection carries the request. Each failed
+                    // kept one is dropped, and a new one is never retried.
                     Some(unsent) if reused => request = unsent,
                     _ => return Err(classify_error(authority, failed.error())),
                 },

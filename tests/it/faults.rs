@@ -325,6 +325,40 @@ async fn an_upload_the_student_abandons_is_cut_short_at_the_node_and_its_connect
     );
 }
 
+/// A node that answers an upload before it has read it all (a 413 at once, as PHP's
+/// `post_max_size` check can): the student gets that answer, then a closed
+/// connection, never one left hanging with the rest of the upload stuck in the
+/// gateway.
+#[tokio::test]
+async fn an_upload_the_node_answers_early_gets_the_answer_then_a_closed_connection() {
+    let early = |_: &str| {
+        (
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 3\r\n\r\nbig".to_vec(),
+            Then::KeepOpen,
+        )
+    };
+    let (node, _) = scripted(early).await;
+    let gateway = gateway_for(node, "").await;
+    let mut conn = RawConn::connect(gateway.addr).await;
+    let head = format!(
+        "POST /repository/repository_ajax.php HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 1000000\r\n\r\n"
+    );
+    conn.send(head.as_bytes()).await.unwrap();
+    conn.send(&[b'a'; 10_000]).await.unwrap();
+    let response = conn
+        .response(WITHIN, false)
+        .await
+        .expect("the node's answer");
+    assert_eq!(
+        (response.status, response.body.as_slice()),
+        (413, &b"big"[..])
+    );
+    assert_eq!(
+        conn.afterwards(Duration::from_secs(2)).await,
+        AfterwardsRaw::Closed
+    );
+}
+
 /// Keep-alive towards the node: requests one after another travel on the connection
 /// the first one opened (the gateway keeps it between requests).
 #[tokio::test]
