@@ -32,7 +32,7 @@ use crate::error::GatewayError;
 use crate::health::Change;
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
 use crate::pool::Pool;
-use crate::proxy::{self, Bounds, Client, Peer, Replay};
+use crate::proxy::{self, Bounds, Client, Failed, Peer};
 use crate::route_cookie::RouteCookie;
 use crate::tunnel;
 use crate::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
@@ -341,11 +341,11 @@ impl Gateway {
             }
             return upgraded.map(|response| (route, response));
         }
-        let elsewhere = settings.upstreams.nodes().len() > 1;
-        let replay = match route {
-            Route::Deal(_) | Route::Spread(_) if elsewhere => Replay::of(&request),
-            _ => None,
-        };
+        // Only a request with no affinity and no body moves: nothing of it reached
+        // the first node, and no node holds its session.
+        let movable = matches!(route, Route::Deal(_) | Route::Spread(_))
+            && settings.upstreams.nodes().len() > 1
+            && http_body::Body::is_end_stream(request.body());
         let mut request = request.map(Some);
         let mut attempts = settings.upstreams.nodes().len();
         loop {
@@ -353,12 +353,12 @@ impl Gateway {
                 .upstream(route)
                 .ok_or(GatewayError::NoNodeAvailable)?;
             let forwarded = proxy::forward(&self.pool, upstream, request, peer, settings.bounds);
-            let error = match forwarded.await {
+            let Failed { error, unsent } = match forwarded.await {
                 Ok(response) => {
                     upstream.health.request_succeeded();
                     return Ok((route, response));
                 }
-                Err(error) => error,
+                Err(failed) => failed,
             };
             if error.is_upstream_failure()
                 && upstream.health.failure(settings.health.fall) == Change::Down
@@ -366,16 +366,14 @@ impl Gateway {
                 tracing::warn!(upstream = %upstream.name, "marked down: {error}");
             }
             attempts -= 1;
-            let next = match (route, &replay) {
-                _ if error != GatewayError::UpstreamUnreachable || attempts == 0 => None,
-                (Route::Deal(node), Some(_)) => self.deal(settings, Some(node)).map(Route::Deal),
-                (Route::Spread(node), Some(_)) => {
-                    settings.upstreams.spread(Some(node)).map(Route::Spread)
-                }
+            let next = match route {
+                _ if !movable || attempts == 0 => None,
+                Route::Deal(node) => self.deal(settings, Some(node)).map(Route::Deal),
+                Route::Spread(node) => settings.upstreams.spread(Some(node)).map(Route::Spread),
                 _ => None,
             };
-            match (next, &replay) {
-                (Some(next), Some(replay)) => (route, request) = (next, replay.request()),
+            match (next, unsent) {
+                (Some(next), Some(unsent)) => (route, request) = (next, unsent),
                 _ => return Err(error),
             }
         }

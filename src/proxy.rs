@@ -82,37 +82,6 @@ pub struct Peer<'a> {
     forwarded_for: &'a HeaderValue,
 }
 
-/// A copy of a body-less request, kept so that it can be sent to another node if
-/// the first one cannot even be connected to.
-#[derive(Debug)]
-pub struct Replay(Request<()>);
-
-impl Replay {
-    /// A copy of `request` if it has no body (a body streams through once and cannot
-    /// be sent twice).
-    pub fn of(request: &Request<Incoming>) -> Option<Self> {
-        if !http_body::Body::is_end_stream(request.body()) {
-            return None;
-        }
-        let mut copy = Request::new(());
-        *copy.method_mut() = request.method().clone();
-        *copy.uri_mut() = request.uri().clone();
-        *copy.version_mut() = request.version();
-        *copy.headers_mut() = request.headers().clone();
-        Some(Self(copy))
-    }
-
-    /// The request again, with its empty body.
-    pub fn request(&self) -> Request<Option<Incoming>> {
-        let mut again = Request::new(None);
-        *again.method_mut() = self.0.method().clone();
-        *again.uri_mut() = self.0.uri().clone();
-        *again.version_mut() = self.0.version();
-        *again.headers_mut() = self.0.headers().clone();
-        again
-    }
-}
-
 /// Whether the student reached the public side over HTTPS, as far as the gateway can
 /// tell: a trusted proxy in front said so.
 pub fn is_https(headers: &HeaderMap, peer: Peer<'_>) -> bool {
@@ -142,18 +111,49 @@ pub fn prepared<B>(upstream: &Authority, mut request: Request<B>, peer: Peer<'_>
     request
 }
 
+/// A request that failed, with the request itself when none of it left: its node
+/// could not even be connected to, so the caller may send it to another.
+#[derive(Debug)]
+pub struct Failed {
+    /// What the student sees if the request goes nowhere else.
+    pub error: GatewayError,
+    /// The request as it came, untouched.
+    pub unsent: Option<Request<Option<Incoming>>>,
+}
+
+impl From<GatewayError> for Failed {
+    fn from(error: GatewayError) -> Self {
+        Self {
+            error,
+            unsent: None,
+        }
+    }
+}
+
 /// Sends `request` (its body, if any) to `upstream` and returns its streaming
 /// response, or the error a student should see. Never sent to another node here:
 /// once bytes left for one node, another node must not see the same POST.
 pub async fn forward(
     pool: &Pool,
     upstream: &Upstream,
-    mut request: Request<Option<Incoming>>,
+    request: Request<Option<Incoming>>,
     peer: Peer<'_>,
     bounds: Bounds,
-) -> Result<Response<IdleLimited>, GatewayError> {
+) -> Result<Response<IdleLimited>, Failed> {
     let authority = &upstream.authority;
-    request = prepared(authority, request, peer);
+    // The connection first: a request whose node cannot be reached goes back as it
+    // came, before any header hygiene, so another node can take it as is.
+    let first = match pool.lease(authority, &upstream.conns).await {
+        Ok(lease) => lease,
+        Err(error) => {
+            tracing::warn!(%authority, "upstream unreachable: {error}");
+            return Err(Failed {
+                error: GatewayError::UpstreamUnreachable,
+                unsent: Some(request),
+            });
+        }
+    };
+    let request = prepared(authority, request, peer);
     // A body-less request (most of them) needs no signal: its timer starts now.
     let empty = request
         .body()
@@ -169,13 +169,17 @@ pub async fn forward(
     let mut request =
         request.map(|inner| RequestBody::new(inner, bounds.body_idle, bounds.max_body_bytes, sent));
     let exchange = async {
+        let mut leased = Some(first);
         loop {
-            let (mut lease, reused) = match pool.lease(authority, &upstream.conns).await {
-                Ok(lease) => lease,
-                Err(error) => {
-                    tracing::warn!(%authority, "upstream unreachable: {error}");
-                    return Err(GatewayError::UpstreamUnreachable);
-                }
+            let (mut lease, reused) = match leased.take() {
+                Some(lease) => lease,
+                None => pool
+                    .lease(authority, &upstream.conns)
+                    .await
+                    .map_err(|error| {
+                        tracing::warn!(%authority, "upstream unreachable: {error}");
+                        GatewayError::UpstreamUnreachable
+                    })?,
             };
             match lease.send(request).await {
                 Ok(response) => return Ok(response.map(|body| NodeBody::leased(body, lease))),
@@ -200,7 +204,7 @@ pub async fn forward(
         answer = exchange => answer?,
         () = deadline => {
             tracing::warn!(%authority, "no response headers within {:?}", bounds.response_headers);
-            return Err(GatewayError::UpstreamTimeout);
+            return Err(GatewayError::UpstreamTimeout.into());
         }
     };
     strip_hop_by_hop(response.headers_mut());
