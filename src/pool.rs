@@ -11,7 +11,7 @@
 //! An idle connection the node closed is found when it is taken: it is polled once
 //! (hyper then reads the node's FIN) and dropped if it ended. A request that a
 //! reused connection could not even start to send (the node closed it in that very
-//! moment) is sent again on a fresh connection: hyper hands such a request back
+//! moment) is sent again on another connection: hyper hands such a request back
 //! untouched, so nothing can reach a node twice.
 
 use std::collections::VecDeque;
