@@ -2,7 +2,7 @@
 //!
 //! `serve` takes listeners that are already bound, so tests run the real server on
 //! `127.0.0.1:0` and `main` stays a thin shell. Each listener's accept loop is in
-//! [`crate::listener`]; this file wires the gateway, the admin API, the background
+//! [`crate::http::listener`]; this file wires the gateway, the admin API, the background
 //! tasks (sweeper, health checks, snapshots) and reloads together.
 //!
 //! The public listener is not an axum `Router`: every path is proxied, so routing
@@ -27,11 +27,12 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
-use crate::affinity::Clock;
 use crate::config::Config;
 use crate::gateway::{self, Gateway, ProxyBody};
-use crate::listener::{serve_connections, Listening};
-use crate::proxy::Client;
+use crate::http::listener::{serve_connections, Listening};
+use crate::http::proxy::Client;
+use crate::sessions::affinity::Clock;
+use crate::sessions::state;
 
 /// How often expired sessions are swept out of the table.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -57,7 +58,7 @@ pub struct App {
 #[derive(Clone)]
 struct PublicTls {
     acceptor: TlsAcceptor,
-    certs: Arc<crate::tls::Certificates>,
+    certs: Arc<crate::http::tls::Certificates>,
 }
 
 /// Every listener the gateway serves.
@@ -87,10 +88,13 @@ impl App {
     /// Builds the gateway with a given clock (tests move it to expire sessions).
     pub fn with_clock(config: Config, clock: Clock) -> Self {
         let file = config.state.file.as_deref();
-        let opened = crate::state::open(file, gateway::limits(&config), clock);
+        let opened = state::open(file, gateway::limits(&config), clock);
         let gateway = Gateway::with_table(&config, opened.table);
         if let Some(snapshot) = opened.snapshot {
-            crate::state::restore(&gateway, snapshot);
+            let upstreams = &gateway.settings().upstreams;
+            state::restore(gateway.table(), snapshot, |name| {
+                upstreams.by_name(name).map(|n| n.id)
+            });
         }
         Self {
             gateway: Arc::new(gateway),
@@ -183,10 +187,10 @@ impl App {
 
     /// Serves the public listener over TLS with the certificates `certs` (HTTP/2
     /// and HTTP/1.1 by ALPN); a reload re-reads them.
-    pub fn with_tls(mut self, certs: Arc<crate::tls::Certificates>) -> Self {
-        let config = crate::tls::server_config(certs.clone(), true);
+    pub fn with_tls(mut self, certs: Arc<crate::http::tls::Certificates>) -> Self {
+        let config = crate::http::tls::server_config(certs.clone(), true);
         self.tls = Some(PublicTls {
-            acceptor: crate::tls::acceptor(config),
+            acceptor: crate::http::tls::acceptor(config),
             certs,
         });
         self
@@ -213,12 +217,12 @@ impl App {
         let mut background = tokio::task::JoinSet::new();
         background.spawn(sweep(self.gateway.clone(), stop_rx.clone()));
         let probed = self.gateway.clone();
-        background.spawn(crate::health::run(
+        background.spawn(crate::cluster::health::run(
             move || probe_targets(&probed),
             stop_rx.clone(),
         ));
         if let Some(file) = save_to.clone() {
-            let saving = crate::state::run(self.gateway.clone(), file, save_every, stop_rx.clone());
+            let saving = save_periodically(self.gateway.clone(), file, save_every, stop_rx.clone());
             background.spawn(saving);
         }
         let (drained_tx, drained_rx) = tokio::sync::watch::channel(Duration::ZERO);
@@ -247,7 +251,7 @@ impl App {
             let https_port = public.local_addr().map_or(443, |a| a.port());
             let serving = serve_connections(listener, listening.clone(), drain(), move |_, _| {
                 hyper::service::service_fn(move |request: Request<Incoming>| async move {
-                    Ok::<_, Infallible>(crate::tls::redirect_to_https(&request, https_port))
+                    Ok::<_, Infallible>(crate::http::tls::redirect_to_https(&request, https_port))
                 })
             });
             tokio::spawn(serving)
@@ -270,7 +274,7 @@ impl App {
         let _ = stop_tx.send(true);
         background.shutdown().await;
         if let Some(file) = save_to {
-            crate::state::save_in_background(self.gateway.clone(), file).await;
+            save_in_background(self.gateway.clone(), file).await;
         }
         Ok(())
     }
@@ -345,7 +349,12 @@ fn restart_needed(running: &Config, next: &Config) -> Vec<String> {
 
 /// What the health checker probes this round: every node and the data server of the
 /// current settings.
-fn probe_targets(gateway: &Gateway) -> (crate::config::HealthConfig, Vec<crate::health::Target>) {
+fn probe_targets(
+    gateway: &Gateway,
+) -> (
+    crate::config::HealthConfig,
+    Vec<crate::cluster::health::Target>,
+) {
     let settings = gateway.settings();
     let upstreams = settings
         .upstreams
@@ -419,6 +428,44 @@ async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<boo
                 tracing::debug!(shed, expired, live, "swept the affinity table");
             }
             tracing::trace!(kept, "idle upstream connections after the sweep");
+        }
+    }
+}
+
+/// Saves the table on a blocking thread (a million sessions take a moment to write),
+/// naming the nodes of the config running at that moment, and logs the outcome.
+async fn save_in_background(gateway: Arc<Gateway>, path: PathBuf) {
+    let written = tokio::task::spawn_blocking(move || {
+        let nodes: Vec<_> = (gateway.settings().upstreams.nodes().iter())
+            .map(|n| (n.id, n.name.clone()))
+            .collect();
+        (state::save(gateway.table(), &nodes, &path), path)
+    })
+    .await;
+    match written {
+        Ok((Ok(count), path)) => {
+            tracing::debug!(sessions = count, "state saved to {}", path.display());
+        }
+        Ok((Err(error), path)) => {
+            tracing::warn!("cannot write the state file {}: {error}", path.display());
+        }
+        Err(error) => tracing::warn!("state save did not finish: {error}"),
+    }
+}
+
+/// Saves the table every `every` until `stop` fires.
+async fn save_periodically(
+    gateway: Arc<Gateway>,
+    path: PathBuf,
+    every: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => save_in_background(gateway.clone(), path.clone()).await,
+            _ = stop.changed() => return,
         }
     }
 }

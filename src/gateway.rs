@@ -2,8 +2,8 @@
 //! and learn from the node's `Set-Cookie` on the way back.
 //!
 //! This is the only place where Moodle knowledge ([`crate::moodle`]), the upstreams
-//! and their health ([`crate::upstreams`]) and the affinity table
-//! ([`crate::affinity`]) meet, so the routing rule reads top to bottom in
+//! and their health ([`crate::cluster::upstreams`]) and the affinity table
+//! ([`crate::sessions::affinity`]) meet, so the routing rule reads top to bottom in
 //! `Gateway::route`, failover in `Gateway::sticky` and the learning rule in
 //! `Gateway::learn`.
 //!
@@ -24,18 +24,18 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use ipnet::IpNet;
 
-use crate::affinity::{AffinityTable, Clock, Limits, SessionKey, SessionState};
-use crate::body::IdleLimited;
+use crate::cluster::health::Change;
+use crate::cluster::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
 use crate::config::{Config, HealthConfig, SessionStore};
-use crate::edge::EdgeRules;
 use crate::error::GatewayError;
-use crate::health::Change;
+use crate::http::body::IdleLimited;
+use crate::http::edge::EdgeRules;
+use crate::http::pool::Pool;
+use crate::http::proxy::{self, Bounds, Client, Failed, Peer};
+use crate::http::tunnel;
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
-use crate::pool::Pool;
-use crate::proxy::{self, Bounds, Client, Failed, Peer};
-use crate::route_cookie::RouteCookie;
-use crate::tunnel;
-use crate::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
+use crate::sessions::affinity::{AffinityTable, Clock, Limits, SessionKey, SessionState};
+use crate::sessions::route_cookie::RouteCookie;
 
 /// What a student receives: the node's streaming body, or the gateway's own short page.
 pub type ProxyBody = Either<IdleLimited, Full<Bytes>>;
@@ -352,7 +352,14 @@ impl Gateway {
             let upstream = settings
                 .upstream(route)
                 .ok_or(GatewayError::NoNodeAvailable)?;
-            let forwarded = proxy::forward(&self.pool, upstream, request, peer, settings.bounds);
+            let forwarded = proxy::forward(
+                &self.pool,
+                &upstream.authority,
+                &upstream.conns,
+                request,
+                peer,
+                settings.bounds,
+            );
             let Failed { error, unsent } = match forwarded.await {
                 Ok(response) => {
                     upstream.health.request_succeeded();

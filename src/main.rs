@@ -197,7 +197,7 @@ async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
         None => None,
     };
     let certificates = match &config.tls {
-        Some(tls) => Some(moodle_gateway::tls::Certificates::load(
+        Some(tls) => Some(moodle_gateway::http::tls::Certificates::load(
             &tls.cert, &tls.key,
         )?),
         None => None,

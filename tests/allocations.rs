@@ -10,8 +10,8 @@ use std::alloc::System;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
-use moodle_gateway::affinity::{AffinityTable, Clock, Limits, SessionState};
 use moodle_gateway::moodle::Site;
+use moodle_gateway::sessions::affinity::{AffinityTable, Clock, Limits, SessionState};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
 #[global_allocator]

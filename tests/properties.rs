@@ -12,7 +12,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use moodle_gateway::moodle::{
     is_valid_session_id, AmbiguousPath, IssuedSession, RequestKind, Site,
 };
-use moodle_gateway::route_cookie::RouteCookie;
+use moodle_gateway::sessions::route_cookie::RouteCookie;
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
 

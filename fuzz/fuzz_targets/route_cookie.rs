@@ -9,7 +9,7 @@
 use http::header::COOKIE;
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use moodle_gateway::route_cookie::RouteCookie;
+use moodle_gateway::sessions::route_cookie::RouteCookie;
 
 const SECRET: &[u8] = b"fuzzing-secret-of-at-least-32-bytes!";
 

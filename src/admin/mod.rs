@@ -1,5 +1,5 @@
 //! The admin API: health, the affinity table, eviction; the upstreams, draining
-//! and reload live in [`nodes`].
+//! and reload live in `nodes`.
 //!
 //! Why its own listener: it reads and changes session routing, so it belongs on
 //! loopback or a management network behind a firewall, never on the address
@@ -30,9 +30,9 @@ use serde::{Deserialize, Serialize};
 use siphasher::sip128::SipHasher13;
 use subtle::ConstantTimeEq;
 
-use crate::affinity::{EntryView, SessionKey, SessionState};
+use crate::cluster::upstreams::NodeId;
 use crate::gateway::{Gateway, Settings};
-use crate::upstreams::NodeId;
+use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
 
 mod nodes;
 
@@ -340,8 +340,8 @@ mod tests {
     use serde_json::{json, Value};
     use tower::ServiceExt;
 
-    use crate::affinity::Clock;
     use crate::config::Config;
+    use crate::sessions::affinity::Clock;
     use SessionState::{Anonymous, LoggedIn};
 
     const BEARER: &str = "Bearer s3cret:admin-token";

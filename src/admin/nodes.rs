@@ -19,9 +19,9 @@ use axum::Json;
 use serde::Serialize;
 
 use super::{bad_request, counts, not_found, ApiError, Counts};
+use crate::cluster::upstreams::Upstream;
 use crate::config::NodeState;
 use crate::gateway::{Gateway, Settings};
-use crate::upstreams::Upstream;
 
 /// Re-reads the config file and applies it: `Ok` with notes (settings that need a
 /// restart), or `Err` with every problem, the running config untouched.

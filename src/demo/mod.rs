@@ -1,5 +1,5 @@
 //! `moodle-gateway demo`: the real gateway in front of a stand-in Moodle cluster
-//! ([`crate::standin`]), plus a student simulator that proves nobody gets logged out.
+//! ([`crate::demo::standin`]), plus a student simulator that proves nobody gets logged out.
 //!
 //! Why: the gateway's whole promise is "no student loses their session", and that is
 //! only convincing when watched: a room of students logging in at once, the gateway's
@@ -7,6 +7,7 @@
 //! session held by another node. Tests reuse [`simulate_students`] and [`Browser`].
 
 mod browser;
+pub mod standin;
 mod students;
 
 pub use browser::{Browser, Reply};
@@ -19,8 +20,8 @@ use std::path::Path;
 use tokio::net::TcpListener;
 
 use crate::config::{Config, DEFAULT_COOKIE};
+use crate::demo::standin::Cluster;
 use crate::gateway::Gateway;
-use crate::standin::Cluster;
 use crate::App;
 
 /// How many PHP nodes the demo cluster has.

@@ -267,7 +267,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::standin::Cluster;
+    use crate::demo::standin::Cluster;
     use crate::App;
 
     /// The real gateway (no admin listener) before `cluster`, until the test ends.

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
+use moodle_gateway::demo::standin::Cluster;
 use moodle_gateway::demo::{Browser, Reply};
-use moodle_gateway::standin::Cluster;
 use moodle_gateway::Config;
 use serde_json::Value;
 
@@ -534,7 +534,9 @@ async fn a_corrupt_state_file_is_ignored_and_replaced_and_a_foreign_one_left_alo
     assert!(gateway.app.gateway().table().is_empty());
     assert_eq!(new_visitor(&gateway).await.status, 200, "it serves anyway");
     gateway.shutdown().await;
-    let saved = moodle_gateway::snapshot::read(&state).unwrap().unwrap();
+    let saved = moodle_gateway::sessions::snapshot::read(&state)
+        .unwrap()
+        .unwrap();
     assert_eq!(saved.entries.len(), 1, "replaced by a good snapshot");
 
     std::fs::write(&state, "an admin's notes, not a snapshot\n").unwrap();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use axum::body::Body;
 use serde::Deserialize;
 
-use moodle_gateway::standin::Cluster;
+use moodle_gateway::demo::standin::Cluster;
 
 use crate::support::{self, Seen, TestGateway};
 

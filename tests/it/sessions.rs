@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use axum::body::Body;
+use moodle_gateway::demo::standin::Cluster;
 use moodle_gateway::demo::{simulate_students, Browser};
-use moodle_gateway::standin::Cluster;
 
 use crate::support::{self, TestGateway};
 

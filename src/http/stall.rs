@@ -4,7 +4,7 @@
 //! Why: a browser that stops reading a download (a tab suspended, a phone that lost
 //! its signal without a FIN) leaves the gateway's writes pending for ever, and with
 //! them the node's connection and a PHP worker streaming the file. The bodies'
-//! own idle limit ([`crate::body::IdleLimited`]) only watches the *node's* pauses;
+//! own idle limit ([`crate::http::body::IdleLimited`]) only watches the *node's* pauses;
 //! this watches the student's. The timer is armed only while a write is actually
 //! blocked, so a connection whose writes go straight into the socket buffer never
 //! touches the timer wheel.

@@ -20,10 +20,10 @@ use std::sync::{Arc, Mutex};
 
 use http::uri::Authority;
 
-use crate::balancer::Balancer;
+use crate::cluster::balancer::Balancer;
+use crate::cluster::health::Health;
 use crate::config::{Balance, Config, NodeState, UpstreamConfig};
-use crate::health::Health;
-use crate::pool::Conns;
+use crate::http::pool::Conns;
 
 /// A node's stable id: what the affinity table stores.
 pub type NodeId = usize;

@@ -84,7 +84,7 @@ pub fn wraps<T: StdError + 'static>(error: &(dyn StdError + 'static)) -> bool {
 /// pooling it, and cuts the student's connection rather than end a truncated body as
 /// if it were complete.
 #[derive(Debug)]
-pub struct IdleLimited<B = crate::pool::NodeBody> {
+pub struct IdleLimited<B = crate::http::pool::NodeBody> {
     inner: B,
     idle: Duration,
     /// Kept between waits and reset, so a long download allocates it once.

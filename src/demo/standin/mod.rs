@@ -57,7 +57,7 @@ use tokio::sync::watch;
 
 use directives::scripted;
 
-/// The `User-Agent` of the gateway's health probes (see `crate::health`).
+/// The `User-Agent` of the gateway's health probes (see `crate::cluster::health`).
 const HEALTH_PROBE: &str = "moodle-gateway-health";
 use serving::Serving;
 

@@ -32,8 +32,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::body::RequestBody;
-use crate::stall::WriteStall;
+use crate::http::body::RequestBody;
+use crate::http::stall::WriteStall;
 
 /// Idle connections kept per upstream. More than this many concurrent requests to
 /// one node open connections that are closed after their exchange instead of kept:

@@ -7,6 +7,7 @@
 //! back-pressure flows from the slow side to the fast one.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -15,10 +16,11 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
 
-use crate::body::{is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, RequestBody};
 use crate::error::GatewayError;
-use crate::pool::{NodeBody, Pool};
-use crate::upstreams::Upstream;
+use crate::http::body::{
+    is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, RequestBody,
+};
+use crate::http::pool::{Conns, NodeBody, Pool};
 
 /// How long the parts of one exchange may take, and how large the upload may be.
 #[derive(Debug, Clone, Copy)]
@@ -94,7 +96,7 @@ pub fn is_https(headers: &HeaderMap, peer: Peer<'_>) -> bool {
 
 /// `request` as it goes to `upstream`: origin-form target, HTTP/1.1 whatever the
 /// student spoke (an HTTP/2 request's host is already in its Host header, its cookie
-/// crumbs are joined here), and the header hygiene of [`prepare_request_headers`].
+/// crumbs are joined here), and the header hygiene of `prepare_request_headers`.
 pub fn prepared<B>(upstream: &Authority, mut request: Request<B>, peer: Peer<'_>) -> Request<B> {
     if request.uri().authority().is_some() {
         *request.uri_mut() = origin_form(request.uri());
@@ -130,20 +132,21 @@ impl From<GatewayError> for Failed {
     }
 }
 
-/// Sends `request` (its body, if any) to `upstream` and returns its streaming
-/// response, or the error a student should see. Never sent to another node here:
-/// once bytes left for one node, another node must not see the same POST.
+/// Sends `request` (its body, if any) to the node at `authority`, over one of its
+/// kept connections `conns` or a new one, and returns its streaming response, or the
+/// error a student should see. Never sent to another node here: once bytes left for
+/// one node, another node must not see the same POST.
 pub async fn forward(
     pool: &Pool,
-    upstream: &Upstream,
+    authority: &Authority,
+    conns: &Arc<Conns>,
     request: Request<Option<Incoming>>,
     peer: Peer<'_>,
     bounds: Bounds,
 ) -> Result<Response<IdleLimited>, Failed> {
-    let authority = &upstream.authority;
     // The connection first: a request whose node cannot be reached goes back as it
     // came, before any header hygiene, so another node can take it as is.
-    let first = match pool.lease(authority, &upstream.conns).await {
+    let first = match pool.lease(authority, conns).await {
         Ok(lease) => lease,
         Err(error) => {
             tracing::warn!(%authority, "upstream unreachable: {error}");
@@ -173,13 +176,10 @@ pub async fn forward(
         loop {
             let (mut lease, reused) = match leased.take() {
                 Some(lease) => lease,
-                None => pool
-                    .lease(authority, &upstream.conns)
-                    .await
-                    .map_err(|error| {
-                        tracing::warn!(%authority, "upstream unreachable: {error}");
-                        GatewayError::UpstreamUnreachable
-                    })?,
+                None => pool.lease(authority, conns).await.map_err(|error| {
+                    tracing::warn!(%authority, "upstream unreachable: {error}");
+                    GatewayError::UpstreamUnreachable
+                })?,
             };
             match lease.send(request).await {
                 Ok(response) => return Ok(response.map(|body| NodeBody::leased(body, lease))),

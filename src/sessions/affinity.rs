@@ -35,8 +35,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use dashmap::DashMap;
 use siphasher::sip::SipHasher13;
 
-use crate::snapshot::SnapshotEntry;
-use crate::upstreams::{NodeId, MAX_NODE_IDS};
+use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
+use crate::sessions::snapshot::SnapshotEntry;
 
 /// The table key of one session: a keyed hash of its id, safe to show and log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -9,8 +9,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::{browser, log_in};
+use crate::demo::standin::{Cluster, StandIn};
 use crate::demo::Browser;
-use crate::standin::{Cluster, StandIn};
 
 /// Waits up to a second for `done`, so tests do not race the stand-in's tasks.
 async fn eventually(done: impl Fn() -> bool) {

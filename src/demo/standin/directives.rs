@@ -1,5 +1,5 @@
 //! The `x-standin-*` test directives: request headers that script one response,
-//! bypassing all session logic (see the module docs of [`crate::standin`]).
+//! bypassing all session logic (see the module docs of [`crate::demo::standin`]).
 
 use std::time::Duration;
 

@@ -14,12 +14,11 @@
 //! is written readable by the gateway's user only.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::affinity::{AffinityTable, Clock, Limits};
-use crate::gateway::Gateway;
-use crate::snapshot::{self, Snapshot, SnapshotError};
+use crate::cluster::upstreams::NodeId;
+use crate::sessions::affinity::{AffinityTable, Clock, Limits};
+use crate::sessions::snapshot::{self, Snapshot, SnapshotError};
 
 /// What [`open`] found: the table to start with (keyed with the snapshot's secret
 /// when one could be read), the snapshot to restore once node ids exist, and where
@@ -69,16 +68,17 @@ pub fn open(file: Option<&Path>, limits: Limits, clock: Clock) -> Opened {
     }
 }
 
-/// Puts a snapshot's sessions back into the gateway's table; returns how many.
-pub fn restore(gateway: &Gateway, snapshot: Snapshot) -> usize {
-    let settings = gateway.settings();
-    let ids: Vec<Option<usize>> = snapshot
-        .nodes
-        .iter()
-        .map(|name| settings.upstreams.by_name(name).map(|n| n.id))
-        .collect();
+/// Puts a snapshot's sessions back into `table`, each on the node that `node_id`
+/// finds for its name now; returns how many. Sessions of a node no longer configured
+/// are left out, to be dealt afresh.
+pub fn restore(
+    table: &AffinityTable,
+    snapshot: Snapshot,
+    node_id: impl Fn(&str) -> Option<NodeId>,
+) -> usize {
+    let ids: Vec<Option<NodeId>> = snapshot.nodes.iter().map(|name| node_id(name)).collect();
     let total = snapshot.entries.len();
-    let restored = gateway.table().restore(snapshot.entries, |index| {
+    let restored = table.restore(snapshot.entries, |index| {
         ids.get(usize::from(index)).copied().flatten()
     });
     tracing::info!(
@@ -93,55 +93,21 @@ pub fn restore(gateway: &Gateway, snapshot: Snapshot) -> usize {
 /// its older snapshot over the final one.
 static SAVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Writes the table to `path` (atomically); returns how many sessions it holds.
-pub fn save(gateway: &Gateway, path: &Path) -> std::io::Result<usize> {
+/// Writes `table` to `path` (atomically), naming the `nodes` of the running config
+/// (id and name, in config order); returns how many sessions it holds.
+pub fn save(
+    table: &AffinityTable,
+    nodes: &[(NodeId, String)],
+    path: &Path,
+) -> std::io::Result<usize> {
     let _one_at_a_time = SAVING.lock().unwrap_or_else(|p| p.into_inner());
-    let settings = gateway.settings();
-    let nodes: Vec<String> = settings
-        .upstreams
-        .nodes()
-        .iter()
-        .map(|n| n.name.clone())
-        .collect();
-    let index = |id: usize| {
-        let position = settings.upstreams.nodes().iter().position(|n| n.id == id)?;
+    let names: Vec<String> = nodes.iter().map(|(_, name)| name.clone()).collect();
+    let index = |id: NodeId| {
+        let position = nodes.iter().position(|(node, _)| *node == id)?;
         u16::try_from(position).ok()
     };
-    let table = gateway.table();
     let saved_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    snapshot::write(path, &table.secret(), saved_at, &nodes, table.export(index))
-}
-
-/// Saves on a blocking thread (a million sessions take a moment to write), logging
-/// the outcome.
-pub async fn save_in_background(gateway: Arc<Gateway>, path: PathBuf) {
-    let written = tokio::task::spawn_blocking(move || (save(&gateway, &path), path)).await;
-    match written {
-        Ok((Ok(count), path)) => {
-            tracing::debug!(sessions = count, "state saved to {}", path.display());
-        }
-        Ok((Err(error), path)) => {
-            tracing::warn!("cannot write the state file {}: {error}", path.display());
-        }
-        Err(error) => tracing::warn!("state save did not finish: {error}"),
-    }
-}
-
-/// Saves every `every` until `stop` fires.
-pub async fn run(
-    gateway: Arc<Gateway>,
-    path: PathBuf,
-    every: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.tick().await;
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => save_in_background(gateway.clone(), path.clone()).await,
-            _ = stop.changed() => return,
-        }
-    }
+    snapshot::write(path, &table.secret(), saved_at, &names, table.export(index))
 }

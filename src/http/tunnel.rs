@@ -21,10 +21,10 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::body::{IdleLimited, RequestBody};
 use crate::error::GatewayError;
-use crate::pool::NodeBody;
-use crate::proxy::{self, Bounds, Peer};
+use crate::http::body::{IdleLimited, RequestBody};
+use crate::http::pool::NodeBody;
+use crate::http::proxy::{self, Bounds, Peer};
 
 /// Whether the request asks to switch protocols: `Connection: upgrade` (as one
 /// token of the list) and an `Upgrade` header, on HTTP/1.1.

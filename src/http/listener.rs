@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::Config;
-use crate::stall::WriteStall;
+use crate::http::stall::WriteStall;
 
 /// How one listener serves its connections.
 #[derive(Clone)]

@@ -1,0 +1,11 @@
+//! The nodes: who they are (stable ids, addresses, weights, admin state), whether
+//! they are up (active probes, passive marks), and who gets the next session (the
+//! lock-free deal).
+//!
+//! It owns the nodes only. It must never import `sessions` or `gateway`: it does
+//! not know which sessions a node holds. Of `http` it uses only the keep-alive
+//! connection list each upstream owns ([`Conns`](crate::http::pool::Conns)).
+
+pub mod balancer;
+pub mod health;
+pub mod upstreams;

@@ -1,0 +1,16 @@
+//! Bytes in and out: the listeners that accept students, the edge rules a request
+//! must pass before anyone looks at it, and the forwarding to one upstream over a
+//! kept connection, with bodies streamed and every pause bounded.
+//!
+//! It owns HTTP mechanics only. It must never import `sessions`, `cluster`,
+//! `moodle` or `gateway`: which node a request goes to, and why, is decided above
+//! it and handed down as an address and that address's connection list.
+
+pub mod body;
+pub mod edge;
+pub mod listener;
+pub mod pool;
+pub mod proxy;
+pub mod stall;
+pub mod tls;
+pub mod tunnel;
