@@ -12,7 +12,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use http::{HeaderMap, HeaderValue};
 use moodle_gateway::moodle::Site;
-use moodle_gateway::sessions::affinity::{AffinityTable, Clock, Limits, SessionState};
+use moodle_gateway::sessions::affinity::{AffinityTable, Limits, SessionState};
+use moodle_gateway::sessions::clock::Clock;
 
 fn browser_headers(session: &str) -> HeaderMap {
     let mut headers = HeaderMap::new();

@@ -5,7 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use moodle_gateway::sessions::affinity::{AffinityTable, Clock, Limits, SessionState};
+use moodle_gateway::sessions::affinity::{AffinityTable, Limits, SessionState};
+use moodle_gateway::sessions::clock::Clock;
 
 fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("Linux /proc");

@@ -31,7 +31,7 @@ use crate::config::Config;
 use crate::gateway::{self, Gateway, ProxyBody};
 use crate::http::listener::{serve_connections, Listening};
 use crate::http::proxy::Client;
-use crate::sessions::affinity::Clock;
+use crate::sessions::clock::Clock;
 use crate::sessions::state;
 
 /// How often expired sessions are swept out of the table.

@@ -34,7 +34,8 @@ use crate::http::pool::Pool;
 use crate::http::proxy::{self, Bounds, Client, Failed, Peer};
 use crate::http::tunnel;
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
-use crate::sessions::affinity::{AffinityTable, Clock, Limits, SessionKey, SessionState};
+use crate::sessions::affinity::{AffinityTable, Limits, SessionKey, SessionState};
+use crate::sessions::clock::Clock;
 use crate::sessions::route_cookie::RouteCookie;
 
 /// What a student receives: the node's streaming body, or the gateway's own short page.

@@ -3,8 +3,8 @@
 //! # Layout
 //! The tree names the architecture: three wings that never reach into each other
 //! except where their `mod.rs` says, and the modules where they meet.
-//! - [`moodle`]: every Moodle fact: cookies, `Set-Cookie` observation, SCORM URL forms,
-//!   sessionless scripts, path normalisation.
+//! - [`moodle`]: every Moodle fact: the kinds of request and the site they belong to;
+//!   its readers of paths and SCORM URL forms, and of the session cookie both ways.
 //! - [`gateway`]: one request's journey: admit, classify, route (with failover), forward,
 //!   learn. Where the wings meet.
 //! - [`http`]: bytes in and out.
@@ -21,6 +21,7 @@
 //!   - [`http::tunnel`]: upgraded connections (WebSocket): a byte tunnel once the node said 101.
 //! - [`sessions`]: the session table and how it outlives a process.
 //!   - [`sessions::affinity`]: the session → node table learned from the nodes' `Set-Cookie`.
+//!   - [`sessions::clock`]: table time, in seconds that mean the same to the next process.
 //!   - [`sessions::snapshot`]: the table's snapshot file: atomic, streaming, checksummed.
 //!   - [`sessions::state`]: the table across restarts: loaded at start, saved by [`app`].
 //!   - [`sessions::route_cookie`]: the signed cookie that lets any gateway recover a

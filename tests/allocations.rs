@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
 use moodle_gateway::moodle::Site;
-use moodle_gateway::sessions::affinity::{AffinityTable, Clock, Limits, SessionState};
+use moodle_gateway::sessions::affinity::{AffinityTable, Limits, SessionState};
+use moodle_gateway::sessions::clock::Clock;
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
 #[global_allocator]

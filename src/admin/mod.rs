@@ -341,7 +341,7 @@ mod tests {
     use tower::ServiceExt;
 
     use crate::config::Config;
-    use crate::sessions::affinity::Clock;
+    use crate::sessions::clock::Clock;
     use SessionState::{Anonymous, LoggedIn};
 
     const BEARER: &str = "Bearer s3cret:admin-token";

@@ -8,6 +8,7 @@
 //! response, never a response.
 
 pub mod affinity;
+pub mod clock;
 pub mod route_cookie;
 pub mod snapshot;
 pub mod state;

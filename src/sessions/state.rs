@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::cluster::upstreams::NodeId;
-use crate::sessions::affinity::{AffinityTable, Clock, Limits};
+use crate::sessions::affinity::{AffinityTable, Limits};
+use crate::sessions::clock::Clock;
 use crate::sessions::snapshot::{self, Snapshot, SnapshotError};
 
 /// What [`open`] found: the table to start with (keyed with the snapshot's secret

@@ -1,0 +1,166 @@
+//! Everything the gateway knows about Moodle, so no other module has to: which requests are
+//! SCORM files, which never touch a session, and which session id PHP reads or a node issues.
+//!
+//! Every decision here is taken on a request *as the PHP backend will read it*: the web server
+//! decodes and resolves the path, PHP decodes cookie and query names, and Moodle's `PARAM_PATH`
+//! silently drops some characters from file paths. Deciding on the raw bytes instead would let a
+//! disguised URL reach a node the gateway did not mean it for, and one misrouted request can log
+//! a student out of every node (MOODLE.md). What cannot be read only one way is refused
+//! ([`AmbiguousPath`]) rather than guessed. The facts behind each rule are in MOODLE.md.
+//!
+//! Three readers do the detailed work: `paths` (a path as PHP reads it, and which
+//! URL forms serve SCORM files), `cookies` (the session id a request carries and the
+//! one a node issues) and `php` (how PHP decodes names and values, which both share).
+//! This file holds what they decide: the kinds of request, and the site they belong to.
+
+mod cookies;
+mod paths;
+mod php;
+
+pub use cookies::{is_valid_session_id, IssuedSession};
+
+use paths::{file_script, normalise_path, serves_scorm};
+
+/// What a request is, as far as routing cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// A SCORM package file (`mod_scorm` component): always the data server.
+    ScormFile,
+    /// Never starts or reads a Moodle session (`NO_MOODLE_COOKIES` scripts, static files):
+    /// any node, and it must not advance the new-session deal.
+    Sessionless,
+    /// A PHP script that runs inside the student's session.
+    Page(PageKind),
+}
+
+/// The session-lifecycle scripts the affinity table cares about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageKind {
+    /// `/login/index.php`: a rotation on its response means the student logged in.
+    Login,
+    /// `/login/logout.php`: a rotation on its response means a new anonymous session.
+    Logout,
+    /// Any other script.
+    Other,
+}
+
+/// A request path the PHP backend could read in more than one way
+/// (an encoded `/`, NUL, a backslash, `..` above the root): answered 400.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AmbiguousPath;
+
+/// Whether the student holding a freshly issued session id is logged in, judged from
+/// the request on which the node issued it: a successful login POST rotates the id
+/// into a logged-in session, a logout into a new anonymous one. Elsewhere Moodle
+/// regenerates a live id only at login through another auth plugin's URL, or when it
+/// times out or kills a session; calling that logged in keeps the longer idle limit,
+/// the safe mistake for node-local sessions. A first id (`rotated` false) is a guest's.
+pub fn logged_in_after(kind: RequestKind, is_post: bool, rotated: bool) -> bool {
+    match kind {
+        RequestKind::Page(PageKind::Login) if is_post => true,
+        RequestKind::Page(PageKind::Logout) => false,
+        _ => rotated,
+    }
+}
+
+/// One Moodle site as the gateway sees it: its sub-path and session cookie.
+#[derive(Debug, Clone)]
+pub struct Site {
+    path: String,
+    cookie: String,
+    cookie_path: String,
+}
+
+/// `NO_MOODLE_COOKIES` scripts, also reached with path info after them.
+const SESSIONLESS_SCRIPTS: [&str; 9] = [
+    "/theme/styles.php",
+    "/theme/javascript.php",
+    "/theme/image.php",
+    "/theme/font.php",
+    "/theme/yui_combo.php",
+    "/lib/javascript.php",
+    "/lib/requirejs.php",
+    "/tokenpluginfile.php",
+    "/webservice",
+];
+
+/// `tool_heartbeat`: probed constantly, so it must never cost a session row.
+const HEARTBEAT: [&str; 3] = [
+    "/admin/tool/heartbeat",
+    "/admin/tool/heartbeat/",
+    "/admin/tool/heartbeat/index.php",
+];
+
+impl Site {
+    /// `path` is `""` or `"/moodle"`; `cookie` the full cookie name; `cookie_path` its Path.
+    pub fn new(path: &str, cookie: &str, cookie_path: &str) -> Self {
+        Site {
+            // A stray trailing slash would make every prefix test miss.
+            path: path.trim_end_matches('/').to_owned(),
+            cookie: cookie.to_owned(),
+            cookie_path: cookie_path.to_owned(),
+        }
+    }
+
+    /// Classifies a request from its path and raw query, decided on the path as PHP will read it.
+    ///
+    /// Outside the site's sub-path nothing is Moodle, so only the static-file rule applies there.
+    pub fn classify(&self, path: &str, query: Option<&str>) -> Result<RequestKind, AmbiguousPath> {
+        let normal = normalise_path(path)?;
+        let Some(rel) = self.within(&normal) else {
+            return Ok(if is_static_file(&normal) {
+                RequestKind::Sessionless
+            } else {
+                RequestKind::Page(PageKind::Other)
+            });
+        };
+        if let Some((script, info)) = file_script(rel) {
+            if serves_scorm(script, info, path, query)? {
+                return Ok(RequestKind::ScormFile);
+            }
+        }
+        if is_sessionless(rel) {
+            return Ok(RequestKind::Sessionless);
+        }
+        Ok(RequestKind::Page(match rel {
+            "/login/index.php" => PageKind::Login,
+            "/login/logout.php" => PageKind::Logout,
+            _ => PageKind::Other,
+        }))
+    }
+
+    /// The path relative to the site, `None` when it lies outside the site's sub-path.
+    fn within<'p>(&self, path: &'p str) -> Option<&'p str> {
+        match path.strip_prefix(self.path.as_str())? {
+            "" => Some("/"),
+            rest if rest.starts_with('/') => Some(rest),
+            _ => None,
+        }
+    }
+}
+
+fn is_sessionless(rel: &str) -> bool {
+    let script = |s: &&str| {
+        rel.strip_prefix(*s)
+            .is_some_and(|i| i.is_empty() || i.starts_with('/'))
+    };
+    SESSIONLESS_SCRIPTS.iter().any(script) || HEARTBEAT.contains(&rel) || is_static_file(rel)
+}
+
+/// A file the web server sends itself: an extension other than `.php` (in any case, as some
+/// servers match it so) and no `.php/` before it. Anything else may run PHP, and sending a
+/// session-bearing request to a random node is the dangerous mistake.
+fn is_static_file(path: &str) -> bool {
+    let (dirs, last) = path.rsplit_once('/').unwrap_or(("", path));
+    let has_ext = last
+        .rsplit_once('.')
+        .is_some_and(|(_, ext)| !ext.is_empty() && !ext.eq_ignore_ascii_case("php"));
+    has_ext && !dirs.split('/').any(|d| ends_with_php(d.as_bytes()))
+}
+
+fn ends_with_php(s: &[u8]) -> bool {
+    s.len() >= 4 && s[s.len() - 4..].eq_ignore_ascii_case(b".php")
+}
+
+#[cfg(test)]
+mod tests;
