@@ -105,8 +105,10 @@ fn init_tracing() {
         .init();
 }
 
+/// The file, parsed and validated, and then judged against what a real Moodle site
+/// does: `check` and `run` refuse a file that cannot work there.
 fn load(path: &std::path::Path) -> Option<Config> {
-    match Config::load(path) {
+    match Config::load_for_site(path) {
         Ok(config) => Some(config),
         Err(errors) => {
             eprintln!("{errors}");

@@ -226,9 +226,19 @@ pub async fn probe(client: &ProbeClient, authority: &str, health: &HealthConfig)
             } else if health.accepts(status.as_u16()) {
                 Probe::Healthy
             } else {
-                Probe::Failed(format!("answered {status}"))
+                Probe::Failed(answered(status, response.headers()))
             }
         }
+    }
+}
+
+/// What a node said to a probe that failed, for the log: a redirect names where it
+/// points, because a 303 to wwwroot is how Moodle refuses a probe's `Host` or port.
+fn answered(status: StatusCode, headers: &http::HeaderMap) -> String {
+    match headers.get(http::header::LOCATION).map(|l| l.to_str()) {
+        Some(Ok(location)) => format!("answered {status} with Location: {location}"),
+        Some(Err(_)) => format!("answered {status} with a Location that is not text"),
+        None => format!("answered {status}"),
     }
 }
 
@@ -249,6 +259,10 @@ pub fn record(name: &str, health: &Health, probe: &Probe, config: &HealthConfig)
             }
         }
         Probe::Failed(reason) => {
+            if health.is_up() {
+                // At most `fall` lines before the mark: enough to see why it fell.
+                tracing::info!(upstream = name, "probe failed: {reason}");
+            }
             if health.failure(config.fall) == Change::Down {
                 tracing::warn!(upstream = name, "marked down: {reason}");
             }
@@ -425,5 +439,22 @@ mod tests {
         let started = tokio::time::Instant::now();
         assert!(!health.wait_up(Duration::from_secs(10)).await);
         assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_failed_probe_says_what_the_node_answered_and_where_it_pointed() {
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(
+            answered(StatusCode::NOT_FOUND, &headers),
+            "answered 404 Not Found"
+        );
+        headers.insert(
+            http::header::LOCATION,
+            HeaderValue::from_static("https://moodle.example.edu/"),
+        );
+        assert_eq!(
+            answered(StatusCode::SEE_OTHER, &headers),
+            "answered 303 See Other with Location: https://moodle.example.edu/"
+        );
     }
 }

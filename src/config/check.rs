@@ -18,7 +18,7 @@ use toml::Spanned;
 use super::edge::Listeners;
 use super::values::{
     cookie_name, cookie_path, parse_addr, parse_balance, parse_duration, parse_net, parse_store,
-    site_path,
+    site_path, wwwroot,
 };
 use super::{
     error, line_of, Balance, Config, ConfigEnv, ConfigError, ConfigErrors, SessionConfig,
@@ -32,7 +32,7 @@ use super::{
 // tables of other files' sections keep their lists next to their readers.
 const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts health state \
                         route_cookie limits tls nodes data";
-const SITE_KEYS: &str = "path hosts";
+const SITE_KEYS: &str = "wwwroot path hosts";
 const SESSION_KEYS: &str =
     "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle store failover_hold";
 const TIMEOUT_KEYS: &str = "connect response_headers upstream_idle request_headers body_idle \
@@ -107,7 +107,7 @@ impl Checker<'_> {
         let admin = admin.1;
         let session = self.session(&root, &site);
         let timeouts = self.timeouts(&root);
-        let health = self.health(&root);
+        let health = self.health(&root, &site);
         let state = self.state(&root);
         let route_cookie = self.route_cookie(&root, &session.cookie);
         let limits = self.limits(&root);
@@ -269,13 +269,36 @@ impl Checker<'_> {
         nets
     }
 
+    /// `wwwroot`, or the older `path` and `hosts`. With `wwwroot` the path comes
+    /// from it (a second `path` could only disagree, so it is an error) and its host
+    /// leads `hosts`, which then lists only aliases.
     fn site(&mut self, root: &Section) -> SiteConfig {
         let s = self.open("site".into(), root.get("site"), SITE_KEYS);
-        let path = self
-            .parsed(&s, "path", site_path)
-            .map_or_else(String::new, |v| v.0);
-        let hosts = self.site_hosts(&s);
-        SiteConfig { path, hosts }
+        let wwwroot = self.parsed(&s, "wwwroot", wwwroot).map(|v| v.0);
+        let path = self.parsed(&s, "path", site_path);
+        let mut hosts = self.site_hosts(&s);
+        let Some(wwwroot) = wwwroot else {
+            let path = path.map_or_else(String::new, |v| v.0);
+            return SiteConfig {
+                wwwroot: None,
+                path,
+                hosts,
+            };
+        };
+        if let Some((_, span)) = path {
+            let message = format!(
+                "the path comes from site.wwwroot ({:?}): remove site.path",
+                wwwroot.path
+            );
+            self.error(s.key("path"), Some(span), message);
+        }
+        hosts.retain(|h| *h != wwwroot.host);
+        hosts.insert(0, wwwroot.host.clone());
+        SiteConfig {
+            path: wwwroot.path.clone(),
+            wwwroot: Some(wwwroot),
+            hosts,
+        }
     }
 
     fn session(&mut self, root: &Section, site: &SiteConfig) -> SessionConfig {

@@ -40,12 +40,13 @@ impl Config {
         .map(d);
         format!(
             "public listener: {}\ntls: {}\nadmin listener: {admin}\ntrusted proxies: {proxies}\n\
-             site path: {site}\nsite hosts: {}\nsession cookie: {} (path {})\nbalance: {}\n\
+             {}site path: {site}\nsite hosts: {}\nsession cookie: {} (path {})\nbalance: {}\n\
              sessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
              timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, body idle {body}, \
              tunnel idle {tunnel}\nlimits: {}\n{}{}",
             self.listen,
             self.describe_tls(),
+            self.describe_wwwroot(),
             self.describe_hosts(),
             s.cookie,
             s.cookie_path,
@@ -54,6 +55,29 @@ impl Config {
             self.describe_limits(),
             self.describe_operations(),
             self.describe_routing()
+        )
+    }
+
+    /// `[site] wwwroot`, with what every node's config.php must agree on.
+    fn describe_wwwroot(&self) -> String {
+        let Some(w) = &self.site.wwwroot else {
+            return String::new();
+        };
+        let port = match w.port {
+            Some(port) => format!(
+                "; every node must report SERVER_PORT {port} (Apache's default \
+                 UseCanonicalName Off does; nginx needs fastcgi_param SERVER_PORT {port}), or \
+                 Moodle redirects"
+            ),
+            None => String::new(),
+        };
+        let tls = match w.https {
+            true => "; TLS ends before the nodes: set $CFG->sslproxy = true",
+            false => "",
+        };
+        format!(
+            "wwwroot: {} (the same $CFG->wwwroot on every node and the data server{tls}{port})\n",
+            w.url
         )
     }
 

@@ -38,6 +38,7 @@ mod check;
 mod describe;
 mod edge;
 mod operations;
+mod refusals;
 mod secrets;
 #[cfg(test)]
 mod tests;
@@ -101,11 +102,13 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 pub const DEFAULT_HTTP2_MAX_STREAMS: u32 = 100;
 /// `timeouts.shutdown` default: how long in-flight requests may finish at shutdown.
 pub const DEFAULT_SHUTDOWN: Duration = Duration::from_secs(30);
-/// `health.path` default: a `NO_MOODLE_COOKIES` script every Moodle since 2.x has
-/// (the site icon through `theme/image.php`): it runs PHP, starts no session and
-/// touches no database. `/admin/tool/heartbeat/` is better where the plugin is
-/// installed.
-pub const DEFAULT_HEALTH_PATH: &str = "/theme/image.php?theme=boost&component=core&image=favicon";
+/// `health.path` default, under the site's path: boost's site icon through
+/// `theme/image.php`, a `NO_MOODLE_COOKIES` script of every stock Moodle 4.x. With
+/// no `rev` it runs Moodle's full setup (config, database) and starts no session,
+/// so a 200 says PHP and the database answer. Component `theme`, not `core`: boost
+/// keeps its favicon in its own `pix/`, and `core` answers 404 (seen on Moodle
+/// 4.5). `/admin/tool/heartbeat/` is better where the plugin is installed.
+pub const DEFAULT_HEALTH_PATH: &str = "/theme/image.php?theme=boost&component=theme&image=favicon";
 /// `health.interval` default.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(2);
 /// `health.timeout` default.
@@ -166,14 +169,36 @@ pub struct Config {
 /// `[site]`
 #[derive(Debug, Clone)]
 pub struct SiteConfig {
+    /// `wwwroot`: `$CFG->wwwroot` as the admin copied it from config.php; `path`,
+    /// the first of `hosts` and the probes' `Host` are derived from it. `None` on a
+    /// file that sets `path`/`hosts` by hand.
+    pub wwwroot: Option<Wwwroot>,
     /// `path`: the wwwroot sub-path, `""` for a site at the host root, else `"/moodle"`
     /// (leading slash, no trailing slash).
     pub path: String,
     /// `hosts`: the public host names students may use (lowercase, an optional
-    /// `:port` kept); empty (default) accepts any. A request naming another host
-    /// is refused, so a forged `Host` cannot reach Moodle (which builds
-    /// password-reset links from it).
+    /// `:port` kept), wwwroot's first; empty (no wwwroot, no hosts) accepts any. A
+    /// request naming another host is refused, so a forged `Host` cannot reach
+    /// Moodle (which builds password-reset links from it).
     pub hosts: Vec<String>,
+}
+
+/// `$CFG->wwwroot`, taken apart: the one value every node's config.php and the
+/// gateway must agree on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wwwroot {
+    /// The URL as written (without a trailing `/`), for messages.
+    pub url: String,
+    /// `https://`: students reach the site over TLS (at the gateway or in front of it).
+    pub https: bool,
+    /// The host as a browser's `Host` header carries it: lowercase, with `:port`
+    /// only when the URL names one.
+    pub host: String,
+    /// The port the URL names, if any. Moodle compares it with each node's
+    /// `$_SERVER['SERVER_PORT']` (`initialise_fullme()`) and redirects on a mismatch.
+    pub port: Option<u16>,
+    /// The path: `""` at the host root, else like `"/moodle"`.
+    pub path: String,
 }
 
 /// `[limits]`: what one client may send and how many at once, each refused with
@@ -293,11 +318,12 @@ pub enum SessionStore {
 #[derive(Debug, Clone)]
 pub struct HealthConfig {
     /// `path`: path and optional query probed with `GET`; starts with `/`; the
-    /// site path is *not* prepended.
+    /// site path is *not* prepended to a written one. Default: the site's path plus
+    /// [`DEFAULT_HEALTH_PATH`].
     pub path: String,
-    /// `host`: the `Host` header probes carry; `None` (default) sends the
-    /// upstream's own address. Moodle redirects a full-setup script (like
-    /// `tool_heartbeat`) asked for another host than `$CFG->wwwroot`'s.
+    /// `host`: the `Host` header probes carry. Default: the site's host (wwwroot's,
+    /// else the first of `hosts`), because Moodle answers any other host with a 303
+    /// to wwwroot; `None` (no site host known) sends the upstream's own address.
     pub host: Option<String>,
     /// `interval`: time between probes of one upstream. Default 2s.
     pub interval: Duration,

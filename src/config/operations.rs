@@ -9,7 +9,7 @@ use toml::de::DeValue;
 use super::check::{integer, Checker, Section};
 use super::values::{health_path, state_file, status_class, status_code};
 use super::{
-    HealthConfig, StateConfig, StatusRange, DEFAULT_FALL, DEFAULT_HEALTH_INTERVAL,
+    HealthConfig, SiteConfig, StateConfig, StatusRange, DEFAULT_FALL, DEFAULT_HEALTH_INTERVAL,
     DEFAULT_HEALTH_PATH, DEFAULT_HEALTH_TIMEOUT, DEFAULT_RISE, DEFAULT_SAVE_EVERY,
     DEFAULT_STATE_FILE,
 };
@@ -25,7 +25,9 @@ const DEFAULT_STATUSES: [StatusRange; 1] = [StatusRange {
 }];
 
 impl Checker<'_> {
-    pub(super) fn health(&mut self, root: &Section) -> HealthConfig {
+    /// The probe goes to the site's own path with the site's own `Host` unless told
+    /// otherwise: Moodle answers any other host with a redirect to wwwroot.
+    pub(super) fn health(&mut self, root: &Section, site: &SiteConfig) -> HealthConfig {
         let s = self.open("health".into(), root.get("health"), HEALTH_KEYS);
         let path = self.parsed(&s, "path", health_path);
         let host = self.parsed(&s, "host", health_host);
@@ -37,8 +39,8 @@ impl Checker<'_> {
             .int_in(&s, "fall", 1..=100)
             .map_or(DEFAULT_FALL, |n| n as u32);
         HealthConfig {
-            path: path.map_or_else(|| DEFAULT_HEALTH_PATH.to_owned(), |v| v.0),
-            host: host.map(|v| v.0),
+            path: path.map_or_else(|| format!("{}{DEFAULT_HEALTH_PATH}", site.path), |v| v.0),
+            host: host.map(|v| v.0).or_else(|| site.hosts.first().cloned()),
             interval,
             timeout,
             rise,

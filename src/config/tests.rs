@@ -47,7 +47,7 @@ timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s
 limits: request head 32KiB and 100 header lines (431 beyond), URI 8KiB (414 beyond), body 2GiB (413 beyond); 10000 connections and 10000 requests in flight (503 beyond); 100 streams per HTTP/2 connection
 session store: node-local: a student whose node is down waits up to 10s for it to come back, then goes to another node and must log in again
 shutdown: in-flight requests get 30s to finish
-health checks: GET /theme/image.php?theme=boost&component=core&image=favicon every 2s, timeout 1s; an upstream is marked down after 3 failures in a row, up after 2 successes; healthy statuses: 200
+health checks: GET /theme/image.php?theme=boost&component=theme&image=favicon every 2s, timeout 1s; an upstream is marked down after 3 failures in a row, up after 2 successes; healthy statuses: 200
 snapshot: moodle-gateway.state (relative to the working directory), saved every 30s
 route cookie: none (no [route_cookie] section)
 nodes:
@@ -183,7 +183,7 @@ timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s
 limits: request head 64KiB and 200 header lines (431 beyond), URI 16KiB (414 beyond), body 100MB (413 beyond); 50000 connections and 2000 requests in flight (503 beyond); 250 streams per HTTP/2 connection
 session store: shared: a student whose node is down goes to another node at once
 shutdown: in-flight requests get 2m to finish
-health checks: GET /moodle/admin/tool/heartbeat/?fail=1 every 10s, timeout 10s; an upstream is marked down after 100 failures in a row, up after 1 success; healthy statuses: 200, 3xx, 500
+health checks: GET /moodle/admin/tool/heartbeat/?fail=1 (Host: moodle.example.edu) every 10s, timeout 10s; an upstream is marked down after 100 failures in a row, up after 1 success; healthy statuses: 200, 3xx, 500
 snapshot: /var/lib/moodle-gateway/table, saved every 5m
 route cookie: GW (secret: set, from route_cookie.secret)
 nodes:
@@ -445,9 +445,13 @@ fn the_shipped_config_parses() {
     let names: Vec<_> = c.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["web1", "web2", "web3", "web4"]);
     assert_eq!(c.data.authority.as_str(), "192.168.1.5");
-    assert_eq!(c.admin.unwrap().token_source, TokenSource::Env);
-    // It writes out every default it documents; [tls] stays commented out.
-    assert!(c.site.hosts.is_empty() && c.tls.is_none());
+    assert_eq!(c.admin.as_ref().unwrap().token_source, TokenSource::Env);
+    // It writes out every default it documents; [tls] stays commented out. The site
+    // comes from wwwroot alone, and nothing in it is refused on a real Moodle.
+    assert_eq!(c.site.hosts, ["moodle.example.edu"]);
+    assert!(c.tls.is_none());
+    assert_eq!(c.health.host.as_deref(), Some("moodle.example.edu"));
+    assert_eq!(c.refusals(), []);
     let l = &c.limits;
     assert_eq!(
         (l.max_header_bytes, l.max_headers, l.max_uri_bytes),
@@ -471,7 +475,8 @@ fn the_shipped_config_parses() {
 }
 
 /// Pins the exact `check` stderr the integration test compares against:
-/// every `fixtures/config/X.toml` fails with exactly `X.expected`.
+/// every `fixtures/config/X.toml` fails (to parse, or as a file that cannot work on
+/// a real Moodle) with exactly `X.expected`.
 #[test]
 fn broken_fixtures_report_exactly_their_expected_lines() {
     let mut checked = 0;
@@ -484,7 +489,7 @@ fn broken_fixtures_report_exactly_their_expected_lines() {
             continue;
         };
         let expected = fs::read_to_string(format!("{stem}.expected")).unwrap();
-        let errors = Config::load(Path::new(&path)).expect_err(&path);
+        let errors = Config::load_for_site(Path::new(&path)).expect_err(&path);
         assert_eq!(format!("{errors}\n"), expected, "for {path}");
         checked += 1;
     }

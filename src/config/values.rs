@@ -11,8 +11,8 @@ use http::uri::{Authority, PathAndQuery};
 use ipnet::IpNet;
 
 use super::{
-    Balance, NodeState, SecretSource, SessionStore, StatusRange, TokenSource, ADMIN_TOKEN_ENV,
-    MIN_ROUTE_SECRET, ROUTE_SECRET_ENV,
+    Balance, NodeState, SecretSource, SessionStore, StatusRange, TokenSource, Wwwroot,
+    ADMIN_TOKEN_ENV, MIN_ROUTE_SECRET, ROUTE_SECRET_ENV,
 };
 
 /// `Err(message())` unless `ok`: keeps the value checks below flat.
@@ -95,6 +95,49 @@ pub(super) fn site_path(raw: &str) -> Result<String, String> {
         format!("{raw:?} has an empty, \".\" or \"..\" segment")
     })?;
     path_chars(raw).map(|()| path.to_owned())
+}
+
+/// `site.wwwroot`: `http://` or `https://`, a host with an optional port, an optional
+/// path; nothing Moodle itself would refuse in `$CFG->wwwroot` (a query, a fragment,
+/// credentials).
+pub(super) fn wwwroot(raw: &str) -> Result<Wwwroot, String> {
+    let example = "like \"https://moodle.example.edu\" or \"https://example.edu/moodle\"";
+    let lower = raw.to_ascii_lowercase();
+    let (https, rest) = match (
+        lower.strip_prefix("https://"),
+        lower.strip_prefix("http://"),
+    ) {
+        (Some(rest), _) => (true, &raw[raw.len() - rest.len()..]),
+        (None, Some(rest)) => (false, &raw[raw.len() - rest.len()..]),
+        _ => {
+            return Err(format!(
+                "{raw:?} must start with https:// or http:// ({example})"
+            ))
+        }
+    };
+    ensure(!rest.contains(['?', '#']), || {
+        format!(
+            "{raw:?} must not carry a query or fragment: copy $CFG->wwwroot as it is ({example})"
+        )
+    })?;
+    let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+    ensure(!authority.contains('@'), || {
+        format!("{raw:?} must not carry a user name or password")
+    })?;
+    let host =
+        site_host(authority).map_err(|_| format!("{raw:?} has no valid host name ({example})"))?;
+    let port = match host.rsplit_once(':') {
+        Some((_, p)) if !host.ends_with(']') => p.parse::<u16>().ok(),
+        _ => None,
+    };
+    let path = site_path(path).map_err(|m| format!("the path of {raw:?}: {m}"))?;
+    Ok(Wwwroot {
+        url: raw.strip_suffix('/').unwrap_or(raw).to_owned(),
+        https,
+        host,
+        port,
+        path,
+    })
 }
 
 pub(super) fn cookie_path(raw: &str) -> Result<String, String> {

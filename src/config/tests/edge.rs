@@ -112,7 +112,7 @@ hosts = [
         "site.hosts = \"moodle.example.edu\"",
         "1: site.hosts: expected an array, found string",
     );
-    let want = "1: site.host: unknown key (expected one of: path, hosts)";
+    let want = "1: site.host: unknown key (expected one of: wwwroot, path, hosts)";
     check("site.host = []", want);
 }
 
@@ -224,5 +224,69 @@ fn tunnel_idle_is_a_duration() {
         "[timeouts]\ntunnel_idle = 3600",
         r#"
 2: timeouts.tunnel_idle: expected a duration string (like "90s"), found integer"#,
+    );
+}
+
+#[test]
+fn wwwroot_gives_the_site_its_path_host_and_probe() {
+    let c = valid(
+        "[site]\nwwwroot = \"HTTPS://Moodle.Example.edu:8443/moodle/\"\n\
+         hosts = [\"alias.example.edu\", \"moodle.example.edu:8443\"]\n",
+    );
+    let w = c.site.wwwroot.as_ref().unwrap();
+    assert_eq!(
+        (w.https, w.host.as_str(), w.port, w.path.as_str()),
+        (true, "moodle.example.edu:8443", Some(8443), "/moodle")
+    );
+    assert_eq!(w.url, "HTTPS://Moodle.Example.edu:8443/moodle");
+    assert_eq!(c.site.path, "/moodle");
+    // wwwroot's host first, an alias after it, and no repeat.
+    assert_eq!(
+        c.site.hosts,
+        ["moodle.example.edu:8443", "alias.example.edu"]
+    );
+    assert_eq!(c.session.cookie_path, "/moodle/");
+    assert_eq!(
+        c.health.path,
+        "/moodle/theme/image.php?theme=boost&component=theme&image=favicon"
+    );
+    assert_eq!(c.health.host.as_deref(), Some("moodle.example.edu:8443"));
+}
+
+#[test]
+fn a_wwwroot_moodle_would_not_accept_names_the_key_and_the_reason() {
+    for (wwwroot, want) in [
+        ("moodle.example.edu", "must start with https:// or http://"),
+        (
+            "ftp://moodle.example.edu",
+            "must start with https:// or http://",
+        ),
+        (
+            "https://moodle.example.edu/?x=1",
+            "must not carry a query or fragment",
+        ),
+        (
+            "https://admin:pw@moodle.example.edu",
+            "must not carry a user name or password",
+        ),
+        ("https://", "has no valid host name"),
+        ("https://moodle.example.edu:0", "has no valid host name"),
+        (
+            "https://moodle.example.edu/a//b",
+            "empty, \".\" or \"..\" segment",
+        ),
+    ] {
+        let text = errors(&format!("[site]\nwwwroot = {wwwroot:?}\n{NODES}{DATA}"));
+        assert!(text.starts_with("2: site.wwwroot: "), "{wwwroot}: {text}");
+        assert!(text.contains(want), "{wwwroot}: {text}");
+    }
+}
+
+#[test]
+fn a_path_beside_wwwroot_could_only_disagree_with_it() {
+    let doc = "[site]\nwwwroot = \"https://example.edu/moodle\"\npath = \"/moodle\"\n";
+    assert_eq!(
+        errors(&format!("{doc}{NODES}{DATA}")),
+        "3: site.path: the path comes from site.wwwroot (\"/moodle\"): remove site.path"
     );
 }

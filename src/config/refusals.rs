@@ -1,0 +1,116 @@
+//! What a file can say that parses but cannot work in front of a real Moodle site:
+//! settings that would log students out or take the site down the moment students
+//! arrive. `check`, `run` and a reload refuse such a file, each refusal naming its key,
+//! what Moodle would do, and the way out.
+//!
+//! Kept apart from [`Config::parse`](super::Config::parse), which checks that each
+//! value is well-formed: these rules judge values together, against Moodle's own
+//! behaviour (MOODLE.md, `shared/moodle/README.md`), and tests that run stand-in nodes
+//! (which are not Moodle) build configs these rules would refuse.
+
+use std::path::Path;
+
+use super::{error, Config, ConfigError, ConfigErrors, SessionStore};
+use crate::moodle::{RequestKind, Site};
+
+impl Config {
+    /// What `check` and `run` accept: [`Config::load`], and then no
+    /// [`refusals`](Config::refusals), reported like any other problem of the file.
+    pub fn load_for_site(path: &Path) -> Result<Config, ConfigErrors> {
+        let config = Config::load(path)?;
+        match config.refusals() {
+            refusals if refusals.is_empty() => Ok(config),
+            refusals => Err(ConfigErrors::new(refusals).with_source(path.display().to_string())),
+        }
+    }
+
+    /// Every reason this config cannot work on a real Moodle site; empty when it can.
+    pub fn refusals(&self) -> Vec<ConfigError> {
+        [
+            self.scorm_needs_the_session(),
+            self.wwwroot_port_is_not_ours(),
+            self.probe_starts_sessions(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// SCORM files go to the data server, which serves them only after
+    /// `require_login()`: with node-local sessions it holds no student's session, so
+    /// Moodle 4.5 answers every SCORM file with a 303 to the login page and a new
+    /// session cookie, and the student is logged out (140 of 140 students, seen).
+    fn scorm_needs_the_session(&self) -> Option<ConfigError> {
+        (self.session.store == SessionStore::NodeLocal).then(|| {
+            error(
+                "session.store",
+                None,
+                format!(
+                    "node-local sessions with SCORM files sent to the data server ({}) log \
+                     every student out at their first SCORM file: the data server cannot \
+                     read a session another node holds, so Moodle answers with a redirect to \
+                     the login page and a new session id. Two ways out: keep sessions in a \
+                     store every node and the data server share (Redis, memcached, or file \
+                     sessions on the shared dataroot) and set store = \"shared\"; or let \
+                     each student's own node authorise the file and the data server send \
+                     only the bytes (the X-Accel-Redirect file offload, not in this \
+                     version yet)",
+                    self.data.name
+                ),
+            )
+        })
+    }
+
+    /// Moodle compares wwwroot's port with each node's `$_SERVER['SERVER_PORT']` and
+    /// redirects to wwwroot when they differ. A wwwroot that names a port students
+    /// connect to, on a gateway listening on another one with nothing in front of
+    /// it, is a typo: students would never reach the site.
+    fn wwwroot_port_is_not_ours(&self) -> Option<ConfigError> {
+        let wwwroot = self.site.wwwroot.as_ref()?;
+        let port = wwwroot.port?;
+        let ours = self.listen.port();
+        // A proxy in front of the gateway may well listen on wwwroot's port.
+        if port == ours || !self.trusted_proxies.is_empty() {
+            return None;
+        }
+        Some(error(
+            "site.wwwroot",
+            None,
+            format!(
+                "{} names port {port}, but the gateway listens on {ours}: students use \
+                 wwwroot's port, and Moodle redirects every request whose node reports \
+                 another SERVER_PORT to wwwroot. Listen on {port}, or take the port out of \
+                 wwwroot (and of $CFG->wwwroot) and let the nodes report the default port",
+                wwwroot.url
+            ),
+        ))
+    }
+
+    /// A probe runs every `interval` on every node: one that reaches a script that
+    /// starts a session writes a session row each time, forever.
+    fn probe_starts_sessions(&self) -> Option<ConfigError> {
+        let site = Site::new(
+            &self.site.path,
+            &self.session.cookie,
+            &self.session.cookie_path,
+        );
+        let (path, query) = match self.health.path.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (self.health.path.as_str(), None),
+        };
+        match site.classify(path, query) {
+            Ok(RequestKind::Sessionless) => None,
+            _ => Some(error(
+                "health.path",
+                None,
+                format!(
+                    "{:?} runs a Moodle script that starts a session: each probe would \
+                     create a session row on every node every health.interval. Probe a \
+                     script that starts none: the default (leave path out), or \
+                     tool_heartbeat's \"{}/admin/tool/heartbeat/\"",
+                    self.health.path, self.site.path
+                ),
+            )),
+        }
+    }
+}
