@@ -105,10 +105,13 @@ fn init_tracing() {
         .init();
 }
 
-/// The file, parsed and validated, and then judged against what a real Moodle site
-/// does: `check` and `run` refuse a file that cannot work there.
+/// The file, parsed and validated; errors printed as `check` prints them.
 fn load(path: &std::path::Path) -> Option<Config> {
-    match Config::load_for_site(path) {
+    report(Config::load(path))
+}
+
+fn report(loaded: Result<Config, moodle_gateway::config::ConfigErrors>) -> Option<Config> {
+    match loaded {
         Ok(config) => Some(config),
         Err(errors) => {
             eprintln!("{errors}");
@@ -117,8 +120,9 @@ fn load(path: &std::path::Path) -> Option<Config> {
     }
 }
 
+/// `check` also refuses what parses but cannot work on a real Moodle site.
 fn check(path: &std::path::Path) -> ExitCode {
-    match load(path) {
+    match report(Config::load_for_site(path)) {
         Some(config) => {
             print!("{}", config.describe());
             println!("{}: ok", path.display());
@@ -165,10 +169,15 @@ fn demo(options: moodle_gateway::demo::DemoOptions) -> ExitCode {
     }
 }
 
+/// `run` starts on what `check` refuses (a site with no SCORM activity may live with
+/// node-local sessions), but says at once, as an error, who will be logged out.
 fn run(path: &std::path::Path) -> ExitCode {
     let Some(config) = load(path) else {
         return ExitCode::FAILURE;
     };
+    for refusal in config.refusals() {
+        tracing::error!("{}: {refusal} (`check` refuses this file)", path.display());
+    }
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };

@@ -1,7 +1,8 @@
 //! What a file can say that parses but cannot work in front of a real Moodle site:
 //! settings that would log students out or take the site down the moment students
-//! arrive. `check`, `run` and a reload refuse such a file, each refusal naming its key,
-//! what Moodle would do, and the way out.
+//! arrive. `check` refuses such a file, each refusal naming its key, what Moodle would
+//! do, and the way out; `run` logs the same lines as errors and starts anyway (a site
+//! with no SCORM activity may live with node-local sessions).
 //!
 //! Kept apart from [`Config::parse`](super::Config::parse), which checks that each
 //! value is well-formed: these rules judge values together, against Moodle's own
@@ -14,7 +15,7 @@ use super::{error, Config, ConfigError, ConfigErrors, SessionStore};
 use crate::moodle::{RequestKind, Site};
 
 impl Config {
-    /// What `check` and `run` accept: [`Config::load`], and then no
+    /// What `check` accepts: [`Config::load`], and then no
     /// [`refusals`](Config::refusals), reported like any other problem of the file.
     pub fn load_for_site(path: &Path) -> Result<Config, ConfigErrors> {
         let config = Config::load(path)?;

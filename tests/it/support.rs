@@ -303,13 +303,6 @@ pub fn start_binary(config: &str) -> GatewayProcess {
     let dir = std::env::temp_dir().join(format!("moodle-gateway-test-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("config.toml");
-    // The binary refuses node-local sessions while SCORM files go to the data server,
-    // because a real Moodle data server logs those students out. The stand-in data
-    // server is not Moodle and serves any session, so these tests state a shared store.
-    let config = match config.contains("store") {
-        true => config.to_owned(),
-        false => format!("session.store = \"shared\"\n{config}"),
-    };
     std::fs::write(&path, config).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
         // The default state file lands in the test's own directory.
