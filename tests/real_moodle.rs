@@ -184,8 +184,8 @@ fn students_keep_their_sessions(store: Store) {
 
         let concurrent_started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
-        for account in students[SEQUENTIAL..SEQUENTIAL + CONCURRENT].iter().cloned() {
-            let env = env.clone();
+        for account in &students[SEQUENTIAL..SEQUENTIAL + CONCURRENT] {
+            let (env, account) = (env.clone(), account.clone());
             tasks.spawn(async move { journey(&env, &account).await });
         }
         let mut concurrent = Vec::new();
