@@ -140,7 +140,7 @@ fn start_node(site: &Site, store: Store, public: SocketAddr, dir: &Path, name: &
         .env("MOODLE_LOCALCACHEDIR", dir.join("localcache"))
         .env("MOODLE_LOCALREQUESTDIR", dir.join("requestdir"));
     let log = dir.join("php.log");
-    let mut proc = Proc::spawn(&format!("php -S ({name})"), php, &log);
+    let mut proc = Proc::spawn_tree(&format!("php -S ({name})"), php, &log);
     wait_until(&format!("{name} listens"), Duration::from_secs(20), || {
         proc.assert_running();
         std::net::TcpStream::connect(addr).is_ok()

@@ -15,8 +15,18 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Spawns `command` in a new process group, stdout and stderr into `log`.
-    pub fn spawn(name: &str, mut command: Command, log: &Path) -> Proc {
+    /// Spawns `command` (one process) in a new process group, stdout and stderr into
+    /// `log`.
+    pub fn spawn(name: &str, command: Command, log: &Path) -> Proc {
+        Proc::start(name, guarded(command, false), log)
+    }
+
+    /// Like [`Proc::spawn`], for a command that forks children of its own (php -S).
+    pub fn spawn_tree(name: &str, command: Command, log: &Path) -> Proc {
+        Proc::start(name, guarded(command, true), log)
+    }
+
+    fn start(name: &str, mut command: Command, log: &Path) -> Proc {
         let out = std::fs::File::create(log).expect("the log file opens");
         let err = out.try_clone().unwrap();
         command
@@ -66,6 +76,35 @@ impl Drop for Proc {
     }
 }
 
+/// `command` under `setpriv --pdeathsig` (util-linux), so that it dies with this test
+/// process even when no `Drop` runs (Ctrl-C, a killed test): its own process group
+/// keeps the terminal's signals away from it. A `tree` runs under a shell that, told
+/// so, kills its whole group, which reaches the children too (php -S's workers outlive
+/// their master otherwise, whatever signal it gets).
+fn guarded(command: Command, tree: bool) -> Command {
+    if !Path::new("/usr/bin/setpriv").exists() {
+        return command;
+    }
+    let mut guarded = Command::new("/usr/bin/setpriv");
+    if tree {
+        let script = "trap 'kill -KILL 0' TERM; \"$@\" & wait";
+        guarded.args(["--pdeathsig", "TERM", "--", "sh", "-c", script, "sh"]);
+    } else {
+        guarded.args(["--pdeathsig", "KILL", "--"]);
+    }
+    guarded.arg(command.get_program()).args(command.get_args());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => guarded.env(key, value),
+            None => guarded.env_remove(key),
+        };
+    }
+    if let Some(dir) = command.get_current_dir() {
+        guarded.current_dir(dir);
+    }
+    guarded
+}
+
 fn signal(target: &str, name: &str) {
     let _ = Command::new("kill")
         .args([&format!("-{name}"), "--", target])
@@ -83,6 +122,9 @@ impl Scratch {
     pub fn new(label: &str) -> Scratch {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n == 0 {
+            remove_orphans();
+        }
         let dir = std::env::temp_dir().join(format!("rm-{label}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -92,6 +134,25 @@ impl Scratch {
     /// The directory.
     pub fn path(&self) -> &Path {
         &self.0
+    }
+}
+
+/// Removes the scratch directories of earlier test processes that died without
+/// cleaning up (killed): `rm-{label}-{pid}-{n}` whose pid is gone.
+fn remove_orphans() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let mut parts = name.rsplitn(3, '-');
+        let (Some(_n), Some(pid), Some(label)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let ours = label.starts_with("rm-") && pid.parse::<u32>().is_ok();
+        if ours && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
