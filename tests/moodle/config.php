@@ -1,0 +1,77 @@
+<?php
+// Moodle config.php for the real-Moodle suite: one install serves every node, so
+// everything that differs per node or per run comes from the environment that
+// tests/real_moodle/site.rs gives each `php -S` (and each CLI script).
+//
+//   MOODLE_WWWROOT          the gateway's public URL, the same on every node
+//   MOODLE_DATAROOT         the shared dataroot (files, shared sessions, MUC)
+//   MOODLE_DBSOCKET         the private MariaDB's socket (MOODLE_DBPORT: its port)
+//   MOODLE_SESSIONS         "shared": file sessions in the shared dataroot;
+//                           "node-local": file sessions in MOODLE_SESSION_DIR
+//   MOODLE_NODE             the node's name, sent back as X-Moodle-Node (prepend.php)
+//   MOODLE_LOCALCACHEDIR    this node's localcachedir (theme CSS, JS: never shared)
+//   MOODLE_LOCALREQUESTDIR  this node's localrequestdir (created here: a missing
+//                           one disables X-Accel-Redirect in this build)
+unset($CFG);
+global $CFG;
+$CFG = new stdClass();
+
+function moodle_suite_env(string $name, ?string $default = null): string {
+    $value = getenv($name);
+    if ($value === false || $value === '') {
+        if ($default === null) {
+            fwrite(STDERR, "config.php: $name is not set\n");
+            http_response_code(500);
+            exit(1);
+        }
+        return $default;
+    }
+    return $value;
+}
+
+$CFG->dbtype    = 'mariadb';
+$CFG->dblibrary = 'native';
+$CFG->dbhost    = 'localhost';
+$CFG->dbname    = 'moodle';
+$CFG->dbuser    = 'root';
+$CFG->dbpass    = '';
+$CFG->prefix    = 'mdl_';
+$CFG->dboptions = [
+    'dbpersist' => 0,
+    'dbsocket'  => moodle_suite_env('MOODLE_DBSOCKET'),
+    'dbport'    => moodle_suite_env('MOODLE_DBPORT', ''),
+    'dbcollation' => 'utf8mb4_unicode_ci',
+];
+
+$CFG->wwwroot  = moodle_suite_env('MOODLE_WWWROOT');
+$CFG->dataroot = moodle_suite_env('MOODLE_DATAROOT');
+$CFG->admin    = 'admin';
+$CFG->directorypermissions = 02777;
+
+$node = moodle_suite_env('MOODLE_NODE', 'cli');
+$CFG->localcachedir = moodle_suite_env('MOODLE_LOCALCACHEDIR', $CFG->dataroot . '/localcache-' . $node);
+$CFG->localrequestdir = moodle_suite_env('MOODLE_LOCALREQUESTDIR', sys_get_temp_dir() . '/requestdir-' . $node);
+if (!is_dir($CFG->localrequestdir)) {
+    @mkdir($CFG->localrequestdir, 0777, true);
+}
+
+$CFG->session_handler_class = '\core\session\file';
+switch (moodle_suite_env('MOODLE_SESSIONS', 'shared')) {
+    case 'shared':
+        // The file handler's default: $CFG->dataroot/sessions, which every node shares.
+        break;
+    case 'node-local':
+        $CFG->session_file_save_path = moodle_suite_env('MOODLE_SESSION_DIR');
+        break;
+    default:
+        fwrite(STDERR, "config.php: MOODLE_SESSIONS must be shared or node-local\n");
+        exit(1);
+}
+
+// A scripted browser: no password rules, no tours, no mail, no outside calls.
+$CFG->passwordpolicy = 0;
+$CFG->noemailever = true;
+$CFG->disableupdatenotifications = true;
+$CFG->disableupdateautodeploy = true;
+
+require_once(__DIR__ . '/lib/setup.php');

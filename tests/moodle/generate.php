@@ -1,0 +1,95 @@
+<?php
+// Test data for the real-Moodle suite, made with Moodle's own generator and
+// printed as one JSON object on stdout (what tests/real_moodle/site.rs reads):
+// students with known passwords and names, one course they are enrolled in, a
+// SCORM activity from a real package shipped with Moodle, a file resource, and
+// for each student the keys of the token URL forms.
+//
+//   MOODLE_DIRROOT=… (plus config.php's variables) php generate.php --students=N
+define('CLI_SCRIPT', true);
+require(getenv('MOODLE_DIRROOT') . '/config.php');
+require_once($CFG->libdir . '/clilib.php');
+require_once($CFG->libdir . '/testing/generator/lib.php');
+
+[$options] = cli_get_params(['students' => 24]);
+$count = (int) $options['students'];
+
+\core\session\manager::set_user(get_admin());
+
+// What a scripted browser cannot get past: password rules and user tours.
+set_config('passwordpolicy', 0);
+$DB->set_field('tool_usertours_tours', 'enabled', 0);
+// The app's URL forms (/webservice/pluginfile.php?token=) need web services on.
+set_config('enablewebservices', 1);
+set_config('enablemobilewebservice', 1);
+$mobile = $DB->get_record('external_services', ['shortname' => MOODLE_OFFICIAL_MOBILE_SERVICE], '*', MUST_EXIST);
+$DB->set_field('external_services', 'enabled', 1, ['id' => $mobile->id]);
+
+$gen = new testing_data_generator();
+$course = $gen->create_course(['fullname' => 'Gateway course', 'shortname' => 'gwcourse']);
+
+$package = 'mod/scorm/tests/packages/singlesco_scorm12.zip';
+$scorm = $gen->create_module('scorm', ['course' => $course->id, 'name' => 'Golf etiquette',
+    'packagefilepath' => $CFG->dirroot . '/' . $package]);
+$scormcontext = context_module::instance($scorm->cmid);
+$scorm->revision = $DB->get_field('scorm', 'revision', ['id' => $scorm->id], MUST_EXIST);
+
+$resource = $gen->create_module('resource', ['course' => $course->id, 'name' => 'Gateway handout',
+    'uploaded' => 1, 'defaultfilename' => 'lib/tests/fixtures/gd-logo.png']);
+$resourcecontext = context_module::instance($resource->cmid);
+
+$fs = get_file_storage();
+$file = fn(stored_file $f) => [
+    'path' => ltrim($f->get_filepath() . $f->get_filename(), '/'),
+    'contenthash' => $f->get_contenthash(),
+    'size' => (int) $f->get_filesize(),
+    'mimetype' => $f->get_mimetype(),
+];
+$content = array_map($file, array_values(
+    $fs->get_area_files($scormcontext->id, 'mod_scorm', 'content', 0, 'filepath, filename', false)));
+$resourcefiles = array_values(
+    $fs->get_area_files($resourcecontext->id, 'mod_resource', 'content', 0, 'filepath, filename', false));
+$resourcefile = $file($resourcefiles[0]);
+$resourcefile['url'] = '/pluginfile.php/' . $resourcecontext->id . '/mod_resource/content/'
+    . $resource->revision . '/' . rawurlencode($resourcefiles[0]->get_filename());
+
+$scoes = $DB->get_records('scorm_scoes', ['scorm' => $scorm->id, 'scormtype' => 'sco'], 'sortorder');
+$sco = reset($scoes);
+
+$students = [];
+for ($i = 1; $i <= $count; $i++) {
+    $n = sprintf('%02d', $i);
+    $password = "Student-pass-$n";
+    $user = $gen->create_user(['username' => "student$n", 'password' => $password,
+        'firstname' => 'Ada', 'lastname' => "Gatewaytester$n", 'email' => "student$n@example.com"]);
+    $gen->enrol_user($user->id, $course->id, 'student');
+    $wstoken = \core_external\util::generate_token(EXTERNAL_TOKEN_PERMANENT, $mobile, $user->id,
+        context_system::instance());
+    $students[] = [
+        'id' => (int) $user->id,
+        'username' => $user->username,
+        'password' => $password,
+        'fullname' => fullname($user),
+        'files_key' => get_user_key('core_files', $user->id),
+        'ws_token' => $wstoken,
+    ];
+}
+
+echo json_encode([
+    'course_id' => (int) $course->id,
+    'scorm' => [
+        'id' => (int) $scorm->id,
+        'cmid' => (int) $scorm->cmid,
+        'context_id' => (int) $scormcontext->id,
+        'revision' => (int) $scorm->revision,
+        'package' => $package,
+        'launch_path' => $sco->launch,
+        'content' => $content,
+    ],
+    'resource' => [
+        'cmid' => (int) $resource->cmid,
+        'context_id' => (int) $resourcecontext->id,
+        'file' => $resourcefile,
+    ],
+    'students' => $students,
+], JSON_PRETTY_PRINT | JSON_UNESCAPED_SLASHES) . "\n";

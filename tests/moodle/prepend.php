@@ -1,0 +1,18 @@
+<?php
+// auto_prepend_file of every `php -S` node in the real-Moodle suite.
+//
+// 1. Moodle compares the port of $CFG->wwwroot (the gateway's) with
+//    $_SERVER['SERVER_PORT'] (initialise_fullme() in lib/setuplib.php) and
+//    redirects when they differ. PHP's built-in server reports its own listening
+//    port, so a node behind the gateway would loop in redirects; Apache with
+//    UseCanonicalName Off takes the port from Host, and so do we.
+// 2. X-Moodle-Node names the node that ran the script, so the tests see where each
+//    request was served (plain files are served by php -S without PHP: no header).
+if (PHP_SAPI === 'cli-server') {
+    $host = $_SERVER['HTTP_HOST'] ?? '';
+    $_SERVER['SERVER_PORT'] = preg_match('/:(\d+)$/', $host, $m) ? $m[1] : '80';
+    $node = getenv('MOODLE_NODE');
+    if ($node !== false && $node !== '') {
+        header('X-Moodle-Node: ' . $node);
+    }
+}

@@ -1,0 +1,319 @@
+//! A Moodle cluster on loopback: four PHP web nodes and a data server, each a
+//! `php -S` of the same code and site, and the real gateway binary in front.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde_json::Value;
+
+use crate::processes::{free_port, wait_until, Proc, Scratch};
+use crate::site::{script, Site, PHP_INI};
+use crate::student::{between, exchange, HttpClient};
+
+/// Where Moodle keeps sessions (config.php's `MOODLE_SESSIONS`, the gateway's
+/// `[session] store`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// File sessions in the shared dataroot: every node, and the data server, reads them.
+    Shared,
+    /// File sessions in a directory of each node's own.
+    NodeLocal,
+}
+
+impl Store {
+    /// The name both config.php and the gateway use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Store::Shared => "shared",
+            Store::NodeLocal => "node-local",
+        }
+    }
+}
+
+/// The web nodes' names, in the gateway's config order.
+pub const NODES: [&str; 4] = ["web1", "web2", "web3", "web4"];
+
+/// One `php -S` serving Moodle.
+pub struct Node {
+    pub name: String,
+    pub addr: SocketAddr,
+    /// Its own session directory (node-local sessions only).
+    pub sessions: Option<PathBuf>,
+    /// Its access and error log.
+    pub log: PathBuf,
+    _php: Proc,
+}
+
+/// Four web nodes and a data server, all with `$CFG->wwwroot` = the gateway's address.
+pub struct Cluster {
+    pub store: Store,
+    /// `127.0.0.1:PORT`, where the gateway must listen (wwwroot's authority).
+    pub public: SocketAddr,
+    pub nodes: Vec<Node>,
+    pub data: Node,
+    /// Dropped last.
+    _scratch: Scratch,
+}
+
+impl Cluster {
+    /// Starts the nodes and the data server for a gateway to come on `public`.
+    pub fn start(site: &Site, store: Store) -> Cluster {
+        let public: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let scratch = Scratch::new("nodes");
+        let start = |name: &str| start_node(site, store, public, scratch.path(), name);
+        let nodes = NODES.iter().map(|name| start(name)).collect();
+        let data = start("data");
+        Cluster {
+            store,
+            public,
+            nodes,
+            data,
+            _scratch: scratch,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`: Moodle's wwwroot, the gateway.
+    pub fn wwwroot(&self) -> String {
+        format!("http://{}", self.public)
+    }
+
+    /// Every node and the data server.
+    pub fn all(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().chain(std::iter::once(&self.data))
+    }
+
+    /// Loads the login page and its theme CSS and JavaScript once on every node, with
+    /// the public Host (the first CSS build takes seconds); the sessionless asset paths
+    /// the page links to.
+    pub async fn warm(&self, client: &HttpClient) -> Vec<String> {
+        let mut assets = Vec::new();
+        for node in self.all() {
+            let host = [("host", self.public.to_string())];
+            let url = format!("http://{}/login/index.php", node.addr);
+            let page = exchange(client, Method::GET, &url, &host, None).await;
+            assert_eq!(
+                page.status,
+                StatusCode::OK,
+                "{}: {}",
+                node.name,
+                page.text()
+            );
+            assets = asset_paths(&page.text(), &self.wwwroot());
+            for path in &assets {
+                let url = format!("http://{}{path}", node.addr);
+                let page = exchange(client, Method::GET, &url, &host, None).await;
+                assert_eq!(page.status, StatusCode::OK, "{} {path}", node.name);
+            }
+        }
+        assets
+    }
+}
+
+fn start_node(site: &Site, store: Store, public: SocketAddr, dir: &Path, name: &str) -> Node {
+    let dir = dir.join(name);
+    let sessions = (store == Store::NodeLocal).then(|| dir.join("sessions"));
+    for sub in ["localcache", "requestdir", "sessions"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut php = Command::new("php");
+    php.args(PHP_INI)
+        .arg("-d")
+        .arg(format!(
+            "auto_prepend_file={}",
+            script("prepend.php").display()
+        ))
+        .arg("-S")
+        .arg(addr.to_string())
+        .arg("-t")
+        .arg(&site.code)
+        .env("PHP_CLI_SERVER_WORKERS", "4")
+        .envs(site.env(&format!("http://{public}")))
+        .env("MOODLE_NODE", name)
+        .env("MOODLE_SESSIONS", store.name())
+        .env("MOODLE_SESSION_DIR", dir.join("sessions"))
+        .env("MOODLE_LOCALCACHEDIR", dir.join("localcache"))
+        .env("MOODLE_LOCALREQUESTDIR", dir.join("requestdir"));
+    let log = dir.join("php.log");
+    let mut proc = Proc::spawn_tree(&format!("php -S ({name})"), php, &log);
+    wait_until(&format!("{name} listens"), Duration::from_secs(20), || {
+        proc.assert_running();
+        std::net::TcpStream::connect(addr).is_ok()
+    });
+    Node {
+        name: name.to_string(),
+        addr,
+        sessions,
+        log,
+        _php: proc,
+    }
+}
+
+/// The theme CSS, JavaScript and image URLs a Moodle page links to, as paths.
+/// Three, not four: if sessionless requests took turns of the deal, four of them
+/// between two students would cost exactly one round of the four nodes and go unseen;
+/// three send the next student to the same node as the last, which the sequential
+/// run's `deal_goes_round` catches.
+fn asset_paths(html: &str, wwwroot: &str) -> Vec<String> {
+    let html = html.replace("\\/", "/");
+    [
+        "/theme/styles.php/",
+        "/lib/javascript.php/",
+        "/theme/image.php/",
+    ]
+    .iter()
+    .map(|script| {
+        let start = format!("{wwwroot}{script}");
+        let rest = between(&html, &start, "\"")
+            .unwrap_or_else(|| panic!("the login page links to {script}"));
+        let rest = rest.split(['\'', ' ']).next().unwrap();
+        format!("{script}{rest}")
+    })
+    .collect()
+}
+
+/// The real `moodle-gateway` binary, run from its own directory; killed on drop.
+pub struct Gateway {
+    pub admin: SocketAddr,
+    pub token: String,
+    client: HttpClient,
+    _proc: Proc,
+    _dir: Scratch,
+}
+
+/// The admin token the suite's gateways read from `admin.token`.
+const TOKEN: &str = "real-moodle-suite-admin-token-0123456789";
+
+impl Gateway {
+    /// Writes `config` (see [`config_for`]) and the token file into a new directory and
+    /// runs `moodle-gateway run --config` there until it answers on both listeners.
+    pub fn start(
+        config: &str,
+        public: SocketAddr,
+        admin: SocketAddr,
+        client: &HttpClient,
+    ) -> Gateway {
+        let dir = Scratch::new("gateway");
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, config).unwrap();
+        std::fs::write(dir.path().join("admin.token"), format!("{TOKEN}\n")).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"));
+        command
+            .current_dir(dir.path())
+            .arg("run")
+            .arg("--config")
+            .arg(&path)
+            .env_remove("MOODLE_GATEWAY_ADMIN_TOKEN")
+            .env_remove("MOODLE_GATEWAY_ROUTE_SECRET")
+            .env("RUST_LOG", "info");
+        let mut proc = Proc::spawn("moodle-gateway", command, &dir.path().join("gateway.log"));
+        wait_until("the gateway listens", Duration::from_secs(20), || {
+            proc.assert_running();
+            std::net::TcpStream::connect(public).is_ok()
+                && std::net::TcpStream::connect(admin).is_ok()
+        });
+        Gateway {
+            admin,
+            token: TOKEN.to_string(),
+            client: client.clone(),
+            _proc: proc,
+            _dir: dir,
+        }
+    }
+
+    /// `GET {path}` on the admin API with the token: status and JSON.
+    pub async fn admin_get(&self, path: &str) -> (StatusCode, Value) {
+        let url = format!("http://{}{path}", self.admin);
+        let auth = [("authorization", format!("Bearer {}", self.token))];
+        let page = exchange(&self.client, Method::GET, &url, &auth, None).await;
+        let json = serde_json::from_slice(&page.body).unwrap_or(Value::Null);
+        (page.status, json)
+    }
+
+    /// The admin entry of raw session id `id` (`/affinity/lookup`), `None` on 404.
+    pub async fn lookup(&self, id: &str) -> Option<Value> {
+        let (status, json) = self
+            .admin_get(&format!("/affinity/lookup?session={id}"))
+            .await;
+        match status {
+            StatusCode::OK => Some(json),
+            StatusCode::NOT_FOUND => None,
+            other => panic!("/affinity/lookup answered {other}: {json}"),
+        }
+    }
+
+    /// Each upstream's `health` from `/nodes`, data server last: `(name, health)`.
+    pub async fn health(&self) -> Vec<(String, String)> {
+        let (status, json) = self.admin_get("/nodes").await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        let row = |v: &Value| {
+            (
+                v["name"].as_str().unwrap_or("?").to_string(),
+                v["health"].as_str().unwrap_or("?").to_string(),
+            )
+        };
+        let mut rows: Vec<_> = json["nodes"].as_array().unwrap().iter().map(row).collect();
+        rows.push(row(&json["data"]));
+        rows
+    }
+}
+
+/// The suite's gateway config for `cluster`: its nodes, the data server, both listeners
+/// on loopback, the token file, and a health probe that works on real Moodle.
+pub fn config_for(cluster: &Cluster, admin: SocketAddr) -> String {
+    let mut text = format!(
+        r#"listen = "{public}"
+
+[site]
+hosts = ["{public}"]
+
+[admin]
+listen = "{admin}"
+token_file = "admin.token"
+
+[session]
+store = "{store}"
+
+# The probe. The shipped default (the favicon through /theme/image.php with
+# component=core) fails on real Moodle: core has no such icon and the probe names
+# the node's own address as Host, which Moodle answers with a 303 to wwwroot. A
+# plain file is served by the web server without running PHP, so it passes whatever
+# the Host, starts no session and touches no database: it proves the node's web
+# server is up (not PHP). require.min.js ships with every Moodle since 2.9.
+[health]
+path = "/lib/requirejs/require.min.js"
+# php -S has four workers per node: under 16 concurrent students a probe may queue
+# behind slow pages, so give it the whole interval.
+interval = "2s"
+timeout = "2s"
+
+[state]
+file = "gateway.state"
+"#,
+        public = cluster.public,
+        store = cluster.store.name(),
+    );
+    for node in &cluster.nodes {
+        let _ = write!(
+            text,
+            "\n[[nodes]]\nname = \"{}\"\nurl = \"http://{}\"\n",
+            node.name, node.addr
+        );
+    }
+    let _ = write!(
+        text,
+        "\n[data]\nname = \"data\"\nurl = \"http://{}\"\n",
+        cluster.data.addr
+    );
+    text
+}
+
+/// A free loopback address for an admin listener.
+pub fn admin_addr() -> SocketAddr {
+    format!("127.0.0.1:{}", free_port()).parse().unwrap()
+}

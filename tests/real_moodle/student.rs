@@ -1,0 +1,277 @@
+//! A small scripted browser: one student's cookie jar, redirects followed by hand, and
+//! a record of every `MoodleSession` the site set, so a test can tell a planned
+//! rotation (login, logout) from a lost session.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// Moodle's session cookie (`$CFG->sessioncookie` is empty on the test site).
+pub const SESSION_COOKIE: &str = "MoodleSession";
+
+/// An HTTP/1.1 client with keep-alive and nothing else.
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// A new client.
+pub fn http_client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// One response, as the browser received it.
+#[derive(Debug)]
+pub struct Page {
+    /// `GET /path?query` as requested.
+    pub request: String,
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Page {
+    /// The `X-Moodle-Node` header: which Moodle ran the script (none for plain files).
+    pub fn node(&self) -> Option<&str> {
+        self.header("x-moodle-node")
+    }
+
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The new session id this response sets, if any (the last such line counts).
+    pub fn sets_session(&self) -> Option<String> {
+        self.headers
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .filter_map(|line| {
+                let (name, value) = line.split(';').next()?.split_once('=')?;
+                (name.trim() == SESSION_COOKIE).then(|| value.trim().to_string())
+            })
+            .next_back()
+    }
+}
+
+/// Sends one request; the response with its whole body.
+pub async fn exchange(
+    client: &HttpClient,
+    method: Method,
+    url: &str,
+    headers: &[(&str, String)],
+    body: Option<String>,
+) -> Page {
+    let mut request = Request::builder().method(method.clone()).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, value);
+    }
+    if body.is_some() {
+        request = request.header("content-type", "application/x-www-form-urlencoded");
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(120), client.request(request))
+        .await
+        .unwrap_or_else(|_| panic!("{method} {url}: no answer within 120 s"))
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let (parts, body) = response.into_parts();
+    let body = body
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url}: body: {e}"))
+        .to_bytes();
+    let target = url.splitn(4, '/').nth(3).unwrap_or("");
+    Page {
+        request: format!("{method} /{target}"),
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+/// One student's browser, talking to the gateway only.
+pub struct Browser {
+    client: HttpClient,
+    /// `http://127.0.0.1:PORT`: the gateway, Moodle's wwwroot.
+    origin: String,
+    cookies: BTreeMap<String, String>,
+    /// Whether the student is logged in (between a login and a logout).
+    pub logged_in: bool,
+    /// Every session id the site gave this browser, in order, with the request.
+    pub sessions: Vec<(String, String)>,
+    /// What went wrong with the session while logged in: each is a lost session.
+    pub lost: Vec<String>,
+    /// Every request sent with the jar while logged in, with the Moodle that ran it
+    /// (`X-Moodle-Node`; `None` for a plain file).
+    pub served: Vec<(String, Option<String>)>,
+    /// Requests sent.
+    pub requests: usize,
+}
+
+impl Browser {
+    /// A browser with an empty jar.
+    pub fn new(client: HttpClient, origin: &str) -> Browser {
+        Browser {
+            client,
+            origin: origin.to_string(),
+            cookies: BTreeMap::new(),
+            logged_in: false,
+            sessions: Vec::new(),
+            lost: Vec::new(),
+            served: Vec::new(),
+            requests: 0,
+        }
+    }
+
+    /// GET `path`, following redirects; every hop, the last one being the page.
+    pub async fn get(&mut self, path: &str) -> Vec<Page> {
+        self.visit(Method::GET, path, None).await
+    }
+
+    /// POSTs `fields` as a form to `path`, following redirects.
+    pub async fn post(&mut self, path: &str, fields: &[(&str, &str)]) -> Vec<Page> {
+        self.visit(Method::POST, path, Some(form(fields))).await
+    }
+
+    /// One GET without any cookie and without touching the jar (what the gateway must
+    /// route without a session), counted like the rest.
+    pub async fn get_bare(&mut self, path: &str) -> Page {
+        self.requests += 1;
+        let url = format!("{}{path}", self.origin);
+        exchange(&self.client, Method::GET, &url, &[], None).await
+    }
+
+    /// The path part of a URL Moodle built; panics on a URL off the wwwroot (Moodle
+    /// always redirects to wwwroot, never to a node's address).
+    pub fn path_of(&self, url: &str) -> String {
+        let url = url.replace("\\/", "/").replace("&amp;", "&");
+        match url.strip_prefix(&self.origin) {
+            Some(path) if path.starts_with('/') => path.to_string(),
+            Some("") => "/".to_string(),
+            _ if url.starts_with('/') => url,
+            _ => panic!("{url} is not under the wwwroot {}", self.origin),
+        }
+    }
+
+    async fn visit(&mut self, method: Method, path: &str, body: Option<String>) -> Vec<Page> {
+        let mut hops = vec![self.one(method, path, body).await];
+        while let Some(location) = redirect(hops.last().unwrap()) {
+            assert!(hops.len() < 10, "a redirect loop: {:?}", requests(&hops));
+            let next = self.path_of(&location);
+            hops.push(self.one(Method::GET, &next, None).await);
+        }
+        hops
+    }
+
+    async fn one(&mut self, method: Method, path: &str, body: Option<String>) -> Page {
+        self.requests += 1;
+        let url = format!("{}{path}", self.origin);
+        let mut headers = Vec::new();
+        if !self.cookies.is_empty() {
+            let jar: Vec<String> = self
+                .cookies
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            headers.push(("cookie", jar.join("; ")));
+        }
+        let page = exchange(&self.client, method, &url, &headers, body).await;
+        if self.logged_in {
+            let node = page.node().map(str::to_string);
+            self.served.push((page.request.clone(), node));
+        }
+        self.learn(&page);
+        page
+    }
+
+    fn learn(&mut self, page: &Page) {
+        let logout = page.request.starts_with("GET /login/logout.php");
+        let login = page.request.starts_with("POST /login/index.php");
+        for line in page.headers.get_all("set-cookie").iter() {
+            let Some((name, value)) = line.to_str().ok().and_then(cookie) else {
+                continue;
+            };
+            if value.is_empty()
+                || value == "deleted"
+                || line.to_str().unwrap().contains("Max-Age=0")
+            {
+                self.cookies.remove(&name);
+            } else {
+                self.cookies.insert(name.clone(), value.clone());
+            }
+            if name == SESSION_COOKIE {
+                if self.logged_in && !logout && !login {
+                    self.lost
+                        .push(format!("{}: Moodle set a new session", page.request));
+                }
+                self.sessions.push((page.request.clone(), value));
+            }
+        }
+        if self.logged_in {
+            if let Some(location) = redirect(page) {
+                if location.contains("/login/index.php") && !logout {
+                    self.lost
+                        .push(format!("{}: redirected to the login page", page.request));
+                }
+            }
+        }
+    }
+}
+
+/// `name=value` of a `Set-Cookie` line.
+fn cookie(line: &str) -> Option<(String, String)> {
+    let (name, value) = line.split(';').next()?.split_once('=')?;
+    Some((name.trim().to_string(), value.trim().to_string()))
+}
+
+/// The `Location` of a redirect.
+pub fn redirect(page: &Page) -> Option<String> {
+    page.status
+        .is_redirection()
+        .then(|| page.header("location").map(str::to_string))
+        .flatten()
+}
+
+/// The requests of `hops`, for messages.
+pub fn requests(hops: &[Page]) -> Vec<String> {
+    hops.iter()
+        .map(|p| format!("{} -> {}", p.request, p.status))
+        .collect()
+}
+
+/// `application/x-www-form-urlencoded` of `fields`.
+pub fn form(fields: &[(&str, &str)]) -> String {
+    fields
+        .iter()
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// Percent-encodes everything but unreserved characters.
+pub fn encode(text: &str) -> String {
+    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(text, SET).to_string()
+}
+
+/// The text between `before` and the next `until`, after the first `before`.
+pub fn between<'a>(text: &'a str, before: &str, until: &str) -> Option<&'a str> {
+    let start = text.find(before)? + before.len();
+    let len = text[start..].find(until)?;
+    Some(&text[start..start + len])
+}
