@@ -270,7 +270,7 @@ pub fn config_for(cluster: &Cluster, admin: SocketAddr) -> String {
         r#"listen = "{public}"
 
 [site]
-hosts = ["{public}"]
+wwwroot = "http://{public}"
 
 [admin]
 listen = "{admin}"
@@ -279,14 +279,9 @@ token_file = "admin.token"
 [session]
 store = "{store}"
 
-# The probe. The shipped default (the favicon through /theme/image.php with
-# component=core) fails on real Moodle: core has no such icon and the probe names
-# the node's own address as Host, which Moodle answers with a 303 to wwwroot. A
-# plain file is served by the web server without running PHP, so it passes whatever
-# the Host, starts no session and touches no database: it proves the node's web
-# server is up (not PHP). require.min.js ships with every Moodle since 2.9.
+# The default probe, under wwwroot's path and with wwwroot's Host: boost's favicon
+# through theme/image.php, which runs Moodle's setup and starts no session.
 [health]
-path = "/lib/requirejs/require.min.js"
 # php -S has four workers per node: under 16 concurrent students a probe may queue
 # behind slow pages, so give it the whole interval.
 interval = "2s"
