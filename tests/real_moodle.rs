@@ -10,8 +10,12 @@
 
 #[path = "real_moodle/cluster.rs"]
 mod cluster;
+#[path = "real_moodle/export.rs"]
+mod export;
 #[path = "real_moodle/journey.rs"]
 mod journey;
+#[path = "real_moodle/measure.rs"]
+mod measure;
 #[path = "real_moodle/processes.rs"]
 mod processes;
 #[path = "real_moodle/site.rs"]
@@ -37,13 +41,52 @@ const CONCURRENT: usize = 16;
 #[test]
 #[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
 fn with_a_shared_session_store_no_student_is_ever_logged_out() {
-    students_keep_their_sessions(Store::Shared);
+    students_keep_their_sessions(Store::Shared, false);
 }
 
 #[test]
 #[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
 fn with_node_local_sessions_no_student_is_ever_logged_out() {
-    students_keep_their_sessions(Store::NodeLocal);
+    students_keep_their_sessions(Store::NodeLocal, false);
+}
+
+/// Node-local sessions with every file offloaded: each SCORM file (every URL form) and
+/// the file resource is authorised by the student's own node (`X-Accel-Redirect`) and
+/// fetched by the gateway from the data server's nginx file export.
+#[test]
+#[ignore = "needs PHP, MariaDB and nginx: run tests/moodle/run.sh"]
+fn with_node_local_sessions_and_offload_no_student_is_ever_logged_out() {
+    students_keep_their_sessions(Store::NodeLocal, true);
+}
+
+/// With `[offload]`, `check` accepts node-local sessions: SCORM files no longer go to
+/// a data server that cannot read them.
+#[test]
+#[ignore = "needs PHP, MariaDB and nginx: run tests/moodle/run.sh"]
+fn check_accepts_node_local_sessions_with_offload() {
+    let _one = heavy();
+    let site = Site::restore();
+    let cluster = Cluster::start_offload(&site);
+    let (code, stdout, stderr) = check(&config_for(&cluster, admin_addr()));
+    assert_eq!(
+        code,
+        Some(0),
+        "check refuses node-local sessions with [offload]:\n{stdout}{stderr}"
+    );
+    let export = cluster.offload.as_ref().unwrap().url();
+    assert!(
+        stdout.contains(&export),
+        "check names the export {export}:\n{stdout}"
+    );
+}
+
+/// Not a test: PHP worker time and gateway CPU per download, served by PHP vs
+/// offloaded. `bench/offload.sh` runs it (release build); never part of run.sh.
+#[test]
+#[ignore = "a measure, not a test: bench/offload.sh"]
+fn measure_offload_php_time_and_gateway_cpu() {
+    let _one = heavy();
+    measure::offload();
 }
 
 /// The logout risk, documented: with node-local sessions the data server (a Moodle)
@@ -55,9 +98,23 @@ fn check_refuses_node_local_sessions_with_scorm_on_a_moodle_data_server() {
     let _one = heavy();
     let site = Site::restore();
     let cluster = Cluster::start(&site, Store::NodeLocal);
+    let (code, stdout, stderr) = check(&config_for(&cluster, admin_addr()));
+    assert_eq!(
+        code,
+        Some(1),
+        "check accepts node-local sessions with SCORM files sent to a Moodle data server:\n{stdout}{stderr}",
+    );
+    assert!(
+        stderr.contains("node-local"),
+        "the refusal names the store: {stderr}"
+    );
+}
+
+/// `moodle-gateway check` of `config` (with a token file): exit code, stdout, stderr.
+fn check(config: &str) -> (Option<i32>, String, String) {
     let dir = processes::Scratch::new("check");
     let path = dir.path().join("config.toml");
-    std::fs::write(&path, config_for(&cluster, admin_addr())).unwrap();
+    std::fs::write(&path, config).unwrap();
     std::fs::write(dir.path().join("admin.token"), "a-token-for-check\n").unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
         .current_dir(dir.path())
@@ -66,17 +123,12 @@ fn check_refuses_node_local_sessions_with_scorm_on_a_moodle_data_server() {
         .env("RUST_LOG", "off")
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (
         output.status.code(),
-        Some(1),
-        "check accepts node-local sessions with SCORM files sent to a Moodle data server:\n{}{stderr}",
-        String::from_utf8_lossy(&output.stdout)
-    );
-    assert!(
-        stderr.contains("node-local"),
-        "the refusal names the store: {stderr}"
-    );
+        text(&output.stdout),
+        text(&output.stderr),
+    )
 }
 
 /// The shipped config.toml with only its addresses changed must work on real Moodle:
@@ -166,14 +218,15 @@ fn the_shipped_config_with_only_addresses_changed_keeps_real_moodle_up() {
     });
 }
 
-/// Both modes: 8 students one after another, then 16 at once, each through a whole
-/// visit; then the figures, the deal, the admin table and the stored tracking data.
-fn students_keep_their_sessions(store: Store) {
+/// Every mode: 8 students one after another, then 16 at once, each through a whole
+/// visit; then the figures, the deal, the admin table, the stored tracking data and
+/// (offload) what the export served.
+fn students_keep_their_sessions(store: Store, offload: bool) {
     let _one = heavy();
     let started = Instant::now();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let env = Arc::new(start(store).await);
+        let env = Arc::new(start(store, offload).await);
         let students = &env.site.data.students;
         assert!(students.len() >= SEQUENTIAL + CONCURRENT);
 
@@ -203,7 +256,7 @@ fn students_keep_their_sessions(store: Store) {
         eprintln!(
             "real-moodle [{}]: {} students ({SEQUENTIAL} sequential in {:.1?}, {CONCURRENT} concurrent in {:.1?}), \
              {} requests, {} lost sessions, deal {:?} (sequential {:?}, concurrent {:?}), wall {:.1?}",
-            store.name(),
+            env.cluster.mode(),
             all.len(),
             sequential_time,
             concurrent_time,
@@ -222,6 +275,9 @@ fn students_keep_their_sessions(store: Store) {
         }
         table_matches(&env, &all, &deal).await;
         tracking_stored(&env, &all);
+        if env.cluster.offload.is_some() {
+            export_served(&env, &all).await;
+        }
         for (name, health) in env.gateway.health().await {
             assert_eq!(health, "up", "{name} was marked down during the run");
         }
@@ -229,9 +285,12 @@ fn students_keep_their_sessions(store: Store) {
 }
 
 /// Restores the site, starts the cluster, warms it, and starts the gateway.
-async fn start(store: Store) -> Env {
+async fn start(store: Store, offload: bool) -> Env {
     let site = Site::restore();
-    let cluster = Cluster::start(&site, store);
+    let cluster = match offload {
+        false => Cluster::start(&site, store),
+        true => Cluster::start_offload(&site),
+    };
     let client = http_client();
     let warming = Instant::now();
     let assets = cluster.warm(&client).await;
@@ -328,6 +387,34 @@ fn tracking_stored(env: &Env, all: &[&Outcome]) {
         assert_eq!(got, want, "{}'s SCORM tracking", outcome.username);
     }
     assert!(stored.is_empty(), "tracking nobody sent: {stored:?}");
+}
+
+/// Offload mode: the export's access log holds exactly the fetches the students'
+/// files needed: every offloaded file came from there, none twice, nothing else.
+async fn export_served(env: &Env, all: &[&Outcome]) {
+    let export = env.cluster.offload.as_ref().unwrap();
+    let mut want: BTreeMap<(String, u16), usize> = BTreeMap::new();
+    for (path, status) in all.iter().flat_map(|o| &o.fetched) {
+        *want.entry((path.clone(), *status)).or_default() += 1;
+    }
+    assert!(!want.is_empty(), "no file was offloaded");
+    // nginx logs a request as it finishes, which may be just after the gateway's last
+    // byte reached the student.
+    let mut got = export.counts();
+    for _ in 0..40 {
+        if got == want {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        got = export.counts();
+    }
+    assert_eq!(got, want, "the export's fetches (path, status) -> count");
+    for fetch in export.fetches() {
+        assert!(
+            fetch.uri.starts_with("/dataroot/filedir/"),
+            "the gateway fetched {fetch:?}"
+        );
+    }
 }
 
 /// One heavy test at a time: they share two cores.

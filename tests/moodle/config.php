@@ -12,6 +12,10 @@
 //   MOODLE_LOCALCACHEDIR    this node's localcachedir (theme CSS, JS: never shared)
 //   MOODLE_LOCALREQUESTDIR  this node's localrequestdir (created here: a missing
 //                           one disables X-Accel-Redirect in this build)
+//   MOODLE_XSENDFILE        "X-Accel-Redirect": the offload mode. Files are answered
+//                           with that header naming /dataroot/filedir/xx/yy/<hash>
+//                           and an empty body; the gateway fetches the bytes from
+//                           the data server's file export (tests/moodle/nginx-export.conf)
 unset($CFG);
 global $CFG;
 $CFG = new stdClass();
@@ -53,6 +57,19 @@ $CFG->localcachedir = moodle_suite_env('MOODLE_LOCALCACHEDIR', $CFG->dataroot . 
 $CFG->localrequestdir = moodle_suite_env('MOODLE_LOCALREQUESTDIR', sys_get_temp_dir() . '/requestdir-' . $node);
 if (!is_dir($CFG->localrequestdir)) {
     @mkdir($CFG->localrequestdir, 0777, true);
+}
+
+switch (moodle_suite_env('MOODLE_XSENDFILE', 'off')) {
+    case 'off':
+        break;
+    case 'X-Accel-Redirect':
+        $CFG->xsendfile = 'X-Accel-Redirect';
+        // The gateway's [offload] prefix: the key; the export serves what lies below it.
+        $CFG->xsendfilealiases = ['/dataroot/' => $CFG->dataroot];
+        break;
+    default:
+        fwrite(STDERR, "config.php: MOODLE_XSENDFILE must be off or X-Accel-Redirect\n");
+        exit(1);
 }
 
 $CFG->session_handler_class = '\core\session\file';

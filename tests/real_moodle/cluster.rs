@@ -1,5 +1,7 @@
 //! A Moodle cluster on loopback: four PHP web nodes and a data server, each a
-//! `php -S` of the same code and site, and the real gateway binary in front.
+//! `php -S` of the same code and site, and the real gateway binary in front. In the
+//! offload mode the nodes answer files with `X-Accel-Redirect` and a private nginx
+//! exports the dataroot's file pool to the gateway (see `export.rs`).
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -10,6 +12,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use serde_json::Value;
 
+use crate::export::{Export, PREFIX};
 use crate::processes::{free_port, wait_until, Proc, Scratch};
 use crate::site::{script, Site, PHP_INI};
 use crate::student::{between, exchange, HttpClient};
@@ -45,6 +48,8 @@ pub struct Node {
     pub sessions: Option<PathBuf>,
     /// Its access and error log.
     pub log: PathBuf,
+    /// `<microseconds> <URI>` of each script it ran (prepend.php).
+    pub requests: PathBuf,
     _php: Proc,
 }
 
@@ -55,6 +60,8 @@ pub struct Cluster {
     pub public: SocketAddr,
     pub nodes: Vec<Node>,
     pub data: Node,
+    /// The offload mode: Moodle sends `X-Accel-Redirect`, this nginx exports the files.
+    pub offload: Option<Export>,
     /// Dropped last.
     _scratch: Scratch,
 }
@@ -62,9 +69,19 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the nodes and the data server for a gateway to come on `public`.
     pub fn start(site: &Site, store: Store) -> Cluster {
+        Cluster::launch(site, store, false)
+    }
+
+    /// The offload mode: node-local sessions, `$CFG->xsendfile = 'X-Accel-Redirect'` on
+    /// every node, and the data server's file export.
+    pub fn start_offload(site: &Site) -> Cluster {
+        Cluster::launch(site, Store::NodeLocal, true)
+    }
+
+    fn launch(site: &Site, store: Store, offload: bool) -> Cluster {
         let public: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let scratch = Scratch::new("nodes");
-        let start = |name: &str| start_node(site, store, public, scratch.path(), name);
+        let start = |name: &str| start_node(site, store, offload, public, scratch.path(), name);
         let nodes = NODES.iter().map(|name| start(name)).collect();
         let data = start("data");
         Cluster {
@@ -72,7 +89,16 @@ impl Cluster {
             public,
             nodes,
             data,
+            offload: offload.then(|| Export::start(&site.dataroot)),
             _scratch: scratch,
+        }
+    }
+
+    /// The mode's name for messages: the store, plus "+offload".
+    pub fn mode(&self) -> String {
+        match self.offload {
+            Some(_) => format!("{}+offload", self.store.name()),
+            None => self.store.name().to_string(),
         }
     }
 
@@ -113,7 +139,14 @@ impl Cluster {
     }
 }
 
-fn start_node(site: &Site, store: Store, public: SocketAddr, dir: &Path, name: &str) -> Node {
+fn start_node(
+    site: &Site,
+    store: Store,
+    offload: bool,
+    public: SocketAddr,
+    dir: &Path,
+    name: &str,
+) -> Node {
     let dir = dir.join(name);
     let sessions = (store == Store::NodeLocal).then(|| dir.join("sessions"));
     for sub in ["localcache", "requestdir", "sessions"] {
@@ -138,7 +171,12 @@ fn start_node(site: &Site, store: Store, public: SocketAddr, dir: &Path, name: &
         .env("MOODLE_SESSIONS", store.name())
         .env("MOODLE_SESSION_DIR", dir.join("sessions"))
         .env("MOODLE_LOCALCACHEDIR", dir.join("localcache"))
-        .env("MOODLE_LOCALREQUESTDIR", dir.join("requestdir"));
+        .env("MOODLE_LOCALREQUESTDIR", dir.join("requestdir"))
+        .env("MOODLE_REQUEST_LOG", dir.join("requests.log"))
+        .env(
+            "MOODLE_XSENDFILE",
+            if offload { "X-Accel-Redirect" } else { "off" },
+        );
     let log = dir.join("php.log");
     let mut proc = Proc::spawn_tree(&format!("php -S ({name})"), php, &log);
     wait_until(&format!("{name} listens"), Duration::from_secs(20), || {
@@ -150,6 +188,7 @@ fn start_node(site: &Site, store: Store, public: SocketAddr, dir: &Path, name: &
         addr,
         sessions,
         log,
+        requests: dir.join("requests.log"),
         _php: proc,
     }
 }
@@ -182,7 +221,7 @@ pub struct Gateway {
     pub admin: SocketAddr,
     pub token: String,
     client: HttpClient,
-    _proc: Proc,
+    proc: Proc,
     _dir: Scratch,
 }
 
@@ -221,9 +260,14 @@ impl Gateway {
             admin,
             token: TOKEN.to_string(),
             client: client.clone(),
-            _proc: proc,
+            proc,
             _dir: dir,
         }
+    }
+
+    /// The gateway's process id (setpriv execs it: the spawned pid is the gateway's).
+    pub fn pid(&self) -> u32 {
+        self.proc.id()
     }
 
     /// `GET {path}` on the admin API with the token: status and JSON.
@@ -305,6 +349,14 @@ file = "gateway.state"
         "\n[data]\nname = \"data\"\nurl = \"http://{}\"\n",
         cluster.data.addr
     );
+    if let Some(export) = &cluster.offload {
+        let _ = write!(
+            text,
+            "\n# The data server's file export (tests/moodle/nginx-export.conf).\n\
+             [offload]\nurl = \"{}\"\nprefix = \"{PREFIX}\"\n",
+            export.url()
+        );
+    }
     text
 }
 

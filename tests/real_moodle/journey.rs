@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use http::StatusCode;
+use http::{Method, StatusCode};
 
 use crate::cluster::{Cluster, Gateway, Store};
+use crate::export::pool_path;
 use crate::site::{Site, StoredFile, StudentAccount};
 use crate::student::{between, encode, requests, Browser, HttpClient, Page};
 
@@ -34,6 +35,17 @@ pub struct Outcome {
     pub after_logout: String,
     /// What the student's SCORM tracking POST saved: (element, value).
     pub tracked: Vec<(String, String)>,
+    /// Offload mode: each file fetch the gateway must have made from the export for
+    /// this student, as (pool path, status).
+    pub fetched: Vec<(String, u16)>,
+}
+
+/// Where a file must come from, and what the journey expects of the export.
+struct Files<'a> {
+    env: &'a Env,
+    /// The student's node (offload mode: the one that authorises cookie requests).
+    node: &'a str,
+    fetched: Vec<(String, u16)>,
 }
 
 /// Runs one student's whole visit.
@@ -104,8 +116,14 @@ pub async fn journey(env: &Env, account: &StudentAccount) -> Outcome {
     .await;
     shows_name(&mut b, &course, env, account);
 
-    let tracked = scorm(env, &mut b, account).await;
-    resource(env, &mut b, account).await;
+    let mut files = Files {
+        env,
+        node: &node,
+        fetched: Vec::new(),
+    };
+    let tracked = scorm(&mut files, &mut b, account).await;
+    resource(&mut files, &mut b, account).await;
+    let fetched = files.fetched;
 
     // Log out with the sesskey of the last page: a new anonymous session, same node.
     let sesskey = sesskey(&course);
@@ -135,7 +153,7 @@ pub async fn journey(env: &Env, account: &StudentAccount) -> Outcome {
         requests(&hops)
     );
 
-    one_node(&b, env.cluster.store, &node, &account.username);
+    one_node(&b, &env.cluster, &node, &account.username);
     Outcome {
         username: account.username.clone(),
         dealt: node,
@@ -143,11 +161,18 @@ pub async fn journey(env: &Env, account: &StudentAccount) -> Outcome {
         lost: b.lost,
         after_logout,
         tracked,
+        fetched,
     }
 }
 
-/// The player, the SCORM files (shared store only), and a tracking POST.
-async fn scorm(env: &Env, b: &mut Browser, account: &StudentAccount) -> Vec<(String, String)> {
+/// The player, the SCORM files (not with node-local sessions and no offload), and a
+/// tracking POST.
+async fn scorm(
+    files: &mut Files<'_>,
+    b: &mut Browser,
+    account: &StudentAccount,
+) -> Vec<(String, String)> {
+    let env = files.env;
     let scorm = &env.site.data.scorm;
     let view = page(b, &format!("/mod/scorm/view.php?id={}", scorm.cmid)).await;
     shows_name(b, &view, env, account);
@@ -186,14 +211,13 @@ async fn scorm(env: &Env, b: &mut Browser, account: &StudentAccount) -> Vec<(Str
     );
     assert_eq!(launch, expected, "the SCO's launch URL");
 
-    match env.cluster.store {
-        Store::Shared => scorm_files(env, b, account, &launch).await,
-        Store::NodeLocal => {
-            // NODE-LOCAL + SCORM FILES: the gateway sends SCORM files to the data server,
-            // which has no node-local session, so Moodle logs the student out (see
-            // check_refuses_node_local_sessions_with_scorm_on_a_moodle_data_server).
-            // Once the offload mode (#12) lets the student's node authorise them, fetch
-            // them here with `scorm_files(env, b, account, &launch).await`.
+    match (env.cluster.store, &env.cluster.offload) {
+        (Store::Shared, _) | (_, Some(_)) => scorm_files(files, b, account, &launch).await,
+        (Store::NodeLocal, None) => {
+            // NODE-LOCAL + SCORM FILES, NO OFFLOAD: the gateway sends SCORM files to the
+            // data server, which has no node-local session, so Moodle logs the student
+            // out (see check_refuses_node_local_sessions_with_scorm_on_a_moodle_data_server).
+            // The offload mode lets the student's node authorise them instead.
         }
     }
 
@@ -228,21 +252,25 @@ async fn scorm(env: &Env, b: &mut Browser, account: &StudentAccount) -> Vec<(Str
         .collect()
 }
 
-/// The SCO's launch page and a few files in every URL form: each served by the data
-/// server, byte for byte what Moodle stored, and no session disturbed.
-async fn scorm_files(env: &Env, b: &mut Browser, account: &StudentAccount, launch: &str) {
+/// The SCO's launch page and a few files in every URL form: each byte for byte what
+/// Moodle stored, and no session disturbed; served by the data server (shared store)
+/// or authorised by the student's node and fetched from the export (offload).
+async fn scorm_files(
+    files: &mut Files<'_>,
+    b: &mut Browser,
+    account: &StudentAccount,
+    launch: &str,
+) {
+    let env = files.env;
     let scorm = &env.site.data.scorm;
     let content = &scorm.content;
     let find = |want: &dyn Fn(&StoredFile) -> bool| content.iter().find(|f| want(f)).unwrap();
     let launch_file = find(&|f| f.path == scorm.launch_path);
-    let page = only(b.get(launch).await, "the SCO").body.to_vec();
-    assert_eq!(page, env.site.stored(&launch_file.contenthash), "{launch}");
-    let picks = [
-        launch_file,
-        find(&|f| f.path.ends_with(".jpg")),
-        find(&|f| f.path.ends_with(".js")),
-        find(&|f| f.path == "imsmanifest.xml"),
-    ];
+    let page = only(b.get(launch).await, "the SCO");
+    files.check(&page, launch_file, launch, Via::Cookie);
+    let jpg = find(&|f| f.path.ends_with(".jpg"));
+    let js = find(&|f| f.path.ends_with(".js"));
+    let picks = [launch_file, jpg, js, find(&|f| f.path == "imsmanifest.xml")];
     for file in picks {
         let path: Vec<String> = file.path.split('/').map(encode).collect();
         let relative = format!(
@@ -256,11 +284,9 @@ async fn scorm_files(env: &Env, b: &mut Browser, account: &StudentAccount, launc
             format!("/pluginfile.php?file={relative}"),
             format!("/pluginfile.php?file={}", encode(&relative)),
         ];
-        let stored = env.site.stored(&file.contenthash);
-        assert_eq!(stored.len() as u64, file.size, "{}", file.path);
         for url in &with_cookie {
             let page = only(b.get(url).await, url);
-            served_by_data(&page, &stored, url);
+            files.check(&page, file, url, Via::Cookie);
         }
         let tokens = [
             format!("/tokenpluginfile.php/{}{relative}", account.files_key),
@@ -271,20 +297,133 @@ async fn scorm_files(env: &Env, b: &mut Browser, account: &StudentAccount, launc
         ];
         for url in &tokens {
             let page = b.get_bare(url).await;
-            served_by_data(&page, &stored, url);
+            files.check(&page, file, url, Via::Token);
             assert_eq!(page.sets_session(), None, "{url} started a session");
         }
     }
+    if env.cluster.offload.is_some() {
+        let url = |f: &StoredFile| {
+            format!(
+                "/pluginfile.php/{}/mod_scorm/content/{}/{}",
+                scorm.context_id, scorm.revision, f.path
+            )
+        };
+        files.range(b, jpg, &url(jpg)).await;
+        files.head(b, js, &url(js)).await;
+    }
 }
 
-fn served_by_data(page: &Page, stored: &[u8], url: &str) {
-    assert_eq!(page.status, StatusCode::OK, "{url}: {}", page.text());
-    assert_eq!(page.node(), Some("data"), "{url} goes to the data server");
-    assert!(page.body == stored, "{url}: the bytes Moodle stored");
+/// How a file request authenticates.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// The student's session cookie: the student's node must authorise it.
+    Cookie,
+    /// A token in the URL, no cookie: any web node.
+    Token,
 }
 
-/// The file resource: its page, and the file from the student's own node.
-async fn resource(env: &Env, b: &mut Browser, account: &StudentAccount) {
+impl Files<'_> {
+    /// `page` is `file` in full, served where the mode says, with Moodle's headers.
+    fn check(&mut self, page: &Page, file: &StoredFile, url: &str, via: Via) {
+        let stored = self.env.site.stored(&file.contenthash);
+        assert_eq!(stored.len() as u64, file.size, "{}", file.path);
+        assert_eq!(page.status, StatusCode::OK, "{url}: {}", page.text());
+        assert!(page.body == stored, "{url}: the bytes Moodle stored");
+        if self.env.cluster.offload.is_none() {
+            let scorm = file.url.is_empty();
+            if scorm && self.env.cluster.store == Store::Shared {
+                assert_eq!(page.node(), Some("data"), "{url} goes to the data server");
+            }
+            return;
+        }
+        self.node_headers(page, file, url, via);
+        assert_eq!(
+            page.header("content-length"),
+            Some(file.size.to_string().as_str()),
+            "{url}: the export's length"
+        );
+        self.fetched.push((pool_path(&file.contenthash), 200));
+    }
+
+    /// The node authorised `page` and its headers are Moodle's, not the export's.
+    fn node_headers(&self, page: &Page, file: &StoredFile, url: &str, via: Via) {
+        match via {
+            Via::Cookie => assert_eq!(page.node(), Some(self.node), "{url}: the student's node"),
+            Via::Token => assert!(
+                page.node().is_some_and(|n| n != "data"),
+                "{url}: a web node authorises a token form, not {:?}",
+                page.node()
+            ),
+        }
+        let content_type = page.header("content-type").unwrap_or("");
+        assert!(
+            content_type.starts_with(&file.mimetype),
+            "{url}: Moodle's Content-Type {}, not {content_type:?}",
+            file.mimetype
+        );
+        let etag = format!("\"{}\"", file.contenthash);
+        assert_eq!(
+            page.header("etag"),
+            Some(etag.as_str()),
+            "{url}: Moodle's ETag"
+        );
+        assert!(
+            page.header("cache-control").is_some(),
+            "{url}: Moodle's Cache-Control"
+        );
+        assert_eq!(
+            page.header("x-accel-redirect"),
+            None,
+            "{url}: the gateway keeps X-Accel-Redirect to itself"
+        );
+    }
+
+    /// `Range: bytes=0-99` through the gateway: 206, the first 100 stored bytes.
+    async fn range(&mut self, b: &mut Browser, file: &StoredFile, url: &str) {
+        let stored = self.env.site.stored(&file.contenthash);
+        assert!(stored.len() > 100, "{}: big enough for a range", file.path);
+        let range = [("range", "bytes=0-99".to_string())];
+        let page = b.send(Method::GET, url, &range).await;
+        assert_eq!(
+            page.status,
+            StatusCode::PARTIAL_CONTENT,
+            "{url}: {}",
+            page.text()
+        );
+        assert!(
+            page.body == stored[..100],
+            "{url}: the first 100 stored bytes"
+        );
+        let content_range = format!("bytes 0-99/{}", stored.len());
+        assert_eq!(
+            page.header("content-range"),
+            Some(content_range.as_str()),
+            "{url}"
+        );
+        assert_eq!(page.header("content-length"), Some("100"), "{url}");
+        self.node_headers(&page, file, url, Via::Cookie);
+        self.fetched.push((pool_path(&file.contenthash), 206));
+    }
+
+    /// HEAD through the gateway: 200, no body, the file's length.
+    async fn head(&mut self, b: &mut Browser, file: &StoredFile, url: &str) {
+        let page = b.send(Method::HEAD, url, &[]).await;
+        assert_eq!(page.status, StatusCode::OK, "HEAD {url}");
+        assert!(page.body.is_empty(), "HEAD {url}: a body");
+        assert_eq!(
+            page.header("content-length"),
+            Some(file.size.to_string().as_str()),
+            "HEAD {url}: the file's length"
+        );
+        self.node_headers(&page, file, url, Via::Cookie);
+        self.fetched.push((pool_path(&file.contenthash), 200));
+    }
+}
+
+/// The file resource: its page, and the file from the student's own node (offload
+/// mode: authorised there, fetched from the export).
+async fn resource(files: &mut Files<'_>, b: &mut Browser, account: &StudentAccount) {
+    let env = files.env;
     let resource = &env.site.data.resource;
     let hops = b
         .get(&format!("/mod/resource/view.php?id={}", resource.cmid))
@@ -296,12 +435,12 @@ async fn resource(env: &Env, b: &mut Browser, account: &StudentAccount) {
         .is_some_and(|t| t.starts_with("text/html"))
     {
         shows_name(b, last, env, account);
+    } else {
+        // view.php redirected to the file itself.
+        files.check(last, &resource.file, &last.request, Via::Cookie);
     }
     let file = only(b.get(&resource.file.url).await, &resource.file.url);
-    assert!(
-        file.body == env.site.stored(&resource.file.contenthash),
-        "the resource's bytes"
-    );
+    files.check(&file, &resource.file, &resource.file.url, Via::Cookie);
     assert_ne!(
         file.node(),
         Some("data"),
@@ -392,17 +531,14 @@ async fn agree(env: &Env, id: &str, node: &str, state: &str) {
     panic!("{file} is held by {:?}, not {want}", holders());
 }
 
-/// Every script of the logged-in student ran on `node`, and with a shared store every
-/// SCORM file on the data server.
-fn one_node(b: &Browser, store: Store, node: &str, username: &str) {
+/// Every script of the logged-in student ran on `node`, and with a shared store (no
+/// offload) every SCORM file on the data server.
+fn one_node(b: &Browser, cluster: &Cluster, node: &str, username: &str) {
+    let to_data = cluster.store == Store::Shared && cluster.offload.is_none();
     for (request, served) in &b.served {
         let scorm_file =
             request.contains("mod_scorm/content") || request.contains("mod_scorm%2Fcontent");
-        let want = if scorm_file && store == Store::Shared {
-            "data"
-        } else {
-            node
-        };
+        let want = if scorm_file && to_data { "data" } else { node };
         if let Some(served) = served {
             assert_eq!(served, want, "{username}: {request}");
         }

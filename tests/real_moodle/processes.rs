@@ -58,6 +58,11 @@ impl Proc {
         panic!("{} did not stop within {limit:?}", self.name);
     }
 
+    /// The process id of the spawned program.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Panics when the process has already exited (it failed to start, usually).
     pub fn assert_running(&mut self) {
         if let Ok(Some(status)) = self.child.try_wait() {

@@ -63,6 +63,8 @@ pub struct StoredFile {
     pub path: String,
     pub contenthash: String,
     pub size: u64,
+    /// Moodle's MIME type, which its Content-Type names.
+    pub mimetype: String,
     #[serde(default)]
     pub url: String,
 }

@@ -152,6 +152,12 @@ impl Browser {
         exchange(&self.client, Method::GET, &url, &[], None).await
     }
 
+    /// One request with the jar and `extra` headers, no redirect followed (a Range or
+    /// HEAD request), recorded and learned from like the rest.
+    pub async fn send(&mut self, method: Method, path: &str, extra: &[(&str, String)]) -> Page {
+        self.one(method, path, None, extra).await
+    }
+
     /// The path part of a URL Moodle built; panics on a URL off the wwwroot (Moodle
     /// always redirects to wwwroot, never to a node's address).
     pub fn path_of(&self, url: &str) -> String {
@@ -165,19 +171,25 @@ impl Browser {
     }
 
     async fn visit(&mut self, method: Method, path: &str, body: Option<String>) -> Vec<Page> {
-        let mut hops = vec![self.one(method, path, body).await];
+        let mut hops = vec![self.one(method, path, body, &[]).await];
         while let Some(location) = redirect(hops.last().unwrap()) {
             assert!(hops.len() < 10, "a redirect loop: {:?}", requests(&hops));
             let next = self.path_of(&location);
-            hops.push(self.one(Method::GET, &next, None).await);
+            hops.push(self.one(Method::GET, &next, None, &[]).await);
         }
         hops
     }
 
-    async fn one(&mut self, method: Method, path: &str, body: Option<String>) -> Page {
+    async fn one(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+        extra: &[(&str, String)],
+    ) -> Page {
         self.requests += 1;
         let url = format!("{}{path}", self.origin);
-        let mut headers = Vec::new();
+        let mut headers = extra.to_vec();
         if !self.cookies.is_empty() {
             let jar: Vec<String> = self
                 .cookies
