@@ -41,6 +41,17 @@ pub enum GatewayError {
     PayloadTooLarge,
     /// More requests in flight than `max_in_flight`.
     Overloaded,
+    /// The data server's file export refused, was unreachable or broke off.
+    FileExportUnreachable,
+    /// The data server's file export did not answer within `response_headers`.
+    FileExportTimeout,
+    /// The data server's file export has no file at the path the node named.
+    FileNotOnDataServer,
+    /// The data server's file export answered something other than the file.
+    FileExportFailed,
+    /// A node named a file with `X-Accel-Redirect` that the gateway may not fetch
+    /// (outside `offload.prefix`, `..`, an escape, a query), or without `[offload]`.
+    UnusableAccelRedirect,
 }
 
 impl GatewayError {
@@ -60,6 +71,11 @@ impl GatewayError {
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::UriTooLong => StatusCode::URI_TOO_LONG,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::FileExportUnreachable | Self::FileExportFailed | Self::UnusableAccelRedirect => {
+                StatusCode::BAD_GATEWAY
+            }
+            Self::FileExportTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::FileNotOnDataServer => StatusCode::NOT_FOUND,
         }
     }
 
@@ -88,6 +104,17 @@ impl GatewayError {
             Self::Overloaded => {
                 "service unavailable: too many requests right now; \
                  please try again in a minute\n"
+            }
+            Self::FileExportUnreachable => {
+                "bad gateway: the data server's file export could not be reached\n"
+            }
+            Self::FileExportTimeout => {
+                "gateway timeout: the data server's file export did not answer in time\n"
+            }
+            Self::FileNotOnDataServer => "not found: the data server does not have this file\n",
+            Self::FileExportFailed => "bad gateway: the data server's file export failed\n",
+            Self::UnusableAccelRedirect => {
+                "bad gateway: the moodle server named a file the gateway may not fetch\n"
             }
         }
     }
@@ -176,6 +203,11 @@ mod tests {
             (GatewayError::UriTooLong, 414),
             (GatewayError::PayloadTooLarge, 413),
             (GatewayError::Overloaded, 503),
+            (GatewayError::FileExportUnreachable, 502),
+            (GatewayError::FileExportTimeout, 504),
+            (GatewayError::FileNotOnDataServer, 404),
+            (GatewayError::FileExportFailed, 502),
+            (GatewayError::UnusableAccelRedirect, 502),
         ];
         for (error, status) in table {
             assert_eq!(error.status().as_u16(), status, "{error:?}");

@@ -30,6 +30,7 @@ use crate::config::{Config, HealthConfig, SessionStore};
 use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
 use crate::http::edge::EdgeRules;
+use crate::http::offload::{self, Asked, Offload};
 use crate::http::pool::Pool;
 use crate::http::proxy::{self, Bounds, Client, Failed, Peer};
 use crate::http::tunnel;
@@ -85,6 +86,9 @@ pub struct Settings {
     bounds: Bounds,
     edge: EdgeRules,
     max_in_flight: usize,
+    /// The file offload (`[offload]`): SCORM files go to the nodes, and their
+    /// `X-Accel-Redirect` answers are served from the data server's export.
+    offload: Option<Offload>,
 }
 
 impl Settings {
@@ -104,6 +108,8 @@ impl Settings {
             },
             edge: EdgeRules::new(config),
             max_in_flight: config.limits.max_in_flight,
+            offload: (config.offload.as_ref())
+                .map(|o| Offload::new(o.authority.clone(), o.prefix.clone())),
         })
     }
 
@@ -187,8 +193,10 @@ impl Gateway {
         upstreams
             .nodes()
             .iter()
-            .chain([upstreams.data()])
-            .map(|upstream| upstream.conns.prune(self.pool.idle()))
+            .map(|upstream| &upstream.conns)
+            .chain([&upstreams.data().conns])
+            .chain(settings.offload.as_ref().map(Offload::conns))
+            .map(|conns| conns.prune(self.pool.idle()))
             .sum()
     }
 
@@ -221,6 +229,8 @@ impl Gateway {
                 .any(|net| net.contains(&client.ip)),
         );
         let secure = self.route_cookie.is_some() && proxy::is_https(request.headers(), peer);
+        // The node will ignore how the student asked for a file; the export must not.
+        let asked = settings.offload.as_ref().map(|_| Asked::of(&request));
         let forwarded = match self.route(kind, known, &settings).await {
             Ok(route) => self.forward(route, request, peer, &settings).await,
             Err(error) => Err(error),
@@ -239,7 +249,50 @@ impl Gateway {
         if let Some(line) = route_cookie {
             response.headers_mut().append(SET_COOKIE, line);
         }
-        response.map(Either::Left)
+        let Some(redirect) = offload::take_accel(response.headers_mut()) else {
+            return response.map(Either::Left);
+        };
+        match self
+            .offloaded(route, &redirect, response, asked, peer, &settings)
+            .await
+        {
+            Ok(file) => file.map(Either::Left),
+            Err(error) => error.response().map(Either::Right),
+        }
+    }
+
+    /// A node named a file with `X-Accel-Redirect`: its bytes come from the data
+    /// server's export, under the node's headers (its `Set-Cookie` included, already
+    /// learnt). Honoured only from a PHP node and only with `[offload]`: the data
+    /// server, or a node whose Moodle accelerates files the gateway was not told
+    /// about, would otherwise send the student an empty file.
+    async fn offloaded(
+        &self,
+        route: Route,
+        redirect: &HeaderValue,
+        response: Response<IdleLimited>,
+        asked: Option<Asked>,
+        peer: Peer<'_>,
+        settings: &Settings,
+    ) -> Result<Response<IdleLimited>, GatewayError> {
+        match (&settings.offload, route.node(), asked) {
+            (Some(offload), Some(_), Some(asked)) => {
+                let bounds = settings.bounds;
+                (offload.serve(&self.pool, redirect, response, asked, peer, bounds)).await
+            }
+            (None, ..) => {
+                tracing::error!(
+                    value = ?redirect,
+                    "a node answered X-Accel-Redirect, but there is no [offload] section: \
+                     configure it, or turn off $CFG->xsendfile"
+                );
+                Err(GatewayError::UnusableAccelRedirect)
+            }
+            _ => {
+                tracing::warn!(value = ?redirect, "X-Accel-Redirect from the data server ignored");
+                Err(GatewayError::UnusableAccelRedirect)
+            }
+        }
     }
 
     /// The session the request carries, if one of our nodes issued it and it is live:
@@ -267,8 +320,20 @@ impl Gateway {
         settings: &Settings,
     ) -> Result<Route, GatewayError> {
         match (kind, known) {
-            // SCORM content lives on the data server, whoever asks and whatever session;
-            // there is no other copy to fail over to.
+            // With the file offload, the student's own node authorises a SCORM file and
+            // the data server's export sends it: a file is routed like the session it
+            // carries. Without a session (the token forms carry their own credential,
+            // and a cookie form will be sent to log in) any node will do, outside the deal.
+            (RequestKind::ScormFile, Some(known)) if settings.offload.is_some() => {
+                self.sticky(known, settings).await
+            }
+            (RequestKind::ScormFile, None) if settings.offload.is_some() => settings
+                .upstreams
+                .spread(None)
+                .map(Route::Spread)
+                .ok_or(GatewayError::NoNodeAvailable),
+            // Otherwise SCORM content lives on the data server, whoever asks and whatever
+            // session; there is no other copy to fail over to.
             (RequestKind::ScormFile, _) => match settings.upstreams.data().health.is_up() {
                 true => Ok(Route::Data),
                 false => Err(GatewayError::DataServerDown),

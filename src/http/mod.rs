@@ -9,6 +9,7 @@
 pub mod body;
 pub mod edge;
 pub mod listener;
+pub mod offload;
 pub mod pool;
 pub mod proxy;
 pub mod stall;

@@ -20,6 +20,7 @@ use crate::error::GatewayError;
 use crate::http::body::{
     is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, RequestBody,
 };
+use crate::http::offload;
 use crate::http::pool::{Conns, NodeBody, Pool};
 
 /// How long the parts of one exchange may take, and how large the upload may be.
@@ -310,13 +311,19 @@ fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>) {
     strip_hop_by_hop(headers);
     // One pass over the names instead of a hashed lookup for each header that is
     // usually absent.
-    let (mut client_ip, mut underscored) = (false, false);
+    let (mut client_ip, mut underscored, mut accel) = (false, false, false);
     for name in headers.keys() {
         client_ip |= name == CLIENT_IP;
         underscored |= name.as_str().contains('_');
+        accel |= offload::is_accel(name);
     }
     if client_ip {
         headers.remove(CLIENT_IP);
+    }
+    // Only a node may ask the gateway to fetch a file; a student's own X-Accel-*
+    // would reach PHP, and through it any proxy that honours it.
+    if accel {
+        offload::remove_accel(headers);
     }
     if underscored {
         drop_underscored(headers);

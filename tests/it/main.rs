@@ -4,6 +4,7 @@ mod bad_input;
 mod check_cli;
 mod faults;
 mod memory;
+mod offload;
 mod operations;
 mod proxying;
 mod scenarios;
