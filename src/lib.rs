@@ -16,6 +16,8 @@
 //!   - [`http::proxy`]: forwarding mechanics: header hygiene, streaming, upstream failures as
 //!     statuses.
 //!   - [`http::pool`]: keep-alive connections to the upstreams, driven by the request using them.
+//!   - [`http::fault`]: whose fault a failed connect is: the gateway's own limits, a refusal,
+//!     or the node.
 //!   - [`http::body`]: the streaming bodies: when an upload is sent, how long a body may pause.
 //!   - [`http::stall`]: a student who stops reading is cut after `body_idle`, freeing the node.
 //!   - [`http::tunnel`]: upgraded connections (WebSocket): a byte tunnel once the node said 101.
