@@ -36,6 +36,7 @@
 //! - [`config`]: `config.toml` parsed into validated types; every error names its key.
 //! - [`admin`]: the token-protected admin API on its own listener.
 //! - [`error`]: the failures a student can see, and their statuses.
+//! - [`open_files`]: the open-file limit the configured limits need, raised at start.
 //! - [`app`]: builds everything, serves the listeners, runs the background tasks (sweeper,
 //!   probes, snapshots), reloads the config, shuts down.
 //! - [`demo`]: `moodle-gateway demo`: the real gateway in front of stand-in nodes
@@ -50,6 +51,7 @@ pub mod error;
 pub mod gateway;
 pub mod http;
 pub mod moodle;
+pub mod open_files;
 pub mod sessions;
 
 pub use app::App;

@@ -119,6 +119,9 @@ fn check(path: &std::path::Path) -> ExitCode {
     match load(path) {
         Some(config) => {
             print!("{}", config.describe());
+            if let Ok(open_files) = moodle_gateway::open_files::plan(&config) {
+                print!("{}", open_files.describe(&config));
+            }
             println!("{}: ok", path.display());
             ExitCode::SUCCESS
         }
@@ -167,6 +170,7 @@ fn run(path: &std::path::Path) -> ExitCode {
     let Some(config) = load(path) else {
         return ExitCode::FAILURE;
     };
+    moodle_gateway::open_files::raise_and_log(&config);
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
