@@ -52,6 +52,9 @@ pub enum GatewayError {
     /// A node named a file with `X-Accel-Redirect` that the gateway may not fetch
     /// (outside `offload.prefix`, `..`, an escape, a query), or without `[offload]`.
     UnusableAccelRedirect,
+    /// The gateway could not open a connection for want of its own resources (open
+    /// files, buffers, memory, local ports): its fault, not the upstream's.
+    OutOfConnections,
 }
 
 impl GatewayError {
@@ -63,9 +66,10 @@ impl GatewayError {
             Self::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::UpstreamUnreachable | Self::UpstreamBroken => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Self::NoNodeAvailable | Self::DataServerDown | Self::Overloaded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::NoNodeAvailable
+            | Self::DataServerDown
+            | Self::Overloaded
+            | Self::OutOfConnections => StatusCode::SERVICE_UNAVAILABLE,
             Self::MalformedRequest => StatusCode::BAD_REQUEST,
             Self::UnknownHost => StatusCode::MISDIRECTED_REQUEST,
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -116,6 +120,10 @@ impl GatewayError {
             Self::UnusableAccelRedirect => {
                 "bad gateway: the moodle server named a file the gateway may not fetch\n"
             }
+            Self::OutOfConnections => {
+                "service unavailable: the gateway is out of connections; \
+                 please try again in a minute\n"
+            }
         }
     }
 
@@ -138,8 +146,8 @@ impl GatewayError {
     /// slow answer does not count: a course backup or a big report legitimately takes
     /// longer than `response_headers`, and three of them in a row must not take a
     /// healthy node out (a hung node fails its probes instead). A broken exchange may
-    /// be one bad response, and the gateway's own refusals say nothing about any
-    /// upstream.
+    /// be one bad response, and the gateway's own refusals and its own lack of
+    /// resources ([`GatewayError::OutOfConnections`]) say nothing about any upstream.
     pub fn is_upstream_failure(self) -> bool {
         matches!(self, Self::UpstreamUnreachable)
     }
@@ -208,11 +216,14 @@ mod tests {
             (GatewayError::FileNotOnDataServer, 404),
             (GatewayError::FileExportFailed, 502),
             (GatewayError::UnusableAccelRedirect, 502),
+            (GatewayError::OutOfConnections, 503),
         ];
         for (error, status) in table {
             assert_eq!(error.status().as_u16(), status, "{error:?}");
             assert!(error.message().ends_with('\n'));
         }
+        let own = GatewayError::OutOfConnections.message();
+        assert!(own.starts_with("service unavailable: the gateway is out of connections"));
     }
 
     #[test]

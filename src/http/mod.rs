@@ -8,6 +8,7 @@
 
 pub mod body;
 pub mod edge;
+pub mod fault;
 pub mod listener;
 pub mod offload;
 pub mod pool;
