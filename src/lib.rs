@@ -20,6 +20,8 @@
 //!     or the node.
 //!   - [`http::body`]: the streaming bodies: when an upload is sent, how long a body may pause.
 //!   - [`http::stall`]: a student who stops reading is cut after `body_idle`, freeing the node.
+//!   - [`http::offload`]: a node's `X-Accel-Redirect` answered with the bytes of the data
+//!     server's file export, under the node's headers.
 //!   - [`http::tunnel`]: upgraded connections (WebSocket): a byte tunnel once the node said 101.
 //! - [`sessions`]: the session table and how it outlives a process.
 //!   - [`sessions::affinity`]: the session → node table learned from the nodes' `Set-Cookie`.

@@ -20,7 +20,7 @@
 //! Nothing can steer it: the header is honoured only from a PHP node, only under the
 //! configured prefix, only as a plain path (no `..`, no escapes, no query, no absolute
 //! URL); `X-Accel-*` never reaches a student ([`take_accel`]) nor a node (the request
-//! hygiene in [`proxy`](super::proxy)); and the export only ever sees paths a node named.
+//! hygiene in [`proxy`]); and the export only ever sees paths a node named.
 
 use std::sync::Arc;
 
