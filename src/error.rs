@@ -41,6 +41,20 @@ pub enum GatewayError {
     PayloadTooLarge,
     /// More requests in flight than `max_in_flight`.
     Overloaded,
+    /// The data server's file export refused, was unreachable or broke off.
+    FileExportUnreachable,
+    /// The data server's file export did not answer within `response_headers`.
+    FileExportTimeout,
+    /// The data server's file export has no file at the path the node named.
+    FileNotOnDataServer,
+    /// The data server's file export answered something other than the file.
+    FileExportFailed,
+    /// A node named a file with `X-Accel-Redirect` that the gateway may not fetch
+    /// (outside `offload.prefix`, `..`, an escape, a query), or without `[offload]`.
+    UnusableAccelRedirect,
+    /// The gateway could not open a connection for want of its own resources (open
+    /// files, buffers, memory, local ports): its fault, not the upstream's.
+    OutOfConnections,
 }
 
 impl GatewayError {
@@ -52,14 +66,20 @@ impl GatewayError {
             Self::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::UpstreamUnreachable | Self::UpstreamBroken => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Self::NoNodeAvailable | Self::DataServerDown | Self::Overloaded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::NoNodeAvailable
+            | Self::DataServerDown
+            | Self::Overloaded
+            | Self::OutOfConnections => StatusCode::SERVICE_UNAVAILABLE,
             Self::MalformedRequest => StatusCode::BAD_REQUEST,
             Self::UnknownHost => StatusCode::MISDIRECTED_REQUEST,
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::UriTooLong => StatusCode::URI_TOO_LONG,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::FileExportUnreachable | Self::FileExportFailed | Self::UnusableAccelRedirect => {
+                StatusCode::BAD_GATEWAY
+            }
+            Self::FileExportTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::FileNotOnDataServer => StatusCode::NOT_FOUND,
         }
     }
 
@@ -89,6 +109,21 @@ impl GatewayError {
                 "service unavailable: too many requests right now; \
                  please try again in a minute\n"
             }
+            Self::FileExportUnreachable => {
+                "bad gateway: the data server's file export could not be reached\n"
+            }
+            Self::FileExportTimeout => {
+                "gateway timeout: the data server's file export did not answer in time\n"
+            }
+            Self::FileNotOnDataServer => "not found: the data server does not have this file\n",
+            Self::FileExportFailed => "bad gateway: the data server's file export failed\n",
+            Self::UnusableAccelRedirect => {
+                "bad gateway: the moodle server named a file the gateway may not fetch\n"
+            }
+            Self::OutOfConnections => {
+                "service unavailable: the gateway is out of connections; \
+                 please try again in a minute\n"
+            }
         }
     }
 
@@ -111,8 +146,8 @@ impl GatewayError {
     /// slow answer does not count: a course backup or a big report legitimately takes
     /// longer than `response_headers`, and three of them in a row must not take a
     /// healthy node out (a hung node fails its probes instead). A broken exchange may
-    /// be one bad response, and the gateway's own refusals say nothing about any
-    /// upstream.
+    /// be one bad response, and the gateway's own refusals and its own lack of
+    /// resources ([`GatewayError::OutOfConnections`]) say nothing about any upstream.
     pub fn is_upstream_failure(self) -> bool {
         matches!(self, Self::UpstreamUnreachable)
     }
@@ -176,11 +211,19 @@ mod tests {
             (GatewayError::UriTooLong, 414),
             (GatewayError::PayloadTooLarge, 413),
             (GatewayError::Overloaded, 503),
+            (GatewayError::FileExportUnreachable, 502),
+            (GatewayError::FileExportTimeout, 504),
+            (GatewayError::FileNotOnDataServer, 404),
+            (GatewayError::FileExportFailed, 502),
+            (GatewayError::UnusableAccelRedirect, 502),
+            (GatewayError::OutOfConnections, 503),
         ];
         for (error, status) in table {
             assert_eq!(error.status().as_u16(), status, "{error:?}");
             assert!(error.message().ends_with('\n'));
         }
+        let own = GatewayError::OutOfConnections.message();
+        assert!(own.starts_with("service unavailable: the gateway is out of connections"));
     }
 
     #[test]

@@ -30,6 +30,7 @@ use crate::config::{Config, HealthConfig, SessionStore};
 use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
 use crate::http::edge::EdgeRules;
+use crate::http::offload::{self, Asked, Offload};
 use crate::http::pool::Pool;
 use crate::http::proxy::{self, Bounds, Client, Failed, Peer};
 use crate::http::tunnel;
@@ -85,6 +86,9 @@ pub struct Settings {
     bounds: Bounds,
     edge: EdgeRules,
     max_in_flight: usize,
+    /// The file offload (`[offload]`): SCORM files go to the nodes, and their
+    /// `X-Accel-Redirect` answers are served from the data server's export.
+    offload: Option<Offload>,
 }
 
 impl Settings {
@@ -104,6 +108,8 @@ impl Settings {
             },
             edge: EdgeRules::new(config),
             max_in_flight: config.limits.max_in_flight,
+            offload: (config.offload.as_ref())
+                .map(|o| Offload::new(o.authority.clone(), o.prefix.clone())),
         })
     }
 
@@ -187,8 +193,10 @@ impl Gateway {
         upstreams
             .nodes()
             .iter()
-            .chain([upstreams.data()])
-            .map(|upstream| upstream.conns.prune(self.pool.idle()))
+            .map(|upstream| &upstream.conns)
+            .chain([&upstreams.data().conns])
+            .chain(settings.offload.as_ref().map(Offload::conns))
+            .map(|conns| conns.prune(self.pool.idle()))
             .sum()
     }
 
@@ -221,8 +229,10 @@ impl Gateway {
                 .any(|net| net.contains(&client.ip)),
         );
         let secure = self.route_cookie.is_some() && proxy::is_https(request.headers(), peer);
+        // The node will ignore how the student asked for a file; the export must not.
+        let asked = settings.offload.as_ref().map(|_| Asked::of(&request));
         let forwarded = match self.route(kind, known, &settings).await {
-            Ok(route) => self.forward(route, request, peer, &settings).await,
+            Ok(route) => self.forward(route, known, request, peer, &settings).await,
             Err(error) => Err(error),
         };
         let (route, mut response) = match forwarded {
@@ -239,7 +249,50 @@ impl Gateway {
         if let Some(line) = route_cookie {
             response.headers_mut().append(SET_COOKIE, line);
         }
-        response.map(Either::Left)
+        let Some(redirect) = offload::take_accel(response.headers_mut()) else {
+            return response.map(Either::Left);
+        };
+        match self
+            .offloaded(route, &redirect, response, asked, peer, &settings)
+            .await
+        {
+            Ok(file) => file.map(Either::Left),
+            Err(error) => error.response().map(Either::Right),
+        }
+    }
+
+    /// A node named a file with `X-Accel-Redirect`: its bytes come from the data
+    /// server's export, under the node's headers (its `Set-Cookie` included, already
+    /// learnt). Honoured only from a PHP node and only with `[offload]`: the data
+    /// server, or a node whose Moodle accelerates files the gateway was not told
+    /// about, would otherwise send the student an empty file.
+    async fn offloaded(
+        &self,
+        route: Route,
+        redirect: &HeaderValue,
+        response: Response<IdleLimited>,
+        asked: Option<Asked>,
+        peer: Peer<'_>,
+        settings: &Settings,
+    ) -> Result<Response<IdleLimited>, GatewayError> {
+        match (&settings.offload, route.node(), asked) {
+            (Some(offload), Some(_), Some(asked)) => {
+                let bounds = settings.bounds;
+                (offload.serve(&self.pool, redirect, response, asked, peer, bounds)).await
+            }
+            (None, ..) => {
+                tracing::error!(
+                    value = ?redirect,
+                    "a node answered X-Accel-Redirect, but there is no [offload] section: \
+                     configure it, or turn off $CFG->xsendfile"
+                );
+                Err(GatewayError::UnusableAccelRedirect)
+            }
+            _ => {
+                tracing::warn!(value = ?redirect, "X-Accel-Redirect from the data server ignored");
+                Err(GatewayError::UnusableAccelRedirect)
+            }
+        }
     }
 
     /// The session the request carries, if one of our nodes issued it and it is live:
@@ -267,8 +320,20 @@ impl Gateway {
         settings: &Settings,
     ) -> Result<Route, GatewayError> {
         match (kind, known) {
-            // SCORM content lives on the data server, whoever asks and whatever session;
-            // there is no other copy to fail over to.
+            // With the file offload, the student's own node authorises a SCORM file and
+            // the data server's export sends it: a file is routed like the session it
+            // carries. Without a session (the token forms carry their own credential,
+            // and a cookie form will be sent to log in) any node will do, outside the deal.
+            (RequestKind::ScormFile, Some(known)) if settings.offload.is_some() => {
+                self.sticky(known, settings).await
+            }
+            (RequestKind::ScormFile, None) if settings.offload.is_some() => settings
+                .upstreams
+                .spread(None)
+                .map(Route::Spread)
+                .ok_or(GatewayError::NoNodeAvailable),
+            // Otherwise SCORM content lives on the data server, whoever asks and whatever
+            // session; there is no other copy to fail over to.
             (RequestKind::ScormFile, _) => match settings.upstreams.data().health.is_up() {
                 true => Ok(Route::Data),
                 false => Err(GatewayError::DataServerDown),
@@ -310,22 +375,27 @@ impl Gateway {
                 return Ok(Route::Sticky(node.id));
             }
         }
-        let to = self
-            .deal(settings, Some(known.node))
-            .ok_or(GatewayError::NoNodeAvailable)?;
+        self.move_session(known, settings)
+            .ok_or(GatewayError::NoNodeAvailable)
+    }
+
+    /// Binds a known session to a freshly dealt node other than its own.
+    fn move_session(&self, known: Known, settings: &Settings) -> Option<Route> {
+        let to = self.deal(settings, Some(known.node))?;
         // Concurrent requests of the same student agree on one new node.
         let to = self.table.rebind(known.key, known.node, to).unwrap_or(to);
         tracing::debug!(from = known.node, to, "session moved to another node");
-        Ok(Route::Moved(to))
+        Some(Route::Moved(to))
     }
 
-    /// Forwards to the route's upstream, recording the outcome in its health. A
-    /// request with no affinity and no body whose connection could not even be
-    /// opened is tried on the next node: nothing reached the first one, so nothing
-    /// can happen twice. Anything else is never replayed.
+    /// Forwards to the route's upstream, recording the outcome in its health. Only
+    /// a request whose connection could not even be opened is ever sent again
+    /// (nothing of it reached the node, so nothing can happen twice; see
+    /// [`Gateway::again`] for where). Anything else is never replayed.
     async fn forward(
         &self,
         mut route: Route,
+        known: Option<Known>,
         request: Request<Incoming>,
         peer: Peer<'_>,
         settings: &Settings,
@@ -348,7 +418,11 @@ impl Gateway {
             && settings.upstreams.nodes().len() > 1
             && http_body::Body::is_end_stream(request.body());
         let mut request = request.map(Some);
-        let mut attempts = settings.upstreams.nodes().len();
+        let mut retry = Retry {
+            movable,
+            attempts: settings.upstreams.nodes().len(),
+            hold: None,
+        };
         loop {
             let upstream = settings
                 .upstream(route)
@@ -361,29 +435,95 @@ impl Gateway {
                 peer,
                 settings.bounds,
             );
-            let Failed { error, unsent } = match forwarded.await {
+            let Failed {
+                error,
+                unsent,
+                refused,
+            } = match forwarded.await {
                 Ok(response) => {
                     upstream.health.request_succeeded();
                     return Ok((route, response));
                 }
                 Err(failed) => failed,
             };
+            // The gateway's own lack of resources is not in here: it says nothing
+            // about the node (`GatewayError::is_upstream_failure`).
             if error.is_upstream_failure()
                 && upstream.health.failure(settings.health.fall) == Change::Down
             {
                 tracing::warn!(upstream = %upstream.name, "marked down: {error}");
             }
-            attempts -= 1;
-            let next = match route {
-                _ if !movable || attempts == 0 => None,
-                Route::Deal(node) => self.deal(settings, Some(node)).map(Route::Deal),
-                Route::Spread(node) => settings.upstreams.spread(Some(node)).map(Route::Spread),
-                _ => None,
+            // No socket for this node means none for any other: answered at once.
+            let Some(unsent) = unsent.filter(|_| error != GatewayError::OutOfConnections) else {
+                return Err(error);
             };
-            match (next, unsent) {
-                (Some(next), Some(unsent)) => (route, request) = (next, unsent),
-                _ => return Err(error),
+            match self
+                .again(route, known, refused, &mut retry, settings)
+                .await
+            {
+                Some(next) => (route, request) = (next, unsent),
+                None => return Err(error),
             }
+        }
+    }
+
+    /// Where a request goes after an attempt that sent nothing (its connection
+    /// could not be opened), if anywhere.
+    async fn again(
+        &self,
+        route: Route,
+        known: Option<Known>,
+        refused: bool,
+        retry: &mut Retry,
+        settings: &Settings,
+    ) -> Option<Route> {
+        let shared = settings.store == SessionStore::Shared;
+        retry.attempts = retry.attempts.saturating_sub(1);
+        match route {
+            // A node that is unreachable rather than refusing, for a session or a
+            // SCORM file: answered as it is (502), never a reason to move or wait.
+            Route::Sticky(_) | Route::Moved(_) | Route::Data if !refused => None,
+            // A new visitor or a sessionless asset, with no body: the next node.
+            Route::Deal(node) if retry.movable && retry.attempts > 0 => {
+                self.deal(settings, Some(node)).map(Route::Deal)
+            }
+            Route::Spread(node) if retry.movable && retry.attempts > 0 => {
+                settings.upstreams.spread(Some(node)).map(Route::Spread)
+            }
+            Route::Deal(_) | Route::Spread(_) => None,
+            // A refused session with a shared store: any node can serve it, so it
+            // moves at once (a POST too: its body was never read), like a session
+            // whose node is down.
+            Route::Sticky(node) | Route::Moved(node) if shared && retry.attempts > 0 => {
+                let key = known?.key;
+                self.move_session(Known { key, node }, settings)
+            }
+            Route::Sticky(_) | Route::Moved(_) if shared => None,
+            // A refused session only its node holds: nothing reached the node (its
+            // web server is restarting), so the same request tries it again, with
+            // a backoff, for up to `failover_hold`. A slow page, not a 502 or a
+            // logout. After the hold, the rule for a down node: moved if its
+            // refusals took it down, else the 502.
+            Route::Sticky(node) | Route::Moved(node) => {
+                let hold = retry.hold.get_or_insert_with(|| {
+                    tracing::info!(
+                        node,
+                        "connection refused: retrying the same node within failover_hold"
+                    );
+                    Hold::start(settings.failover_hold)
+                });
+                if hold.pause().await {
+                    return Some(Route::Sticky(node));
+                }
+                let down = settings
+                    .upstreams
+                    .get(node)
+                    .is_some_and(|n| !n.health.is_up());
+                let key = known?.key;
+                down.then(|| self.move_session(Known { key, node }, settings))?
+            }
+            // The data server has no other copy and no session to hold for.
+            Route::Data => None,
         }
     }
 
@@ -456,6 +596,51 @@ impl Gateway {
         settings
             .upstreams
             .deal(|node| self.table.live(node), except)
+    }
+}
+
+/// What one request may still do after a failed attempt that sent nothing.
+struct Retry {
+    /// No affinity and no body: it may go to the next node.
+    movable: bool,
+    /// Nodes it may still be tried on (new visitors, sessionless assets, moves).
+    attempts: usize,
+    /// The wait of a refused request for its own node, once it started.
+    hold: Option<Hold>,
+}
+
+/// The first pause after a refused connect: a web server restart takes about a
+/// second, so the first retries come quickly.
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// The longest pause between two tries: a node back after 3.1 s is tried by 4 s.
+const LONGEST_PAUSE: Duration = Duration::from_secs(1);
+
+/// A bound request's wait for its refusing node: pauses of 100 ms doubling to 1 s,
+/// until `failover_hold` after the first refusal.
+struct Hold {
+    until: tokio::time::Instant,
+    pause: Duration,
+}
+
+impl Hold {
+    fn start(hold: Duration) -> Self {
+        Self {
+            until: tokio::time::Instant::now() + hold,
+            pause: FIRST_PAUSE,
+        }
+    }
+
+    /// Waits before the next try; `false` (at once) once the hold is over.
+    async fn pause(&mut self) -> bool {
+        let left = self
+            .until
+            .saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        tokio::time::sleep(self.pause.min(left)).await;
+        self.pause = (self.pause * 2).min(LONGEST_PAUSE);
+        true
     }
 }
 

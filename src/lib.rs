@@ -16,8 +16,12 @@
 //!   - [`http::proxy`]: forwarding mechanics: header hygiene, streaming, upstream failures as
 //!     statuses.
 //!   - [`http::pool`]: keep-alive connections to the upstreams, driven by the request using them.
+//!   - [`http::fault`]: whose fault a failed connect is: the gateway's own limits, a refusal,
+//!     or the node.
 //!   - [`http::body`]: the streaming bodies: when an upload is sent, how long a body may pause.
 //!   - [`http::stall`]: a student who stops reading is cut after `body_idle`, freeing the node.
+//!   - [`http::offload`]: a node's `X-Accel-Redirect` answered with the bytes of the data
+//!     server's file export, under the node's headers.
 //!   - [`http::tunnel`]: upgraded connections (WebSocket): a byte tunnel once the node said 101.
 //! - [`sessions`]: the session table and how it outlives a process.
 //!   - [`sessions::affinity`]: the session → node table learned from the nodes' `Set-Cookie`.
@@ -34,6 +38,7 @@
 //! - [`config`]: `config.toml` parsed into validated types; every error names its key.
 //! - [`admin`]: the token-protected admin API on its own listener.
 //! - [`error`]: the failures a student can see, and their statuses.
+//! - [`open_files`]: the open-file limit the configured limits need, raised at start.
 //! - [`app`]: builds everything, serves the listeners, runs the background tasks (sweeper,
 //!   probes, snapshots), reloads the config, shuts down.
 //! - [`demo`]: `moodle-gateway demo`: the real gateway in front of stand-in nodes
@@ -48,6 +53,7 @@ pub mod error;
 pub mod gateway;
 pub mod http;
 pub mod moodle;
+pub mod open_files;
 pub mod sessions;
 
 pub use app::App;

@@ -125,6 +125,9 @@ fn check(path: &std::path::Path) -> ExitCode {
     match report(Config::load_for_site(path)) {
         Some(config) => {
             print!("{}", config.describe());
+            if let Ok(open_files) = moodle_gateway::open_files::plan(&config) {
+                print!("{}", open_files.describe(&config));
+            }
             println!("{}: ok", path.display());
             ExitCode::SUCCESS
         }
@@ -178,6 +181,7 @@ fn run(path: &std::path::Path) -> ExitCode {
     for refusal in config.refusals() {
         tracing::error!("{}: {refusal} (`check` refuses this file)", path.display());
     }
+    moodle_gateway::open_files::raise_and_log(&config);
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };

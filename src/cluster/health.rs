@@ -10,7 +10,9 @@
 //!
 //! What counts as a failure: for a probe, no connection or no answer within
 //! `health.timeout`; for a student's request, no connection only (a slow page, such
-//! as a course backup, is not a sick node; a hung node fails its probes). A Moodle
+//! as a course backup, is not a sick node; a hung node fails its probes). Never the
+//! gateway's own lack of resources (no socket at the open-file limit, no local port:
+//! [`crate::http::fault`]), which would take every healthy node down at once. A Moodle
 //! `500` is the application's answer about one page, not about the node. Moodle's maintenance
 //! answer (`503` with `Retry-After`, MOODLE.md) means the *site* is down on purpose:
 //! every node says it at once, and ejecting them all would replace Moodle's
@@ -33,6 +35,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::Notify;
 
 use crate::config::HealthConfig;
+use crate::http::fault::{self, ConnectFault};
 
 const UP: u64 = 1 << 63;
 const STREAK: u64 = u32::MAX as u64;
@@ -190,6 +193,10 @@ pub enum Probe {
     Maintenance,
     /// Why the upstream is not healthy.
     Failed(String),
+    /// The probe could not even be sent for want of the gateway's own resources (no
+    /// socket: the open-file limit): it says nothing about the upstream, and counts
+    /// neither way.
+    NoVerdict(String),
 }
 
 /// Probes `authority` once with `GET {health.path}`.
@@ -215,7 +222,16 @@ pub async fn probe(client: &ProbeClient, authority: &str, health: &HealthConfig)
     let answer = tokio::time::timeout(health.timeout, client.request(request)).await;
     match answer {
         Err(_) => Probe::Failed(format!("no answer within {:?}", health.timeout)),
-        Ok(Err(error)) if error.is_connect() => Probe::Failed("connection failed".into()),
+        Ok(Err(error)) if error.is_connect() => match ConnectFault::in_chain(&error) {
+            // No socket for the probe: the gateway's limit, not the upstream's state.
+            ConnectFault::Gateway => Probe::NoVerdict(format!(
+                "the gateway is out of connections: {}",
+                fault::io_in_chain(&error).map_or_else(|| error.to_string(), |io| io.to_string())
+            )),
+            ConnectFault::Refused | ConnectFault::Upstream => {
+                Probe::Failed("connection failed".into())
+            }
+        },
         Ok(Err(error)) => Probe::Failed(format!("exchange failed: {error}")),
         Ok(Ok(response)) => {
             let status = response.status();
@@ -244,6 +260,9 @@ fn answered(status: StatusCode, headers: &http::HeaderMap) -> String {
 
 /// Applies one probe's result to `health`, logging a change of state.
 pub fn record(name: &str, health: &Health, probe: &Probe, config: &HealthConfig) {
+    if let Probe::NoVerdict(reason) = probe {
+        return tracing::warn!(upstream = name, "probe not sent, not counted: {reason}");
+    }
     let maintenance = *probe == Probe::Maintenance;
     if health.maintenance.swap(maintenance, Ordering::Relaxed) != maintenance && maintenance {
         tracing::warn!(upstream = name, "Moodle answers with its maintenance page");
@@ -258,6 +277,7 @@ pub fn record(name: &str, health: &Health, probe: &Probe, config: &HealthConfig)
                 );
             }
         }
+        Probe::NoVerdict(_) => {}
         Probe::Failed(reason) => {
             if health.is_up() {
                 // At most `fall` lines before the mark: enough to see why it fell.
@@ -417,6 +437,17 @@ mod tests {
         assert_eq!(closed, Probe::Maintenance);
         let nobody = probe(&client, "127.0.0.1:1", &settings("/", None)).await;
         assert_eq!(nobody, Probe::Failed("connection failed".into()));
+    }
+
+    #[test]
+    fn a_probe_the_gateway_could_not_send_counts_neither_way() {
+        let (health, config) = (Health::default(), settings("/", None));
+        let no_socket = Probe::NoVerdict("Too many open files (os error 24)".into());
+        record("web1", &health, &no_socket, &config);
+        assert!(health.is_up(), "not a failure");
+        health.failure(1);
+        record("web1", &health, &no_socket, &config);
+        assert!(!health.is_up(), "not a success either");
     }
 
     #[tokio::test(start_paused = true)]

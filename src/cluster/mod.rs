@@ -4,7 +4,8 @@
 //!
 //! It owns the nodes only. It must never import `sessions` or `gateway`: it does
 //! not know which sessions a node holds. Of `http` it uses only the keep-alive
-//! connection list each upstream owns ([`Conns`](crate::http::pool::Conns)).
+//! connection list each upstream owns ([`Conns`](crate::http::pool::Conns)) and
+//! whose fault a failed connect is ([`fault`](crate::http::fault)).
 
 pub mod balancer;
 pub mod health;

@@ -31,7 +31,7 @@ use super::{
 // The keys each table accepts, space-separated; anything else is reported. The
 // tables of other files' sections keep their lists next to their readers.
 const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts health state \
-                        route_cookie limits tls nodes data";
+                        route_cookie limits tls offload nodes data";
 const SITE_KEYS: &str = "wwwroot path hosts";
 const SESSION_KEYS: &str =
     "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle store failover_hold";
@@ -112,6 +112,7 @@ impl Checker<'_> {
         let route_cookie = self.route_cookie(&root, &session.cookie);
         let limits = self.limits(&root);
         let tls = self.tls(&root, &listeners);
+        let offload = self.offload(&root);
         let upstreams = self.upstreams(&root);
         let (nodes, data) = upstreams?;
         Some(Config {
@@ -128,6 +129,7 @@ impl Checker<'_> {
             route_cookie,
             limits,
             tls,
+            offload,
             base_dir: self.base_dir.to_path_buf(),
         })
     }

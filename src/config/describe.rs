@@ -186,13 +186,32 @@ impl Config {
                 n.name, n.authority, n.weight
             );
         }
+        let forms = format!(
+            "SCORM files ({p}/pluginfile.php/*/mod_scorm/..., and the same files via \
+             {p}/webservice/pluginfile.php, {p}/tokenpluginfile.php and legacy {p}/file.php)"
+        );
+        let (cookie, balance) = (&self.session.cookie, self.session.balance);
+        let routing = match &self.offload {
+            None => format!(
+                "routing: {forms} go to the data server \"{}\"; every other request goes to a \
+                 PHP node: the one its {cookie} cookie is bound to, otherwise the next by \
+                 {balance}.\n",
+                data.name
+            ),
+            Some(o) => format!(
+                "routing: every request goes to a PHP node, {forms} too: the one its {cookie} \
+                 cookie is bound to, otherwise the next by {balance} (the token forms to any \
+                 node, outside the deal).\n\
+                 file offload: a node that has checked the student answers X-Accel-Redirect \
+                 under {}; the gateway fetches those bytes from the data server's export \
+                 http://{} and streams them with the node's headers, so SCORM bytes come from \
+                 the data server and the session from the student's own node.\n",
+                o.prefix, o.authority
+            ),
+        };
         out + &format!(
-            "data server: {} http://{}\n\
-             routing: SCORM files ({p}/pluginfile.php/*/mod_scorm/..., and the same files via \
-             {p}/webservice/pluginfile.php, {p}/tokenpluginfile.php and legacy {p}/file.php) go to \
-             the data server \"{}\"; every other request goes to a PHP node: the one its {} cookie \
-             is bound to, otherwise the next by {}.\n",
-            data.name, data.authority, data.name, self.session.cookie, self.session.balance
+            "data server: {} http://{}\n{routing}",
+            data.name, data.authority
         )
     }
 }

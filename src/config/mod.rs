@@ -162,9 +162,25 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// TLS on the public listener (`[tls]`); `None` when the section is absent.
     pub tls: Option<TlsConfig>,
+    /// The file offload (`[offload]`); `None` when the section is absent.
+    pub offload: Option<OffloadConfig>,
     /// Directory of the config file, for resolving relative paths.
     pub base_dir: PathBuf,
 }
+
+/// `[offload]`: PHP nodes authorise file requests and name the file with
+/// `X-Accel-Redirect`; the gateway fetches its bytes from the data server's export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffloadConfig {
+    /// `url`: the data server's file export, `http://host[:port]` only.
+    pub authority: Authority,
+    /// `prefix`: the key of `$CFG->xsendfilealiases`, like `"/dataroot/"`: only a
+    /// header under it is honoured. Starts and ends with `/`. Default `"/dataroot/"`.
+    pub prefix: String,
+}
+
+/// `offload.prefix` default: the alias Moodle's own documentation uses.
+pub const DEFAULT_OFFLOAD_PREFIX: &str = "/dataroot/";
 
 /// `[site]`
 #[derive(Debug, Clone)]

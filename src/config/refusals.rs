@@ -42,7 +42,8 @@ impl Config {
     /// Moodle 4.5 answers every SCORM file with a 303 to the login page and a new
     /// session cookie, and the student is logged out (140 of 140 students, seen).
     fn scorm_needs_the_session(&self) -> Option<ConfigError> {
-        (self.session.store == SessionStore::NodeLocal).then(|| {
+        let scorm_on_data = self.offload.is_none();
+        (self.session.store == SessionStore::NodeLocal && scorm_on_data).then(|| {
             error(
                 "session.store",
                 None,
@@ -54,8 +55,8 @@ impl Config {
                      store every node and the data server share (Redis, memcached, or file \
                      sessions on the shared dataroot) and set store = \"shared\"; or let \
                      each student's own node authorise the file and the data server send \
-                     only the bytes (the X-Accel-Redirect file offload, not in this \
-                     version yet)",
+                     only the bytes: an [offload] section naming the data server's file \
+                     export, with $CFG->xsendfile = 'X-Accel-Redirect' on the nodes",
                     self.data.name
                 ),
             )

@@ -1,5 +1,5 @@
-//! The `[[nodes]]` and `[data]` readers: each upstream's name, address, weight
-//! and state, the uniqueness of names and addresses across all of them, and that
+//! The `[[nodes]]`, `[data]` and `[offload]` readers: each upstream's name, address,
+//! weight and state, the uniqueness of names and addresses across all of them, and that
 //! some node can take new sessions. Apart from `check` because an upstream is
 //! checked as a whole (its parts against each other's) rather than key by key.
 
@@ -7,7 +7,12 @@ use http::uri::Authority;
 
 use super::check::{Checker, Section, Span};
 use super::values::{node_name, parse_node_state, server_key, upstream_authority};
-use super::{NodeState, UpstreamConfig, DEFAULT_WEIGHT, MAX_NODES, MAX_WEIGHT};
+use super::{
+    NodeState, OffloadConfig, UpstreamConfig, DEFAULT_OFFLOAD_PREFIX, DEFAULT_WEIGHT, MAX_NODES,
+    MAX_WEIGHT,
+};
+
+const OFFLOAD_KEYS: &str = "url prefix";
 
 const NODE_KEYS: &str = "name url weight state";
 // No `state`: the data server is not dealt sessions, so draining it means nothing,
@@ -37,6 +42,20 @@ impl Upstream {
 }
 
 impl Checker<'_> {
+    /// `[offload]`: where the gateway fetches the files PHP nodes name with
+    /// `X-Accel-Redirect`, and the only prefix it honours.
+    pub(super) fn offload(&mut self, root: &Section) -> Option<OffloadConfig> {
+        let s = self.open("offload".into(), root.get("offload"), OFFLOAD_KEYS);
+        s.table?;
+        self.require(&s, "url");
+        let url = self.parsed(&s, "url", upstream_authority);
+        let prefix = self.parsed(&s, "prefix", offload_prefix);
+        Some(OffloadConfig {
+            authority: url?.0,
+            prefix: prefix.map_or_else(|| DEFAULT_OFFLOAD_PREFIX.to_owned(), |v| v.0),
+        })
+    }
+
     /// The nodes and the data server, or `None` when any part of them is invalid
     /// (each problem is recorded).
     pub(super) fn upstreams(
@@ -147,5 +166,24 @@ impl Checker<'_> {
                 self.error(format!("{}.{field}", u.key), Some(span.clone()), message);
             }
         }
+    }
+}
+
+/// `offload.prefix`: a path that starts and ends with `/`, in plain characters, as
+/// the key of `$CFG->xsendfilealiases` is written (`'/dataroot/'`).
+fn offload_prefix(raw: &str) -> Result<String, String> {
+    let plain = raw
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/-._~".contains(&b));
+    let segments_ok = raw
+        .trim_matches('/')
+        .split('/')
+        .all(|seg| !matches!(seg, "" | "." | ".."));
+    match raw.len() > 1 && raw.starts_with('/') && raw.ends_with('/') && plain && segments_ok {
+        true => Ok(raw.to_owned()),
+        false => Err(format!(
+            "{raw:?} must be a path that starts and ends with \"/\", like \"/dataroot/\" \
+             (the key of $CFG->xsendfilealiases)"
+        )),
     }
 }

@@ -8,7 +8,9 @@
 
 pub mod body;
 pub mod edge;
+pub mod fault;
 pub mod listener;
+pub mod offload;
 pub mod pool;
 pub mod proxy;
 pub mod stall;

@@ -33,13 +33,14 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::http::body::RequestBody;
+use crate::http::fault::ConnectFault;
 use crate::http::stall::WriteStall;
 
 /// Idle connections kept per upstream. More than this many concurrent requests to
 /// one node open connections that are closed after their exchange instead of kept:
 /// a PHP node rarely has more workers than this, and every kept connection holds
 /// one of the node's (nginx or Apache) keep-alive slots.
-const MAX_IDLE: usize = 256;
+pub const MAX_IDLE: usize = 256;
 
 /// A connection to a node: its writes may stay blocked at most `body_idle` (see
 /// [`WriteStall`]: a node that accepted an upload but stopped reading would
@@ -106,6 +107,17 @@ pub enum ConnectError {
     TimedOut,
     /// Refused, unreachable, or the name did not resolve.
     Io(io::Error),
+}
+
+impl ConnectError {
+    /// Whose fault it is: a timeout is the node's (it did not accept in time);
+    /// an I/O error says so itself (see [`ConnectFault`]).
+    pub fn fault(&self) -> ConnectFault {
+        match self {
+            Self::TimedOut => ConnectFault::Upstream,
+            Self::Io(error) => ConnectFault::of(error),
+        }
+    }
 }
 
 impl std::fmt::Display for ConnectError {

@@ -20,7 +20,9 @@ use crate::error::GatewayError;
 use crate::http::body::{
     is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, RequestBody,
 };
-use crate::http::pool::{Conns, NodeBody, Pool};
+use crate::http::fault::ConnectFault;
+use crate::http::offload;
+use crate::http::pool::{ConnectError, Conns, NodeBody, Pool};
 
 /// How long the parts of one exchange may take, and how large the upload may be.
 #[derive(Debug, Clone, Copy)]
@@ -114,13 +116,17 @@ pub fn prepared<B>(upstream: &Authority, mut request: Request<B>, peer: Peer<'_>
 }
 
 /// A request that failed, with the request itself when none of it left: its node
-/// could not even be connected to, so the caller may send it to another.
+/// could not even be connected to, so the caller may send it to another, or again.
 #[derive(Debug)]
 pub struct Failed {
     /// What the student sees if the request goes nowhere else.
     pub error: GatewayError,
-    /// The request as it came, untouched.
+    /// The request as it came, untouched: its headers as the student sent them, its
+    /// body never polled.
     pub unsent: Option<Request<Option<Incoming>>>,
+    /// The node refused (or reset) the connection: nothing listens there right now,
+    /// as while its web server restarts. Only ever set with `unsent`.
+    pub refused: bool,
 }
 
 impl From<GatewayError> for Failed {
@@ -128,8 +134,25 @@ impl From<GatewayError> for Failed {
         Self {
             error,
             unsent: None,
+            refused: false,
         }
     }
+}
+
+/// The status for a connect that failed, logged as whose fault it is: the gateway's
+/// own lack of resources is never reported as the node's.
+fn connect_failed(authority: &Authority, error: &ConnectError) -> ConnectFault {
+    let fault = error.fault();
+    match fault {
+        ConnectFault::Gateway => tracing::warn!(
+            %authority,
+            "the gateway is out of connections (its own limit, not the upstream's fault): {error}"
+        ),
+        ConnectFault::Refused | ConnectFault::Upstream => {
+            tracing::warn!(%authority, "upstream unreachable: {error}")
+        }
+    }
+    fault
 }
 
 /// Sends `request` (its body, if any) to the node at `authority`, over one of its
@@ -149,10 +172,11 @@ pub async fn forward(
     let first = match pool.lease(authority, conns).await {
         Ok(lease) => lease,
         Err(error) => {
-            tracing::warn!(%authority, "upstream unreachable: {error}");
+            let fault = connect_failed(authority, &error);
             return Err(Failed {
-                error: GatewayError::UpstreamUnreachable,
+                error: fault.error(),
                 unsent: Some(request),
+                refused: fault == ConnectFault::Refused,
             });
         }
     };
@@ -176,10 +200,10 @@ pub async fn forward(
         loop {
             let (mut lease, reused) = match leased.take() {
                 Some(lease) => lease,
-                None => pool.lease(authority, conns).await.map_err(|error| {
-                    tracing::warn!(%authority, "upstream unreachable: {error}");
-                    GatewayError::UpstreamUnreachable
-                })?,
+                None => pool
+                    .lease(authority, conns)
+                    .await
+                    .map_err(|error| connect_failed(authority, &error).error())?,
             };
             match lease.send(request).await {
                 Ok(response) => return Ok(response.map(|body| NodeBody::leased(body, lease))),
@@ -310,13 +334,19 @@ fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>) {
     strip_hop_by_hop(headers);
     // One pass over the names instead of a hashed lookup for each header that is
     // usually absent.
-    let (mut client_ip, mut underscored) = (false, false);
+    let (mut client_ip, mut underscored, mut accel) = (false, false, false);
     for name in headers.keys() {
         client_ip |= name == CLIENT_IP;
         underscored |= name.as_str().contains('_');
+        accel |= offload::is_accel(name);
     }
     if client_ip {
         headers.remove(CLIENT_IP);
+    }
+    // Only a node may ask the gateway to fetch a file; a student's own X-Accel-*
+    // would reach PHP, and through it any proxy that honours it.
+    if accel {
+        offload::remove_accel(headers);
     }
     if underscored {
         drop_underscored(headers);

@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 
 use crate::error::GatewayError;
 use crate::http::body::{IdleLimited, RequestBody};
+use crate::http::fault::ConnectFault;
 use crate::http::pool::NodeBody;
 use crate::http::proxy::{self, Bounds, Peer};
 
@@ -65,7 +66,7 @@ pub async fn forward(
     let stream = tokio::time::timeout(connect, TcpStream::connect(upstream.as_str()))
         .await
         .map_err(|_| GatewayError::UpstreamUnreachable)?
-        .map_err(|_| GatewayError::UpstreamUnreachable)?;
+        .map_err(|error| connect_failed(upstream, &error))?;
     let _ = stream.set_nodelay(true);
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -98,6 +99,22 @@ pub async fn forward(
         headers.insert(header::UPGRADE, protocol);
     }
     Ok(response.map(|body| IdleLimited::new(NodeBody::detached(body), bounds.body_idle)))
+}
+
+/// The status for an upgrade whose node connection could not be opened: the
+/// gateway's own lack of resources is a 503 and no mark against the node.
+fn connect_failed(upstream: &Authority, error: &std::io::Error) -> GatewayError {
+    let fault = ConnectFault::of(error);
+    match fault {
+        ConnectFault::Gateway => tracing::warn!(
+            %upstream,
+            "upgrade: the gateway is out of connections (its own limit, not the upstream's fault): {error}"
+        ),
+        ConnectFault::Refused | ConnectFault::Upstream => {
+            tracing::warn!(%upstream, "upgrade: upstream unreachable: {error}")
+        }
+    }
+    fault.error()
 }
 
 /// Copies bytes both ways until one side closes, an error, or `idle` passes with

@@ -246,6 +246,8 @@ pub struct GatewayProcess {
     pub child: Child,
     /// Its public listener, as it logged it.
     pub addr: SocketAddr,
+    /// Its admin listener, as it logged it, when the config has `[admin]`.
+    pub admin_addr: Option<SocketAddr>,
     _dir: TempDir,
 }
 
@@ -298,13 +300,28 @@ impl Drop for TempDir {
 /// Starts the real `moodle-gateway` binary on `config` (whose `listen` should use port
 /// 0) and waits until it logs the address it listens on.
 pub fn start_binary(config: &str) -> GatewayProcess {
+    start_command(Command::new(env!("CARGO_BIN_EXE_moodle-gateway")), config)
+}
+
+/// [`start_binary`] under `prlimit --nofile=LIMIT:LIMIT` (util-linux): soft and hard
+/// limit alike, so the gateway cannot raise it. `prlimit` execs the gateway, so the
+/// child's pid is the gateway's.
+pub fn start_binary_with_open_files(config: &str, limit: usize) -> GatewayProcess {
+    let mut prlimit = Command::new("prlimit");
+    prlimit
+        .arg(format!("--nofile={limit}:{limit}"))
+        .arg(env!("CARGO_BIN_EXE_moodle-gateway"));
+    start_command(prlimit, config)
+}
+
+fn start_command(mut command: Command, config: &str) -> GatewayProcess {
     static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("moodle-gateway-test-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("config.toml");
     std::fs::write(&path, config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
+    let mut child = command
         // The default state file lands in the test's own directory.
         .current_dir(&dir)
         .arg("--config")
@@ -315,12 +332,18 @@ pub fn start_binary(config: &str) -> GatewayProcess {
         .spawn()
         .expect("the gateway binary starts");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = lines
+    let (addr, admin_addr) = lines
         .by_ref()
         .map_while(Result::ok)
         .find_map(|line| {
             let rest = line.split("listen=").nth(1)?;
-            rest.split_whitespace().next()?.parse().ok()
+            let addr = rest.split_whitespace().next()?.parse().ok()?;
+            // `admin=Some(127.0.0.1:PORT)` or `admin=None`.
+            let admin = line
+                .split("admin=Some(")
+                .nth(1)
+                .and_then(|rest| rest.split(')').next()?.parse().ok());
+            Some((addr, admin))
         })
         .expect("the gateway logged its listen address");
     // Keep draining the log, so a chatty gateway never blocks on a full pipe.
@@ -328,6 +351,7 @@ pub fn start_binary(config: &str) -> GatewayProcess {
     GatewayProcess {
         child,
         addr,
+        admin_addr,
         _dir: TempDir(dir),
     }
 }

@@ -290,3 +290,36 @@ fn a_path_beside_wwwroot_could_only_disagree_with_it() {
         "3: site.path: the path comes from site.wwwroot (\"/moodle\"): remove site.path"
     );
 }
+
+#[test]
+fn offload_names_the_export_and_lets_node_local_sessions_keep_scorm() {
+    let c = valid("[offload]\nurl = \"http://10.0.0.5:8080\"\n");
+    let o = c.offload.as_ref().unwrap();
+    assert_eq!(
+        (o.authority.as_str(), o.prefix.as_str()),
+        ("10.0.0.5:8080", "/dataroot/")
+    );
+    assert_eq!(
+        c.refusals(),
+        [],
+        "node-local sessions are fine with the offload"
+    );
+    assert!(c.describe().contains("file offload: "), "{}", c.describe());
+    let without = valid("");
+    assert_eq!(without.refusals()[0].key, "session.store");
+}
+
+#[test]
+fn offload_problems_name_their_key() {
+    let text = errors(&format!("[offload]\nprefix = \"dataroot\"\n{NODES}{DATA}"));
+    assert_eq!(
+        text,
+        "1: offload.url: missing required key\n\
+         2: offload.prefix: \"dataroot\" must be a path that starts and ends with \"/\", like \
+         \"/dataroot/\" (the key of $CFG->xsendfilealiases)"
+    );
+    let text = errors(&format!(
+        "[offload]\nurl = \"https://10.0.0.5\"\n{NODES}{DATA}"
+    ));
+    assert!(text.starts_with("2: offload.url: "), "{text}");
+}

@@ -1,0 +1,387 @@
+//! The file offload (`[offload]`): a PHP node that has checked the student answers
+//! `X-Accel-Redirect`, and the student gets the bytes from the data server's file
+//! export under the node's headers. Real sockets on both sides: a node that speaks as
+//! Moodle's `readfile_accel()` does, and an export that ranges like nginx.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{HeaderMap, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::{self, config_for, named_upstream, send, TestGateway};
+
+const HOST: &str = "moodle.example.edu";
+const HASH: &str = "3b8f0c1e9d2a7f4b5c6d7e8f9a0b1c2d3e4f5a6b";
+const SCORM: &str = "/pluginfile.php/27/mod_scorm/content/1/shared/launchpage.html";
+
+/// The stored file's bytes: long enough to range, and never mistaken for a page.
+fn stored() -> Vec<u8> {
+    (0..5000u32).map(|i| (i % 251) as u8).collect()
+}
+
+/// What the export received: method, target and headers of each request.
+type Seen = Arc<Mutex<Vec<(String, String, HeaderMap)>>>;
+
+/// A plain file export in front of a dataroot holding one file at `/dataroot/filedir/…`:
+/// it labels everything `application/octet-stream` and ranges a single `bytes=a-b`.
+async fn export() -> (SocketAddr, Seen) {
+    let seen = Seen::default();
+    let log = seen.clone();
+    let addr = support::upstream(move |request: Request<Incoming>| {
+        let log = log.clone();
+        async move {
+            let target = request.uri().to_string();
+            let range = request.headers().get("range").cloned();
+            log.lock().unwrap().push((
+                request.method().to_string(),
+                target.clone(),
+                request.headers().clone(),
+            ));
+            if target != format!("/dataroot/filedir/3b/8f/{HASH}") {
+                return Response::builder()
+                    .status(404)
+                    .body(Body::from("nope"))
+                    .unwrap();
+            }
+            let file = stored();
+            let builder = Response::builder()
+                .header("content-type", "application/octet-stream")
+                .header("etag", "\"export-etag\"");
+            let Some(range) = range else {
+                return builder.body(Body::from(file)).unwrap();
+            };
+            let (from, to) = range.to_str().unwrap()["bytes=".len()..]
+                .split_once('-')
+                .map(|(a, b)| (a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap()))
+                .unwrap();
+            if from >= file.len() {
+                return builder
+                    .status(416)
+                    .header("content-range", format!("bytes */{}", file.len()))
+                    .body(Body::empty())
+                    .unwrap();
+            }
+            builder
+                .status(206)
+                .header("content-range", format!("bytes {from}-{to}/{}", file.len()))
+                .body(Body::from(file[from..=to].to_vec()))
+                .unwrap()
+        }
+    })
+    .await;
+    (addr, seen)
+}
+
+/// What the node received, so a test can see what reached PHP.
+type Asked = Arc<Mutex<Vec<HeaderMap>>>;
+
+/// A PHP node with Moodle's accelerated answer: the file's headers, `X-Accel-Redirect`
+/// naming `accel`, the session cookie, and no bytes. Pages without a file get `ok`.
+async fn node(accel: &'static str) -> (SocketAddr, Asked) {
+    let asked = Asked::default();
+    let log = asked.clone();
+    let addr = support::upstream(move |request: Request<Incoming>| {
+        let log = log.clone();
+        async move {
+            log.lock().unwrap().push(request.headers().clone());
+            let path = request.uri().path().to_owned();
+            if !path.starts_with("/pluginfile.php/") {
+                return Response::builder()
+                    .header("x-upstream", "web1")
+                    .header(
+                        "set-cookie",
+                        "MoodleSession=abcdefghijklmnopqrstuvwxyz; path=/",
+                    )
+                    .body(Body::from("ok"))
+                    .unwrap();
+            }
+            Response::builder()
+                .header("x-upstream", "web1")
+                .header("content-type", "text/html")
+                .header(
+                    "content-disposition",
+                    "inline; filename=\"launchpage.html\"",
+                )
+                .header("cache-control", "private, max-age=7776000, immutable")
+                .header("etag", format!("\"{HASH}\""))
+                .header("last-modified", "Tue, 01 Dec 2026 09:00:00 GMT")
+                .header("x-accel-redirect", accel)
+                .header("x-accel-buffering", "no")
+                .body(Body::empty())
+                .unwrap()
+        }
+    })
+    .await;
+    (addr, asked)
+}
+
+const ACCEL: &str = "/dataroot/filedir/3b/8f/3b8f0c1e9d2a7f4b5c6d7e8f9a0b1c2d3e4f5a6b";
+
+async fn gateway(node: SocketAddr, export: SocketAddr) -> TestGateway {
+    let data = named_upstream("data").await;
+    let extra = format!(
+        "[session]\nstore = \"node-local\"\n[offload]\nurl = \"http://{export}\"\nprefix = \"/dataroot/\"\n"
+    );
+    TestGateway::start(&config_for(&[node], data, &extra)).await
+}
+
+fn get(
+    gateway: &TestGateway,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (String, Vec<(String, String)>) {
+    let mut all = vec![("host".to_owned(), HOST.to_owned())];
+    all.extend(headers.iter().map(|(n, v)| (n.to_string(), v.to_string())));
+    (gateway.url(path), all)
+}
+
+async fn fetch(
+    gateway: &TestGateway,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> support::Seen {
+    let (url, headers) = get(gateway, path, headers);
+    let headers: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    send(&url, method, &headers, Body::empty()).await
+}
+
+fn no_accel_header(headers: &HeaderMap) -> bool {
+    !headers.keys().any(|n| n.as_str().starts_with("x-accel-"))
+}
+
+#[tokio::test]
+async fn a_file_the_node_authorises_comes_from_the_export_under_the_nodes_headers() {
+    let (export, exported) = export().await;
+    let (node, _) = node(ACCEL).await;
+    let gateway = gateway(node, export).await;
+
+    let seen = fetch(&gateway, "GET", SCORM, &[("if-none-match", "\"old\"")]).await;
+    assert_eq!(seen.status, StatusCode::OK);
+    assert_eq!(seen.body.as_ref(), stored().as_slice(), "the stored bytes");
+    let h = &seen.headers;
+    assert_eq!(
+        h["content-type"], "text/html",
+        "the node's type, not the export's"
+    );
+    assert_eq!(h["etag"], format!("\"{HASH}\"").as_str());
+    assert_eq!(h["cache-control"], "private, max-age=7776000, immutable");
+    assert_eq!(
+        h["content-disposition"],
+        "inline; filename=\"launchpage.html\""
+    );
+    assert_eq!(h["content-length"], "5000", "the export's length");
+    assert_eq!(h["accept-ranges"], "bytes");
+    assert_eq!(h["x-upstream"], "web1", "the node that checked the student");
+    assert!(no_accel_header(h), "{h:?}");
+
+    let exported = exported.lock().unwrap();
+    assert_eq!(exported.len(), 1);
+    let (method, target, headers) = &exported[0];
+    assert_eq!((method.as_str(), target.as_str()), ("GET", ACCEL));
+    assert!(
+        !headers.contains_key("if-none-match") && !headers.contains_key("cookie"),
+        "the export sees no condition and no credential: {headers:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_gateway_ranges_for_php_and_if_range_judges_against_the_nodes_etag() {
+    let (export, _) = export().await;
+    let (node, _) = node(ACCEL).await;
+    let gateway = gateway(node, export).await;
+
+    let part = fetch(&gateway, "GET", SCORM, &[("range", "bytes=0-99")]).await;
+    assert_eq!(part.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(part.body.as_ref(), &stored()[..100]);
+    assert_eq!(part.headers["content-range"], "bytes 0-99/5000");
+    assert_eq!(part.headers["content-length"], "100");
+
+    let current = format!("\"{HASH}\"");
+    let same = fetch(
+        &gateway,
+        "GET",
+        SCORM,
+        &[("range", "bytes=100-199"), ("if-range", &current)],
+    )
+    .await;
+    assert_eq!(same.status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(same.body.as_ref(), &stored()[100..200]);
+
+    let changed = fetch(
+        &gateway,
+        "GET",
+        SCORM,
+        &[("range", "bytes=0-99"), ("if-range", "\"old\"")],
+    )
+    .await;
+    assert_eq!(changed.status, StatusCode::OK, "a changed file comes whole");
+    assert_eq!(changed.body.len(), 5000);
+
+    let beyond = fetch(&gateway, "GET", SCORM, &[("range", "bytes=9000-9100")]).await;
+    assert_eq!(beyond.status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(beyond.headers["content-range"], "bytes */5000");
+}
+
+#[tokio::test]
+async fn head_gets_the_files_length_and_no_body() {
+    let (export, exported) = export().await;
+    let (node, _) = node(ACCEL).await;
+    let gateway = gateway(node, export).await;
+    let seen = fetch(&gateway, "HEAD", SCORM, &[]).await;
+    assert_eq!(seen.status, StatusCode::OK);
+    assert!(seen.body.is_empty());
+    assert_eq!(seen.headers["content-length"], "5000");
+    assert_eq!(exported.lock().unwrap()[0].0, "HEAD");
+}
+
+#[tokio::test]
+async fn a_scorm_file_goes_to_the_students_own_node_not_the_data_server() {
+    let (export, _) = export().await;
+    let (node, asked) = node(ACCEL).await;
+    let gateway = gateway(node, export).await;
+    // The first page binds the session to web1.
+    let first = fetch(&gateway, "GET", "/my/", &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    let cookie = "MoodleSession=abcdefghijklmnopqrstuvwxyz";
+    let seen = fetch(&gateway, "GET", SCORM, &[("cookie", cookie)]).await;
+    assert_eq!(seen.status, StatusCode::OK);
+    assert_eq!(seen.headers["x-upstream"], "web1");
+    let asked = asked.lock().unwrap();
+    assert_eq!(asked.len(), 2, "both requests reached the node");
+    assert_eq!(asked[1]["cookie"], cookie, "with the session it must check");
+}
+
+#[tokio::test]
+async fn a_student_cannot_speak_x_accel_to_a_node() {
+    let (export, exported) = export().await;
+    let (node, asked) = node(ACCEL).await;
+    let gateway = gateway(node, export).await;
+    let seen = fetch(
+        &gateway,
+        "GET",
+        "/course/view.php?id=2",
+        &[
+            ("x-accel-redirect", "/dataroot/filedir/3b/8f/x"),
+            ("x-accel-limit-rate", "1"),
+        ],
+    )
+    .await;
+    assert_eq!(seen.body.as_ref(), b"ok");
+    assert!(
+        no_accel_header(&asked.lock().unwrap()[0]),
+        "PHP never sees it"
+    );
+    assert!(
+        exported.lock().unwrap().is_empty(),
+        "no student URL reaches the export"
+    );
+}
+
+#[tokio::test]
+async fn a_node_that_names_a_path_outside_the_prefix_gets_a_502_and_the_export_sees_nothing() {
+    for hostile in [
+        "/dataroot/../etc/passwd",
+        "/dataroot/filedir/%2e%2e/%2e%2e/etc/passwd",
+        "/etc/passwd",
+        "http://evil.example/dataroot/filedir/x",
+        "/dataroot/filedir/x?download=1",
+    ] {
+        let (export, exported) = export().await;
+        let (node, _) = node(hostile).await;
+        let gateway = gateway(node, export).await;
+        let seen = fetch(&gateway, "GET", SCORM, &[]).await;
+        assert_eq!(seen.status, StatusCode::BAD_GATEWAY, "{hostile}");
+        assert_eq!(
+            seen.body.as_ref(),
+            b"bad gateway: the moodle server named a file the gateway may not fetch\n"
+        );
+        assert!(exported.lock().unwrap().is_empty(), "{hostile}");
+        gateway.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_file_the_export_does_not_have_is_a_404() {
+    let (export, exported) = export().await;
+    let (node, _) = node("/dataroot/filedir/00/00/0000000000000000000000000000000000000000").await;
+    let gateway = gateway(node, export).await;
+    let seen = fetch(&gateway, "GET", SCORM, &[]).await;
+    assert_eq!(seen.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        seen.body.as_ref(),
+        b"not found: the data server does not have this file\n"
+    );
+    assert_eq!(exported.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_export_that_is_down_is_a_502_naming_it_and_no_mark_against_the_node() {
+    let export = support::refused_addr().await;
+    let (node, _) = node(ACCEL).await;
+    let gateway = gateway(node, export).await;
+    for _ in 0..5 {
+        let seen = fetch(&gateway, "GET", SCORM, &[]).await;
+        assert_eq!(seen.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            seen.body.as_ref(),
+            b"bad gateway: the data server's file export could not be reached\n"
+        );
+    }
+    // Five failed fetches, more than `fall`: the node that answered stays in service.
+    let page = fetch(&gateway, "GET", "/course/view.php?id=2", &[]).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let settings = gateway.app.gateway().settings();
+    assert!(settings.upstreams.nodes()[0].health.is_up());
+}
+
+#[tokio::test]
+async fn without_offload_a_nodes_x_accel_redirect_is_an_error_not_an_empty_file() {
+    let (node, _) = node(ACCEL).await;
+    let data = named_upstream("data").await;
+    let gateway = TestGateway::start(&config_for(&[node], data, "")).await;
+    let seen = fetch(
+        &gateway,
+        "GET",
+        "/pluginfile.php/5/mod_resource/content/1/a.pdf",
+        &[],
+    )
+    .await;
+    assert_eq!(seen.status, StatusCode::BAD_GATEWAY);
+    assert!(no_accel_header(&seen.headers));
+}
+
+/// A student who stops reading an offloaded file is cut after `body_idle`, so the
+/// export's connection is freed rather than held for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_student_who_stops_reading_an_offloaded_file_is_cut_after_body_idle() {
+    const SIZE: usize = 64 << 20;
+    let export =
+        support::upstream(|_request| async { Response::new(Body::from(vec![7u8; SIZE])) }).await;
+    let (node, _) = node(ACCEL).await;
+    let data = named_upstream("data").await;
+    let extra =
+        format!("[timeouts]\nbody_idle = \"500ms\"\n[offload]\nurl = \"http://{export}\"\n");
+    let gateway = TestGateway::start(&config_for(&[node], data, &extra)).await;
+    let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+    let request = format!("GET {SCORM} HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
+    client.write_all(request.as_bytes()).await.unwrap();
+    let mut first = vec![0u8; 64 * 1024];
+    client.read_exact(&mut first).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut rest)).await;
+    assert!(ended.is_ok(), "the connection was closed, not left hanging");
+    assert!(
+        first.len() + rest.len() < SIZE,
+        "cut before the whole file went out"
+    );
+}
