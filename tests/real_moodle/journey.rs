@@ -378,7 +378,8 @@ impl Files<'_> {
         );
     }
 
-    /// `Range: bytes=0-99` through the gateway: 206, the first 100 stored bytes.
+    /// `Range: bytes=0-99` through the gateway: 206, the first 100 stored bytes; with
+    /// `If-Range`, judged by Moodle's ETag; a revalidation, answered by Moodle.
     async fn range(&mut self, b: &mut Browser, file: &StoredFile, url: &str) {
         let stored = self.env.site.stored(&file.contenthash);
         assert!(stored.len() > 100, "{}: big enough for a range", file.path);
@@ -403,6 +404,39 @@ impl Files<'_> {
         assert_eq!(page.header("content-length"), Some("100"), "{url}");
         self.node_headers(&page, file, url, Via::Cookie);
         self.fetched.push((pool_path(&file.contenthash), 206));
+
+        // If-Range is judged against the node's ETag (Moodle's), never the export's.
+        let etag = format!("\"{}\"", file.contenthash);
+        let same = [range[0].clone(), ("if-range", etag.clone())];
+        let page = b.send(Method::GET, url, &same).await;
+        assert_eq!(
+            page.status,
+            StatusCode::PARTIAL_CONTENT,
+            "{url}, If-Range: Moodle's ETag"
+        );
+        assert!(
+            page.body == stored[..100],
+            "{url}, If-Range: the first 100 bytes"
+        );
+        self.fetched.push((pool_path(&file.contenthash), 206));
+        let other = [range[0].clone(), ("if-range", "\"changed\"".to_string())];
+        let page = b.send(Method::GET, url, &other).await;
+        assert_eq!(page.status, StatusCode::OK, "{url}, If-Range: another ETag");
+        assert!(
+            page.body == stored,
+            "{url}, If-Range: another ETag: the whole file"
+        );
+        self.node_headers(&page, file, url, Via::Cookie);
+        self.fetched.push((pool_path(&file.contenthash), 200));
+
+        // A revalidation: Moodle answers 304 itself, nothing is fetched.
+        let page = b.send(Method::GET, url, &[("if-none-match", etag)]).await;
+        assert_eq!(
+            page.status,
+            StatusCode::NOT_MODIFIED,
+            "{url}, If-None-Match"
+        );
+        assert!(page.body.is_empty(), "{url}: a 304 has no body");
     }
 
     /// HEAD through the gateway: 200, no body, the file's length.
