@@ -8,6 +8,7 @@ define('CLI_SCRIPT', true);
 require(getenv('MOODLE_DIRROOT') . '/config.php');
 require_once($CFG->libdir . '/clilib.php');
 require_once($CFG->libdir . '/testing/generator/lib.php');
+require_once($CFG->libdir . '/filelib.php');
 
 [$options] = cli_get_params(['mib' => 50]);
 $size = (int) $options['mib'] * 1024 * 1024;
