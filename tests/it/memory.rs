@@ -98,3 +98,44 @@ async fn a_gigabyte_each_way_streams_through_in_flat_memory() {
         "peak RSS {peak} KiB, limit {PEAK_LIMIT_KIB} KiB"
     );
 }
+
+/// An offloaded 1 GiB file: the node names it, the export streams it, and the gateway
+/// carries it without holding more than a few buffers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gigabyte_offloaded_file_streams_through_in_flat_memory() {
+    let export = gigabyte_node().await;
+    let node = support::upstream(|_request| async {
+        Response::builder()
+            .header("content-type", "video/mp4")
+            .header("x-accel-redirect", "/dataroot/filedir/ab/cd/abcd")
+            .body(Body::empty())
+            .unwrap()
+    })
+    .await;
+    let data = support::named_upstream("data").await;
+    let extra =
+        format!("[session]\nstore = \"node-local\"\n[offload]\nurl = \"http://{export}\"\n");
+    let gateway = start_binary(&config_for(&[node], data, &extra));
+    let url = format!(
+        "http://{}/pluginfile.php/5/mod_resource/content/1/lecture.mp4",
+        gateway.addr
+    );
+    let response = support::client().get(url.parse().unwrap()).await.unwrap();
+    assert_eq!(response.headers()["content-type"], "video/mp4");
+    assert_eq!(
+        response.headers()["content-length"],
+        GIB.to_string().as_str()
+    );
+    let mut body = response.into_body();
+    let mut downloaded = 0usize;
+    while let Some(frame) = body.frame().await {
+        downloaded += frame.unwrap().into_data().map_or(0, |d| d.len());
+    }
+    assert_eq!(downloaded, GIB);
+    let peak = peak_rss_kib(gateway.child.id());
+    println!("gateway peak RSS after a 1 GiB offloaded file: {peak} KiB");
+    assert!(
+        peak < PEAK_LIMIT_KIB,
+        "peak RSS {peak} KiB, limit {PEAK_LIMIT_KIB} KiB"
+    );
+}
