@@ -58,7 +58,11 @@ fn check_refuses_node_local_sessions_with_scorm_on_a_moodle_data_server() {
     let dir = processes::Scratch::new("check");
     let path = dir.path().join("config.toml");
     std::fs::write(&path, config_for(&cluster, admin_addr())).unwrap();
-    std::fs::write(dir.path().join("admin.token"), "a-token-for-check\n").unwrap();
+    std::fs::write(
+        dir.path().join("admin.token"),
+        "a-token-for-check-0123456789abcdef\n",
+    )
+    .unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
         .current_dir(dir.path())
         .args(["check", "--config"])
