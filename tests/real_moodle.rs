@@ -115,7 +115,12 @@ fn check(config: &str) -> (Option<i32>, String, String) {
     let dir = processes::Scratch::new("check");
     let path = dir.path().join("config.toml");
     std::fs::write(&path, config).unwrap();
-    std::fs::write(dir.path().join("admin.token"), "a-token-for-check\n").unwrap();
+    std::fs::write(
+        dir.path().join("admin.token"),
+        "a-token-for-check-0123456789abcdef
+",
+    )
+    .unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
         .current_dir(dir.path())
         .args(["check", "--config"])

@@ -11,29 +11,26 @@
 //! accepts as a handle. `lookup` takes a raw id, hashes it on the way in and never
 //! echoes it; nothing here logs a query string.
 //!
-//! Why the token is hashed before comparing: both sides become fixed-size keyed
-//! digests compared with [`subtle`], so neither the bytes nor the length of the
-//! token leak through timing. Basic auth (any username, the token as password) is
-//! accepted so a browser can open the JSON directly.
+//! Who may call it (the token, the cross-site rules, the brake on guessing) is
+//! `guard`'s.
 
 use std::sync::Arc;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{FromRef, Path, Query, Request, State};
-use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, WWW_AUTHENTICATE};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::{self, Next};
+use axum::extract::{FromRef, Path, Query, State};
+use axum::http::header::CACHE_CONTROL;
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use siphasher::sip128::SipHasher13;
-use subtle::ConstantTimeEq;
 
 use crate::cluster::upstreams::NodeId;
 use crate::gateway::{Gateway, Settings};
 use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
 
+mod guard;
 mod nodes;
 
 pub use nodes::Reload;
@@ -42,8 +39,6 @@ pub use nodes::Reload;
 const DEFAULT_LIMIT: usize = 100;
 /// Largest page: a million-entry table never becomes one response.
 const MAX_LIMIT: usize = 1000;
-/// The challenge that makes a browser ask for the token.
-const CHALLENGE: &str = r#"Basic realm="moodle-gateway admin""#;
 
 /// What the handlers share: the gateway, and how to reload its config.
 #[derive(Clone)]
@@ -59,9 +54,9 @@ impl FromRef<AdminState> for Arc<Gateway> {
 }
 
 /// The admin router. Every route but `GET /healthz` requires `token`, as a bearer
-/// token or as a Basic password. `reload` re-reads the config file (`POST /reload`).
+/// token or as a Basic password, under the rules of `guard`. `reload` re-reads the config file (`POST /reload`).
 pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
-    let guard = Arc::new(Token::new(&token));
+    let guard = Arc::new(guard::Guard::new(&token));
     let protected = Router::new()
         .route("/affinity", get(affinity))
         .route("/affinity/lookup", get(lookup))
@@ -74,89 +69,12 @@ pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
             ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed".into())
         })
         // After the fallbacks, so unknown paths are hidden behind the token too.
-        .layer(middleware::from_fn_with_state(guard, require_token));
+        .layer(middleware::from_fn_with_state(guard, guard::require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(protected)
         .layer(middleware::map_response(no_store))
         .with_state(AdminState { gateway, reload })
-}
-
-/// The admin token, kept only as a keyed digest under a per-process key.
-struct Token {
-    hasher: SipHasher13,
-    digest: [u8; 16],
-}
-
-impl Token {
-    fn new(token: &str) -> Self {
-        let mut key = [0u8; 16];
-        getrandom::fill(&mut key).expect("the OS random source is available");
-        let hasher = SipHasher13::new_with_key(&key);
-        let digest = hasher.hash(token.as_bytes()).as_bytes();
-        Self { hasher, digest }
-    }
-
-    /// Whether `headers` carry the token, as `Bearer <token>` or as a Basic password.
-    fn admits(&self, headers: &HeaderMap) -> bool {
-        let Some(presented) = presented(headers) else {
-            return false;
-        };
-        let digest = self.hasher.hash(&presented).as_bytes();
-        digest.ct_eq(&self.digest).into()
-    }
-}
-
-/// The secret a client presents in `Authorization`, if the header is well formed.
-fn presented(headers: &HeaderMap) -> Option<Vec<u8>> {
-    let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim();
-    let (scheme, credentials) = value.split_once(' ')?;
-    let credentials = credentials.trim();
-    if scheme.eq_ignore_ascii_case("bearer") {
-        return Some(credentials.as_bytes().to_vec());
-    }
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return None;
-    }
-    let mut decoded = base64_decode(credentials)?;
-    let colon = decoded.iter().position(|&b| b == b':')?;
-    decoded.drain(..=colon);
-    Some(decoded)
-}
-
-/// Standard base64 (padding optional), enough for a Basic credential.
-fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for b in text.trim_end_matches('=').bytes() {
-        let sextet = match b {
-            b'A'..=b'Z' => b - b'A',
-            b'a'..=b'z' => b - b'a' + 26,
-            b'0'..=b'9' => b - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        };
-        acc = (acc << 6) | u32::from(sextet);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    Some(out)
-}
-
-/// Lets a request through only with the token; says nothing about why not.
-async fn require_token(State(token): State<Arc<Token>>, request: Request, next: Next) -> Response {
-    if token.admits(request.headers()) {
-        return next.run(request).await;
-    }
-    let mut response = ApiError(StatusCode::UNAUTHORIZED, "unauthorized".into()).into_response();
-    let challenge = HeaderValue::from_static(CHALLENGE);
-    response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
-    response
 }
 
 /// Admin answers describe live sessions: no browser or proxy may keep a copy.
@@ -335,20 +253,27 @@ fn parse_key(raw: &str) -> Option<SessionKey> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::{IpAddr, SocketAddr};
+    use std::time::Duration;
+
     use axum::body::{to_bytes, Body};
-    use axum::http::header::CONTENT_TYPE;
+    use axum::extract::{ConnectInfo, Request};
+    use axum::http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+    use axum::http::HeaderMap;
     use serde_json::{json, Value};
     use tower::ServiceExt;
 
     use crate::config::Config;
+    use crate::config::NodeState;
     use crate::sessions::clock::Clock;
+    use guard::{CHALLENGE, FREE_FAILURES};
     use SessionState::{Anonymous, LoggedIn};
 
-    const BEARER: &str = "Bearer s3cret:admin-token";
+    const BEARER: &str = "Bearer s3cret:admin-token-0123456789abcdef";
     const CONFIG: &str = r#"
         [admin]
         listen = "127.0.0.1:9999"
-        token = "s3cret:admin-token"
+        token = "s3cret:admin-token-0123456789abcdef"
         [[nodes]]
         name = "web1"
         url = "http://10.0.0.1:8001"
@@ -384,11 +309,27 @@ mod tests {
         }
 
         async fn call(&self, method: &str, uri: &str, auth: Option<&str>) -> Answer {
+            let auth = auth.map(|auth| ("authorization", auth));
+            let headers: Vec<_> = auth.into_iter().collect();
+            self.call_from("127.0.0.1".parse().unwrap(), method, uri, &headers)
+                .await
+        }
+
+        /// A request from `peer` with `headers` as given.
+        async fn call_from(
+            &self,
+            peer: IpAddr,
+            method: &str,
+            uri: &str,
+            headers: &[(&str, &str)],
+        ) -> Answer {
             let mut request = Request::builder().method(method).uri(uri);
-            if let Some(auth) = auth {
-                request = request.header(AUTHORIZATION, auth);
+            for (name, value) in headers {
+                request = request.header(*name, *value);
             }
-            let request = request.body(Body::empty()).unwrap();
+            let mut request = request.body(Body::empty()).unwrap();
+            let connected = ConnectInfo(SocketAddr::new(peer, 50000));
+            request.extensions_mut().insert(connected);
             let (parts, body) = self.1.clone().oneshot(request).await.unwrap().into_parts();
             let body = to_bytes(body, usize::MAX).await.unwrap();
             let body = String::from_utf8(body.to_vec()).unwrap();
@@ -434,16 +375,23 @@ mod tests {
         let wrong = [
             None,
             Some("Bearer wrong"),
-            Some("Bearer s3cret:admin-tokenx"),
+            Some("Bearer s3cret:admin-token-0123456789abcdefx"),
             Some("Bearer s3cret"),
-            Some("Token s3cret:admin-token"),
-            Some("Basic YWRtaW46d3Jvbmc="),             // admin:wrong
-            Some("Basic czNjcmV0OmFkbWluLXRva2VuOg=="), // s3cret:admin-token:
+            Some("Token s3cret:admin-token-0123456789abcdef"),
+            Some("Basic YWRtaW46d3Jvbmc="), // admin:wrong
+            // s3cret:admin-token-0123456789abcdef:
+            Some("Basic czNjcmV0OmFkbWluLXRva2VuLTAxMjM0NTY3ODlhYmNkZWY6"),
             Some("Basic !!not-base64"),
         ];
-        for auth in wrong {
+        // Each from its own address, so none is held back for the others' failures.
+        for (i, auth) in wrong.into_iter().enumerate() {
             for uri in ["/nodes", "/nope"] {
-                let answer = admin.call("GET", uri, auth).await;
+                let peer = IpAddr::from([192, 0, 2, i as u8]);
+                let auth: Vec<_> = auth
+                    .map(|auth| ("authorization", auth))
+                    .into_iter()
+                    .collect();
+                let answer = admin.call_from(peer, "GET", uri, &auth).await;
                 assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{auth:?}");
                 assert_eq!(answer.headers[WWW_AUTHENTICATE], CHALLENGE);
                 assert_eq!(answer.body, r#"{"error":"unauthorized"}"#);
@@ -456,9 +404,11 @@ mod tests {
         let admin = admin();
         let good = [
             BEARER,
-            "bearer   s3cret:admin-token ",
-            "Basic OnMzY3JldDphZG1pbi10b2tlbg==", // :s3cret:admin-token
-            "Basic b3BzOnMzY3JldDphZG1pbi10b2tlbg==", // ops:s3cret:admin-token
+            "bearer   s3cret:admin-token-0123456789abcdef ",
+            // :s3cret:admin-token-0123456789abcdef
+            "Basic OnMzY3JldDphZG1pbi10b2tlbi0wMTIzNDU2Nzg5YWJjZGVm",
+            // ops:s3cret:admin-token-0123456789abcdef
+            "Basic b3BzOnMzY3JldDphZG1pbi10b2tlbi0wMTIzNDU2Nzg5YWJjZGVm",
         ];
         for auth in good {
             let answer = admin.call("GET", "/nodes", Some(auth)).await;
@@ -616,5 +566,145 @@ mod tests {
         assert!(admin.0.table().is_empty(), "every session was evicted");
         assert!(shown.contains("logged_in") && shown.contains("\"session\""));
         assert!(!shown.contains("rawsecret"), "{shown}");
+    }
+
+    /// Basic `ops:<token>`, as a browser caches it.
+    const BASIC: &str = "Basic b3BzOnMzY3JldDphZG1pbi10b2tlbi0wMTIzNDU2Nzg5YWJjZGVm";
+
+    fn web1_state(admin: &Admin) -> NodeState {
+        let settings = admin.0.settings();
+        settings.upstreams.by_name("web1").unwrap().state()
+    }
+
+    #[tokio::test]
+    async fn a_cross_site_form_post_changes_nothing_even_with_cached_basic_credentials() {
+        let admin = admin();
+        let peer = "127.0.0.1".parse().unwrap();
+        let host = ("host", "127.0.0.1:9999");
+        let form = ("content-type", "application/x-www-form-urlencoded");
+        let forged: [&[(&str, &str)]; 4] = [
+            // What the browser sent for the page on evil.example.
+            &[
+                ("authorization", BASIC),
+                host,
+                form,
+                ("origin", "http://evil.example"),
+            ],
+            &[
+                ("authorization", BASIC),
+                host,
+                form,
+                ("sec-fetch-site", "cross-site"),
+            ],
+            // No Origin (an old browser), but a form.
+            &[("authorization", BASIC), host, form],
+            // Not a form, but Basic alone: a browser may add it by itself.
+            &[("authorization", BASIC), host],
+        ];
+        for uri in [
+            "/nodes/web1/disable",
+            "/reload",
+            "/affinity/0123456789abcdef",
+        ] {
+            let method = if uri.starts_with("/affinity") {
+                "DELETE"
+            } else {
+                "POST"
+            };
+            for headers in forged {
+                let answer = admin.call_from(peer, method, uri, headers).await;
+                let refused = [StatusCode::FORBIDDEN, StatusCode::UNSUPPORTED_MEDIA_TYPE];
+                assert!(
+                    refused.contains(&answer.status),
+                    "{uri} {headers:?}: {}",
+                    answer.status
+                );
+            }
+        }
+        assert_eq!(web1_state(&admin), NodeState::Active);
+        // None of them counted as a wrong token.
+        let answer = admin
+            .call_from(peer, "GET", "/nodes", &[("authorization", BEARER)])
+            .await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn a_script_changes_state_with_a_bearer_token_or_basic_and_x_requested_by() {
+        let admin = admin();
+        let peer = "127.0.0.1".parse().unwrap();
+        let same = [
+            ("authorization", BEARER),
+            ("host", "127.0.0.1:9999"),
+            ("origin", "http://127.0.0.1:9999"),
+            ("sec-fetch-site", "same-origin"),
+        ];
+        let answer = admin
+            .call_from(peer, "POST", "/nodes/web1/drain", &same)
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        assert_eq!(web1_state(&admin), NodeState::Draining);
+        assert_eq!(
+            admin.status("POST", "/nodes/web1/disable").await,
+            StatusCode::OK
+        );
+        assert_eq!(web1_state(&admin), NodeState::Disabled);
+        let scripted = [("authorization", BASIC), ("x-requested-by", "ops")];
+        let answer = admin
+            .call_from(peer, "POST", "/nodes/web1/undrain", &scripted)
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        assert_eq!(web1_state(&admin), NodeState::Active);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wrong_tokens_from_one_address_earn_a_growing_wait() {
+        let admin = admin();
+        let (guesser, other): (IpAddr, IpAddr) = (
+            "198.51.100.7".parse().unwrap(),
+            "198.51.100.8".parse().unwrap(),
+        );
+        let wrong = [("authorization", "Bearer not-the-token")];
+        let right = [("authorization", BEARER)];
+        for _ in 0..FREE_FAILURES {
+            let answer = admin.call_from(guesser, "GET", "/nodes", &wrong).await;
+            assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+        }
+        // The clock is paused: the wait cannot pass between these calls.
+        for auth in [&wrong, &right] {
+            let answer = admin.call_from(guesser, "GET", "/nodes", auth).await;
+            assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(answer.headers[RETRY_AFTER], "1");
+        }
+        let answer = admin.call_from(other, "GET", "/nodes", &right).await;
+        assert_eq!(answer.status, StatusCode::OK, "another address is not held");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let answer = admin.call_from(guesser, "GET", "/nodes", &wrong).await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+        let answer = admin.call_from(guesser, "GET", "/nodes", &right).await;
+        assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(answer.headers[RETRY_AFTER], "2", "the wait doubled");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let answer = admin.call_from(guesser, "GET", "/nodes", &right).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        // The right token starts the address afresh.
+        let answer = admin.call_from(guesser, "GET", "/nodes", &wrong).await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+        let answer = admin.call_from(guesser, "GET", "/nodes", &right).await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn requests_without_credentials_never_hold_an_address_back() {
+        let admin = admin();
+        let peer = "127.0.0.1".parse().unwrap();
+        for _ in 0..3 * FREE_FAILURES {
+            let answer = admin.call_from(peer, "GET", "/nodes", &[]).await;
+            assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+        }
+        let answer = admin
+            .call_from(peer, "GET", "/nodes", &[("authorization", BEARER)])
+            .await;
+        assert_eq!(answer.status, StatusCode::OK);
     }
 }

@@ -129,6 +129,9 @@ pub const DEFAULT_ROUTE_COOKIE: &str = "MoodleGatewayRoute";
 pub const ROUTE_SECRET_ENV: &str = "MOODLE_GATEWAY_ROUTE_SECRET";
 /// Shortest accepted route cookie secret, in bytes.
 pub const MIN_ROUTE_SECRET: usize = 32;
+/// Shortest accepted admin token, in characters: the admin API slows guessing
+/// down per address, but a short token falls to a patient or distributed guesser.
+pub const MIN_ADMIN_TOKEN: usize = 32;
 /// The environment variable that overrides `admin.token`/`admin.token_file`, so
 /// the secret can come from a service manager instead of a file on disk.
 pub const ADMIN_TOKEN_ENV: &str = "MOODLE_GATEWAY_ADMIN_TOKEN";

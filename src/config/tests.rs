@@ -109,7 +109,7 @@ path = "/moodle/"
 hosts = ["Moodle.Example.edu", "moodle.example.edu:8443", "192.0.2.1", "[2001:DB8::1]:8080"]
 [admin]
 listen = "127.0.0.1:9999"
-token = "s3cret-token"
+token = "s3cret-token-0123456789abcdef0123"
 [session]
 cookie = "MoodleSessionprod"
 balance = "least-sessions"
@@ -194,7 +194,10 @@ data server: data http://192.168.1.1:8081
 routing: SCORM files (/moodle/pluginfile.php/*/mod_scorm/..., and the same files via /moodle/webservice/pluginfile.php, /moodle/tokenpluginfile.php and legacy /moodle/file.php) go to the data server "data"; every other request goes to a PHP node: the one its MoodleSessionprod cookie is bound to, otherwise the next by least-sessions.
 "#
     );
-    assert_eq!(c.admin.map(|a| a.token).as_deref(), Some("s3cret-token"));
+    assert_eq!(
+        c.admin.map(|a| a.token).as_deref(),
+        Some("s3cret-token-0123456789abcdef0123")
+    );
     assert_eq!(c.session.failover_hold, Duration::from_secs(45));
     assert_eq!(c.timeouts.tunnel_idle, Duration::from_secs(7200));
     assert_eq!(c.limits.max_header_bytes, 65536);
@@ -263,6 +266,9 @@ upstream_idle = "400 days""#;
     check("session.max_sessions = \"many\"", want);
 }
 
+/// An admin token long enough for `check`.
+const LONG_TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
 #[test]
 fn admin_problems() {
     let no_token = "no admin token: set token, token_file or MOODLE_GATEWAY_ADMIN_TOKEN";
@@ -273,14 +279,23 @@ fn admin_problems() {
     );
     let want = "1: admin.listen: 127.0.0.1:8080 clashes with the public listen 0.0.0.0:8080";
     check(
-        "admin = { listen = \"127.0.0.1:8080\", token = \"t\" }",
+        &format!("admin = {{ listen = \"127.0.0.1:8080\", token = \"{LONG_TOKEN}\" }}"),
         want,
     );
     let want = "1: admin.token_file: set either token or token_file, not both";
-    check("admin = { token = \"t\", token_file = \"t.txt\" }", want);
+    check(
+        &format!("admin = {{ token = \"{LONG_TOKEN}\", token_file = \"t.txt\" }}"),
+        want,
+    );
     let want = "1: admin.token: must be printable ASCII without spaces";
     check("admin.token = \"two words\"", want);
     check("admin.token = \"\"", "1: admin.token: must not be empty");
+    let short = "must be at least 32 characters, got 31 (generate one with: openssl rand -hex 32)";
+    let token = &LONG_TOKEN[..31];
+    check(
+        &format!("admin.token = \"{token}\""),
+        &format!("1: admin.token: {short}"),
+    );
     let want = "1: admin.token_file: cannot read /nonexistent/t.txt: no such file or directory";
     assert!(errors(&format!("admin.token_file = \"t.txt\"\n{NODES}{DATA}")).starts_with(want));
 }
@@ -403,7 +418,11 @@ fn all_problems_come_back_together_sorted_by_line() {
 fn admin_token_precedence_is_env_then_token_then_file() {
     let dir = std::env::temp_dir().join(format!("moodle-gateway-config-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
-    fs::write(dir.join("admin.token"), "  from-file  \nsecond line\n").unwrap();
+    fs::write(
+        dir.join("admin.token"),
+        "  from-file-0123456789abcdef0123456  \nsecond line\n",
+    )
+    .unwrap();
     let admin = |keys: &str, env: Option<&str>| {
         let text = format!("[admin]\n{keys}\n{NODES}{DATA}");
         let env = ConfigEnv {
@@ -413,15 +432,45 @@ fn admin_token_precedence_is_env_then_token_then_file() {
         let a = Config::parse(&text, &dir, env).unwrap().admin.unwrap();
         (a.token, a.token_source)
     };
-    let env = ("from-env".to_owned(), TokenSource::Env);
-    assert_eq!(admin("token = \"inline\"", Some(" from-env\n")), env);
-    assert_eq!(admin("token_file = \"admin.token\"", Some("from-env")), env);
-    assert_eq!(admin("token_file = \"not-read\"", Some("from-env")), env);
-    assert_eq!(
-        admin("token = \"inline\"", Some("  ")),
-        ("inline".into(), TokenSource::Token)
+    let env = (
+        "from-env-0123456789abcdef0123456789".to_owned(),
+        TokenSource::Env,
     );
-    let file = ("from-file".to_owned(), TokenSource::TokenFile);
+    assert_eq!(
+        admin(
+            "token = \"inline-0123456789abcdef0123456789ab\"",
+            Some(" from-env-0123456789abcdef0123456789\n")
+        ),
+        env
+    );
+    assert_eq!(
+        admin(
+            "token_file = \"admin.token\"",
+            Some("from-env-0123456789abcdef0123456789")
+        ),
+        env
+    );
+    assert_eq!(
+        admin(
+            "token_file = \"not-read\"",
+            Some("from-env-0123456789abcdef0123456789")
+        ),
+        env
+    );
+    assert_eq!(
+        admin(
+            "token = \"inline-0123456789abcdef0123456789ab\"",
+            Some("  ")
+        ),
+        (
+            "inline-0123456789abcdef0123456789ab".into(),
+            TokenSource::Token
+        )
+    );
+    let file = (
+        "from-file-0123456789abcdef0123456".to_owned(),
+        TokenSource::TokenFile,
+    );
     assert_eq!(admin("token_file = \"admin.token\"", None), file);
     let abs = format!(
         "token_file = {:?}",
@@ -433,7 +482,7 @@ fn admin_token_precedence_is_env_then_token_then_file() {
 
 #[test]
 fn describe_and_debug_never_show_the_token() {
-    let c = parse(FULL, Some("env-secret")).unwrap();
+    let c = parse(FULL, Some("env-secret-0123456789abcdef0123456789")).unwrap();
     let want = "admin listener: 127.0.0.1:9999 (token: set, from MOODLE_GATEWAY_ADMIN_TOKEN)\n";
     assert!(c.describe().contains(want), "{}", c.describe());
     assert!(!c.describe().contains("env-secret") && !format!("{c:?}").contains("env-secret"));
@@ -441,7 +490,11 @@ fn describe_and_debug_never_show_the_token() {
 
 #[test]
 fn the_shipped_config_parses() {
-    let c = parse(include_str!("../../config.toml"), Some("from-env")).unwrap();
+    let c = parse(
+        include_str!("../../config.toml"),
+        Some("from-env-0123456789abcdef0123456789"),
+    )
+    .unwrap();
     let names: Vec<_> = c.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["web1", "web2", "web3", "web4"]);
     assert_eq!(c.data.authority.as_str(), "192.168.1.5");
@@ -516,4 +569,34 @@ fn more_nodes_than_the_table_can_name_is_an_error() {
         errors.0[0].message.starts_with("at most 1000 nodes"),
         "{errors}"
     );
+}
+
+#[test]
+fn a_short_admin_token_is_an_error_naming_where_it_came_from() {
+    let dir = std::env::temp_dir().join(format!("moodle-gateway-short-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("admin.token"), "s3cret\n").unwrap();
+    let errors = |keys: &str, env: Option<&str>| {
+        let text = format!("[admin]\n{keys}\n{NODES}{DATA}");
+        let env = ConfigEnv {
+            admin_token: env.map(String::from),
+            route_secret: None,
+        };
+        match Config::parse(&text, &dir, env) {
+            Ok(_) => panic!("a short token passed: {keys}"),
+            Err(errors) => errors.to_string(),
+        }
+    };
+    let short = |got: usize| format!("must be at least 32 characters, got {got}");
+    let from_file = errors("token_file = \"admin.token\"", None);
+    assert!(
+        from_file.contains(&format!("admin.token_file: its first line {}", short(6))),
+        "{from_file}"
+    );
+    let from_env = errors(&format!("token = \"{LONG_TOKEN}\""), Some("abc"));
+    assert!(
+        from_env.contains(&format!("MOODLE_GATEWAY_ADMIN_TOKEN {}", short(3))),
+        "{from_env}"
+    );
+    fs::remove_dir_all(&dir).ok();
 }

@@ -12,7 +12,7 @@ use ipnet::IpNet;
 
 use super::{
     Balance, NodeState, SecretSource, SessionStore, StatusRange, TokenSource, Wwwroot,
-    ADMIN_TOKEN_ENV, MIN_ROUTE_SECRET, ROUTE_SECRET_ENV,
+    ADMIN_TOKEN_ENV, MIN_ADMIN_TOKEN, MIN_ROUTE_SECRET, ROUTE_SECRET_ENV,
 };
 
 /// `Err(message())` unless `ok`: keeps the value checks below flat.
@@ -295,8 +295,15 @@ pub(super) fn token_problem(token: &str, source: TokenSource) -> Option<String> 
     if token.is_empty() {
         return Some(format!("{from}must not be empty"));
     }
-    let printable = token.bytes().all(|b| b.is_ascii_graphic());
-    (!printable).then(|| format!("{from}must be printable ASCII without spaces"))
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Some(format!("{from}must be printable ASCII without spaces"));
+    }
+    (token.len() < MIN_ADMIN_TOKEN).then(|| {
+        format!(
+            "{from}must be at least {MIN_ADMIN_TOKEN} characters, got {} (generate one with: openssl rand -hex 32)",
+            token.len()
+        )
+    })
 }
 
 /// The route secret keys an HMAC: short ones can be brute-forced offline from

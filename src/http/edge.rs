@@ -79,11 +79,19 @@ impl EdgeRules {
         if headers.contains_key(TRANSFER_ENCODING) && headers.contains_key(CONTENT_LENGTH) {
             return Err(GatewayError::MalformedRequest);
         }
+        // hyper reads `gzip, chunked` as chunked and the proxy re-frames it as plain
+        // chunked, so the gzip coding would be silently lost on the way to PHP.
+        if !only_chunked(headers) {
+            return Err(GatewayError::MalformedRequest);
+        }
         let declared = headers.get(CONTENT_LENGTH).and_then(content_length);
         if declared.is_some_and(|length| length > self.max_body_bytes) {
             return Err(GatewayError::PayloadTooLarge);
         }
         let host = host(request)?;
+        if !valid_port(host.as_bytes()) {
+            return Err(GatewayError::MalformedRequest);
+        }
         if !self.serves(host.as_bytes()) {
             return Err(GatewayError::UnknownHost);
         }
@@ -156,6 +164,36 @@ fn host<B>(request: &Request<B>) -> Result<HeaderValue, GatewayError> {
         }
         _ => Err(GatewayError::MalformedRequest),
     }
+}
+
+/// Whether `Transfer-Encoding` is absent or exactly one `chunked` (any case,
+/// surrounding spaces aside): the one coding the gateway passes on as it came.
+fn only_chunked(headers: &http::HeaderMap) -> bool {
+    let mut lines = headers.get_all(TRANSFER_ENCODING).iter();
+    match (lines.next(), lines.next()) {
+        (None, _) => true,
+        (Some(line), None) => line
+            .as_bytes()
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"chunked"),
+        (Some(_), Some(_)) => false,
+    }
+}
+
+/// Whether the port of `host` (if it names one) is a usable TCP port, 1 to 65535:
+/// `host:` or `host:99999` reach PHP as `$_SERVER['HTTP_HOST']` and Moodle's idea
+/// of its own address, and no browser sends them.
+fn valid_port(host: &[u8]) -> bool {
+    let after_literal = host.iter().rposition(|&b| b == b']').map_or(0, |i| i + 1);
+    let Some(colon) = host[after_literal..].iter().position(|&b| b == b':') else {
+        return true;
+    };
+    let port = &host[after_literal + colon + 1..];
+    if port.is_empty() || port.len() > 5 || !port.iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    let value = port.iter().fold(0u32, |n, &d| n * 10 + u32::from(d - b'0'));
+    (1..=65535).contains(&value)
 }
 
 /// `host:port` → `host`; `[v6]:port` → `[v6]`; a host without a port unchanged.
@@ -303,6 +341,51 @@ mod tests {
         assert_eq!(verdict(&r, body), Err(GatewayError::PayloadTooLarge));
         let fits = request(&[("host", "m"), ("content-length", "100")]);
         assert_eq!(verdict(&r, fits), Ok(()));
+    }
+
+    #[test]
+    fn transfer_encoding_is_chunked_alone_or_refused() {
+        let r = rules(&[]);
+        let te = |values: &[&str]| {
+            let mut lines = vec![("host", "m")];
+            lines.extend(values.iter().map(|v| ("transfer-encoding", *v)));
+            verdict(&r, request(&lines))
+        };
+        assert_eq!(te(&[]), Ok(()));
+        assert_eq!(te(&["chunked"]), Ok(()));
+        assert_eq!(te(&["Chunked "]), Ok(()));
+        for odd in [
+            &["gzip, chunked"][..],
+            &["gzip", "chunked"],
+            &["chunked, chunked"],
+        ] {
+            assert_eq!(te(odd), Err(GatewayError::MalformedRequest), "{odd:?}");
+        }
+    }
+
+    #[test]
+    fn a_host_port_outside_1_to_65535_is_refused() {
+        let r = rules(&[]);
+        let host = |h: &str| verdict(&r, request(&[("host", h)]));
+        for good in [
+            "m.example",
+            "m.example:8080",
+            "m.example:65535",
+            "[::1]:443",
+            "[::1]",
+        ] {
+            assert_eq!(host(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "m.example:",
+            "m.example:99999",
+            "m.example:0",
+            "m.example:8o",
+            "a:1:2",
+            "[::1]:",
+        ] {
+            assert_eq!(host(bad), Err(GatewayError::MalformedRequest), "{bad}");
+        }
     }
 
     #[test]

@@ -187,6 +187,11 @@ pub(crate) async fn serve_connections<S, B>(
         .timer(TokioTimer::new())
         .header_read_timeout(how.request_headers)
         .max_headers(how.max_headers)
+        // A client may send its whole request and then shut down its write side
+        // (`socat -t`, HTTP/1.0-style tools); nginx and Apache answer it. Without
+        // this hyper takes the FIN for a hang-up, drops the request in flight and
+        // a POST already sent to its node loses its answer.
+        .half_close(true)
         .keep_alive(true);
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2

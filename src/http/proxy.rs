@@ -231,6 +231,13 @@ pub async fn forward(
             return Err(GatewayError::UpstreamTimeout.into());
         }
     };
+    // The request went without `Upgrade` (only WebSocket goes through the tunnel,
+    // on a connection of its own), so a `101` here is a node switching a pooled
+    // connection on its own: never passed on.
+    if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        tracing::warn!(%authority, "101 to a request that asked for no upgrade: refused");
+        return Err(GatewayError::UpstreamBroken.into());
+    }
     strip_hop_by_hop(response.headers_mut());
     Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)))
 }
@@ -328,15 +335,17 @@ const CLIENT_IP: HeaderName = HeaderName::from_static("client-ip");
 /// Header hygiene for the upstream request. `Host` is left exactly as the browser sent
 /// it, because Moodle compares it with `$CFG->wwwroot`. The client address travels in
 /// `X-Forwarded-For`; a value the client made up is replaced unless the peer is a
-/// trusted proxy, and `Client-IP` is always dropped because Moodle's
-/// `getremoteaddr()` would believe it.
+/// trusted proxy (so is `Forwarded`, dropped), and `Client-IP` is always dropped
+/// because Moodle's `getremoteaddr()` would believe it.
 fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>) {
     strip_hop_by_hop(headers);
     // One pass over the names instead of a hashed lookup for each header that is
     // usually absent.
     let (mut client_ip, mut underscored, mut accel) = (false, false, false);
+    let mut forwarded = false;
     for name in headers.keys() {
         client_ip |= name == CLIENT_IP;
+        forwarded |= name == header::FORWARDED;
         underscored |= name.as_str().contains('_');
         accel |= offload::is_accel(name);
     }
@@ -345,6 +354,12 @@ fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>) {
     }
     // Only a node may ask the gateway to fetch a file; a student's own X-Accel-*
     // would reach PHP, and through it any proxy that honours it.
+    // RFC 7239's `Forwarded` says the same as `X-Forwarded-*` (`for=`, `proto=`,
+    // `host=`), and a framework behind Moodle may read it: only a trusted proxy's
+    // passes. The gateway's own hop travels in `X-Forwarded-For`.
+    if forwarded && !peer.trusted {
+        headers.remove(header::FORWARDED);
+    }
     if accel {
         offload::remove_accel(headers);
     }
@@ -501,8 +516,10 @@ mod tests {
             ("x-forwarded-for", "5.6.7.8"),
             ("x-forwarded-host", "evil.example"),
             ("client-ip", "1.2.3.4"),
+            ("forwarded", "for=1.2.3.4;proto=https;host=evil.example"),
         ]);
         prepare_request_headers(&mut map, peer(false));
+        assert!(!map.contains_key(header::FORWARDED));
         assert_eq!(map.get_all(&X_FORWARDED_FOR).iter().count(), 1);
         assert_eq!(map[&X_FORWARDED_FOR], "203.0.113.9");
         assert_eq!(map[&X_FORWARDED_HOST], "moodle.example.edu");
@@ -516,8 +533,10 @@ mod tests {
         let mut map = headers(&[
             ("x-forwarded-for", "198.51.100.1"),
             ("x-forwarded-proto", "https"),
+            ("forwarded", "for=198.51.100.1;proto=https"),
         ]);
         prepare_request_headers(&mut map, peer(true));
+        assert_eq!(map[header::FORWARDED], "for=198.51.100.1;proto=https");
         assert_eq!(map[&X_FORWARDED_FOR], "198.51.100.1, 203.0.113.9");
         assert_eq!(map[&X_FORWARDED_PROTO], "https");
     }

@@ -1,5 +1,13 @@
-//! Upgraded connections (WebSocket and other `Upgrade:` protocols): passed through
-//! to the node, and turned into a byte tunnel only once the node said `101`.
+//! Upgraded connections (WebSocket only): passed through to the node, and turned
+//! into a byte tunnel only once the node said `101`.
+//!
+//! Why WebSocket only: once a connection is a tunnel the gateway no longer sees
+//! requests in it, so every edge rule (methods, one known Host, the SCORM route to
+//! the data server, the forwarding headers) is gone for whatever follows. WebSocket
+//! is the one upgrade a browser (and Moodle's real-time plugins) makes; `h2c` is
+//! what request-tunnelling tools use to reach a loosely configured node with raw
+//! HTTP/2. Any other `Upgrade` is removed as the hop-by-hop header it is, and the
+//! request goes on as a plain one.
 //!
 //! Why its own connection to the node: an upgrade request leaves the connection
 //! in a state only the node knows. If the node refuses (answers anything but
@@ -27,11 +35,20 @@ use crate::http::fault::ConnectFault;
 use crate::http::pool::NodeBody;
 use crate::http::proxy::{self, Bounds, Peer};
 
-/// Whether the request asks to switch protocols: `Connection: upgrade` (as one
-/// token of the list) and an `Upgrade` header, on HTTP/1.1.
+/// Whether the request asks to switch to WebSocket: `Connection: upgrade` (as one
+/// token of the list) and `websocket` among the `Upgrade` tokens, on HTTP/1.1.
 pub fn is_upgrade<B>(request: &Request<B>) -> bool {
     request.version() == http::Version::HTTP_11
-        && request.headers().contains_key(header::UPGRADE)
+        && request
+            .headers()
+            .get_all(header::UPGRADE)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .any(|token| {
+                token
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(WEBSOCKET.as_bytes())
+            })
         && request
             .headers()
             .get_all(header::CONNECTION)
@@ -39,6 +56,9 @@ pub fn is_upgrade<B>(request: &Request<B>) -> bool {
             .flat_map(|v| v.as_bytes().split(|&b| b == b','))
             .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"upgrade"))
 }
+
+/// The one protocol a connection may switch to.
+const WEBSOCKET: &str = "websocket";
 
 /// Sends an upgrade request to `upstream` on a connection of its own and returns
 /// the node's answer. On `101` the two connections are joined in the background
@@ -50,19 +70,16 @@ pub async fn forward(
     bounds: Bounds,
 ) -> Result<Response<IdleLimited>, GatewayError> {
     let (connect, idle) = (bounds.connect, bounds.tunnel_idle);
-    let protocol = request.headers().get(header::UPGRADE).cloned();
     let client_side = hyper::upgrade::on(&mut request);
     // The body (if any) under the same size and pause limits as any upload.
     let request = request
         .map(|body| RequestBody::new(Some(body), bounds.body_idle, bounds.max_body_bytes, None));
     let mut request = proxy::prepared(upstream, request, peer);
     // The hop-by-hop pair that asks for the switch goes back on after the header
-    // hygiene removed it.
+    // hygiene removed it: WebSocket alone, whatever else the client listed.
     let headers = request.headers_mut();
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    if let Some(protocol) = protocol.clone() {
-        headers.insert(header::UPGRADE, protocol);
-    }
+    headers.insert(header::UPGRADE, HeaderValue::from_static(WEBSOCKET));
     let stream = tokio::time::timeout(connect, TcpStream::connect(upstream.as_str()))
         .await
         .map_err(|_| GatewayError::UpstreamUnreachable)?
@@ -84,6 +101,13 @@ pub async fn forward(
             response.map(|body| IdleLimited::new(NodeBody::detached(body), bounds.body_idle))
         );
     }
+    // A node that switches to anything but WebSocket gets no tunnel: its answer
+    // would be a raw channel the edge rules never see.
+    let switched_to = response.headers().get(header::UPGRADE);
+    if !switched_to.is_some_and(|p| p.as_bytes().eq_ignore_ascii_case(WEBSOCKET.as_bytes())) {
+        tracing::warn!(%upstream, "the node switched to another protocol than websocket: refused");
+        return Err(GatewayError::UpstreamBroken);
+    }
     let node_side = hyper::upgrade::on(&mut response);
     tokio::spawn(async move {
         match tokio::try_join!(client_side, node_side) {
@@ -91,13 +115,10 @@ pub async fn forward(
             Err(error) => tracing::debug!("upgrade did not complete: {error}"),
         }
     });
-    let node_protocol = response.headers().get(header::UPGRADE).cloned();
     proxy::strip_hop_by_hop(response.headers_mut());
     let headers = response.headers_mut();
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    if let Some(protocol) = node_protocol.or(protocol) {
-        headers.insert(header::UPGRADE, protocol);
-    }
+    headers.insert(header::UPGRADE, HeaderValue::from_static(WEBSOCKET));
     Ok(response.map(|body| IdleLimited::new(NodeBody::detached(body), bounds.body_idle)))
 }
 
@@ -168,4 +189,28 @@ async fn pump<R, W>(
         last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
     let _ = to.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(upgrade: &str, connection: &str) -> Request<()> {
+        Request::get("/chat")
+            .header(header::UPGRADE, upgrade)
+            .header(header::CONNECTION, connection)
+            .body(())
+            .unwrap()
+    }
+
+    #[test]
+    fn only_websocket_is_an_upgrade() {
+        assert!(is_upgrade(&request("websocket", "Upgrade")));
+        assert!(is_upgrade(&request("WebSocket", "keep-alive, upgrade")));
+        assert!(is_upgrade(&request("foo/1, websocket", "upgrade")));
+        for other in ["h2c", "HTTP/2.0", "TLS/1.2", "echo", "websocketx", ""] {
+            assert!(!is_upgrade(&request(other, "Upgrade")), "{other}");
+        }
+        assert!(!is_upgrade(&request("websocket", "keep-alive")));
+    }
 }

@@ -16,7 +16,7 @@ use crate::support::{
     self, config_for, named_upstream, AfterwardsRaw, RawConn, RawResponse, Received, TestGateway,
 };
 
-const TOKEN: &str = "bad-input-token";
+const TOKEN: &str = "bad-input-admin-token-0123456789";
 const HOST: &str = "moodle.example.edu";
 /// How long a response may take; generous, the machine is shared.
 const ANSWER_WITHIN: Duration = Duration::from_secs(5);
@@ -146,6 +146,9 @@ fn framing_cases() -> Vec<Case> {
         case("TE xchunked", post("Transfer-Encoding: xchunked\r\n", "5\r\nhello\r\n0\r\n\r\n")).answers(&[400, 501]).closed().node(0),
         case("TE 'chunked, identity'", post("Transfer-Encoding: chunked, identity\r\n", "5\r\nhello\r\n0\r\n\r\n")).answers(&[400, 501]).closed().node(0),
         case("TE identity", post("Transfer-Encoding: identity\r\n", "hello")).answers(&[400, 501]).closed().node(0),
+        case("TE 'gzip, chunked'", post("Transfer-Encoding: gzip, chunked\r\n", "5\r\nhello\r\n0\r\n\r\n")).refused(),
+        case("TE gzip and chunked on two lines", post("Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n\r\n")).refused(),
+        case("TE 'chunked, chunked'", post("Transfer-Encoding: chunked, chunked\r\n", "5\r\nhello\r\n0\r\n\r\n")).answers(&[400, 501]).closed().node(0),
         case("TE value after a vertical tab", post("Transfer-Encoding:\x0bchunked\r\n", "5\r\nhello\r\n0\r\n\r\n")).answers(&[400, 501]).closed().node(0),
         case("TE folded onto a tab-led line", post("X-Note: a\r\n\tTransfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n\r\n")).refused(),
         case("space before the TE colon", post("Transfer-Encoding : chunked\r\n", "5\r\nhello\r\n0\r\n\r\n")).refused(),
@@ -181,6 +184,27 @@ fn header_cases() -> Vec<Case> {
             "GET /course/view.php?id=1 HTTP/1.1\r\nHost:\r\n\r\n",
         )
         .refused(),
+        case(
+            "Host with port 99999",
+            "GET /course/view.php?id=1 HTTP/1.1\r\nHost: moodle.example.edu:99999\r\n\r\n",
+        )
+        .refused(),
+        case(
+            "Host with an empty port",
+            "GET /course/view.php?id=1 HTTP/1.1\r\nHost: moodle.example.edu:\r\n\r\n",
+        )
+        .refused(),
+        case(
+            "Forwarded from an untrusted client",
+            get(
+                "/course/view.php?id=1",
+                "Forwarded: for=10.0.0.1;proto=https;host=evil.example\r\n",
+            ),
+        )
+        .answers(&[200])
+        .open()
+        .node(1)
+        .check(no_forwarded_header_reached_the_node),
         case(
             "Host not in site.hosts",
             "GET /course/view.php?id=1 HTTP/1.1\r\nHost: evil.example\r\n\r\n",
@@ -321,6 +345,18 @@ fn no_underscore_header_reached_the_node(outcome: &Outcome) -> Result<(), String
     match names.iter().any(|n| n.contains('_')) {
         true => Err(format!("the node received headers {names:?}")),
         false => Ok(()),
+    }
+}
+
+fn no_forwarded_header_reached_the_node(outcome: &Outcome) -> Result<(), String> {
+    let forwarded = outcome
+        .received
+        .iter()
+        .flat_map(|r| &r.headers)
+        .find(|(n, _)| n == "forwarded");
+    match forwarded {
+        Some((_, value)) => Err(format!("the node received Forwarded: {value}")),
+        None => Ok(()),
     }
 }
 

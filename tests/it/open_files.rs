@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::support::{self, GatewayProcess, RawConn};
 
-const TOKEN: &str = "open-files-admin-token";
+const TOKEN: &str = "open-files-admin-token-0123456789";
 /// Soft and hard limit alike: the gateway cannot raise it. Far above what it holds
 /// idle (stdio, listeners, runtime), far below what the test process may open.
 const LIMIT: usize = 64;

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::support::{self, TestGateway};
 
-const TOKEN: &str = "operations-admin-token";
+const TOKEN: &str = "operations-admin-token-0123456789";
 /// Probes every 100 ms; two failures take a node down, two successes bring it back.
 const FAST_HEALTH: &str = "health.interval = \"100ms\"\nhealth.timeout = \"100ms\"\n\
                            health.rise = 2\nhealth.fall = 2\n";

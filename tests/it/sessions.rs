@@ -9,7 +9,7 @@ use moodle_gateway::demo::{simulate_students, Browser};
 
 use crate::support::{self, TestGateway};
 
-const TOKEN: &str = "integration-admin-token";
+const TOKEN: &str = "integration-admin-token-0123456789";
 
 async fn cluster_and_gateway(extra: &str) -> (Cluster, TestGateway) {
     let cluster = Cluster::spawn(4, "", "MoodleSession").unwrap();

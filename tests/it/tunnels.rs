@@ -14,40 +14,54 @@ use moodle_gateway::Config;
 
 use crate::support::{self, config_for, TestGateway};
 
-/// A node that answers an upgrade to `echo` with 101 and then echoes every byte,
-/// and anything else with a plain 200 and `Connection: keep-alive` (it still closes
+/// A loose node: it answers any upgrade to 101 (switching to whatever protocol was
+/// asked for, `h2c` included) and then echoes every byte, except on `/refuse`; and
+/// anything else with a plain 200 and `Connection: keep-alive` (it still closes
 /// after one answer: the gateway must not pool that connection anyway). Counts the
-/// connections it accepted.
-async fn echo_node() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+/// connections it accepted and keeps every request head.
+async fn echo_node() -> (std::net::SocketAddr, Arc<AtomicUsize>, Heads) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
+    let heads = Heads::default();
+    let (count, seen) = (accepted.clone(), heads.clone());
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
             count.fetch_add(1, Ordering::Relaxed);
+            let seen = seen.clone();
             tokio::spawn(async move {
                 let head = read_head(&mut stream).await;
                 let lower = head.to_ascii_lowercase();
-                if lower.contains("upgrade: echo") && lower.contains("connection: upgrade") {
-                    let switch = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n";
-                    stream.write_all(switch.as_bytes()).await.unwrap();
-                    let mut buffer = [0u8; 1024];
-                    while let Ok(n) = stream.read(&mut buffer).await {
-                        if n == 0 || stream.write_all(&buffer[..n]).await.is_err() {
-                            break;
+                seen.lock().unwrap().push(lower.clone());
+                let protocol = lower
+                    .lines()
+                    .find_map(|line| line.strip_prefix("upgrade: "))
+                    .map(str::to_owned);
+                match protocol {
+                    Some(protocol) if !lower.starts_with("get /refuse") => {
+                        let switch = format!("HTTP/1.1 101 Switching Protocols\r\nUpgrade: {protocol}\r\nConnection: Upgrade\r\n\r\n");
+                        stream.write_all(switch.as_bytes()).await.unwrap();
+                        let mut buffer = [0u8; 1024];
+                        while let Ok(n) = stream.read(&mut buffer).await {
+                            if n == 0 || stream.write_all(&buffer[..n]).await.is_err() {
+                                break;
+                            }
                         }
                     }
-                } else {
-                    let plain =
-                        "HTTP/1.1 200 OK\r\nContent-Length: 8\r\nX-Upstream: web1\r\n\r\nno thank";
-                    stream.write_all(plain.as_bytes()).await.unwrap();
+                    _ => {
+                        let plain =
+                            "HTTP/1.1 200 OK\r\nContent-Length: 8\r\nX-Upstream: web1\r\n\r\nno thank";
+                        stream.write_all(plain.as_bytes()).await.unwrap();
+                    }
                 }
             });
         }
     });
-    (addr, accepted)
+    (addr, accepted, heads)
 }
+
+/// Every request head an [`echo_node`] read, lowercased.
+type Heads = Arc<std::sync::Mutex<Vec<String>>>;
 
 async fn read_head(stream: &mut TcpStream) -> String {
     let mut head = Vec::new();
@@ -71,18 +85,18 @@ async fn gateway(node: std::net::SocketAddr, tunnel_idle: Option<Duration>) -> T
     TestGateway::start_with(config).await
 }
 
-const UPGRADE: &str = "GET /chat HTTP/1.1\r\nHost: moodle.example.edu\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
+const UPGRADE: &str = "GET /chat HTTP/1.1\r\nHost: moodle.example.edu\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
 
 #[tokio::test]
 async fn an_upgrade_becomes_a_tunnel_once_the_node_says_101() {
-    let (node, _) = echo_node().await;
+    let (node, _, _) = echo_node().await;
     let gateway = gateway(node, None).await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
     client.write_all(UPGRADE.as_bytes()).await.unwrap();
     let head = read_head(&mut client).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(
-        head.to_ascii_lowercase().contains("upgrade: echo"),
+        head.to_ascii_lowercase().contains("upgrade: websocket"),
         "{head}"
     );
     for message in ["hello", "and again"] {
@@ -95,9 +109,10 @@ async fn an_upgrade_becomes_a_tunnel_once_the_node_says_101() {
 
 #[tokio::test]
 async fn a_refused_upgrade_stays_http_on_a_connection_never_reused() {
-    let (node, accepted) = echo_node().await;
+    let (node, accepted, _) = echo_node().await;
     let gateway = gateway(node, None).await;
-    let refused = "GET /chat HTTP/1.1\r\nHost: m\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n";
+    let refused =
+        "GET /refuse HTTP/1.1\r\nHost: m\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
     client.write_all(refused.as_bytes()).await.unwrap();
     let head = read_head(&mut client).await;
@@ -117,7 +132,7 @@ async fn a_refused_upgrade_stays_http_on_a_connection_never_reused() {
 
 #[tokio::test]
 async fn a_silent_tunnel_is_closed_after_tunnel_idle() {
-    let (node, _) = echo_node().await;
+    let (node, _, _) = echo_node().await;
     let gateway = gateway(node, Some(Duration::from_millis(300))).await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
     client.write_all(UPGRADE.as_bytes()).await.unwrap();
@@ -128,4 +143,34 @@ async fn a_silent_tunnel_is_closed_after_tunnel_idle() {
         matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
         "closed by the gateway: {closed:?}"
     );
+}
+
+/// What h2csmuggler sends: an HTTP/1.1 request asking to switch to cleartext HTTP/2.
+const H2C: &str = "GET /course/view.php HTTP/1.1\r\nHost: moodle.example.edu\r\n\
+    Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n";
+
+#[tokio::test]
+async fn an_h2c_upgrade_never_reaches_the_node_and_the_request_stays_plain_http() {
+    let (node, _, heads) = echo_node().await;
+    let gateway = gateway(node, None).await;
+    for upgrade in [H2C.to_owned(), H2C.replace("h2c", "TLS/1.2, h2c")] {
+        let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+        client.write_all(upgrade.as_bytes()).await.unwrap();
+        let head = read_head(&mut client).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let mut body = [0u8; 8];
+        client.read_exact(&mut body).await.unwrap();
+        assert_eq!(&body, b"no thank");
+        // The connection is still the gateway's: its edge rules apply to what follows.
+        let trace = "TRACE / HTTP/1.1\r\nHost: moodle.example.edu\r\n\r\n";
+        client.write_all(trace.as_bytes()).await.unwrap();
+        let head = read_head(&mut client).await;
+        assert!(head.starts_with("HTTP/1.1 405"), "{head}");
+    }
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    for head in heads {
+        assert!(!head.contains("upgrade"), "the node saw {head}");
+        assert!(!head.contains("http2-settings"), "the node saw {head}");
+    }
 }

@@ -150,7 +150,7 @@ fn the_redirect_listener_needs_a_port_of_its_own() {
     );
     assert_eq!(
         dir.errors(&format!(
-            "[admin]\nlisten = \"[::]:9090\"\ntoken = \"t\"\n{tls} = \"10.0.0.1:9090\""
+            "[admin]\nlisten = \"[::]:9090\"\ntoken = \"0123456789abcdef0123456789abcdef\"\n{tls} = \"10.0.0.1:9090\""
         )),
         "7: tls.redirect_listen: 10.0.0.1:9090 clashes with admin.listen [::]:9090"
     );

@@ -220,7 +220,11 @@ async fn a_stopped_node_refuses_connections() {
 async fn config_toml_is_a_valid_gateway_config() {
     let cluster = Cluster::spawn(3, "/moodle", "MoodleSessionlms").unwrap();
     let extra = "session.balance = \"least-sessions\"\n[timeouts]\nconnect = \"1s\"";
-    let toml = cluster.config_toml("127.0.0.1:0", Some(("127.0.0.1:0", "s3cret")), extra);
+    let toml = cluster.config_toml(
+        "127.0.0.1:0",
+        Some(("127.0.0.1:0", "s3cret-0123456789abcdef0123456789")),
+        extra,
+    );
     let config =
         crate::Config::parse(&toml, std::path::Path::new("."), Default::default()).unwrap();
     let names: Vec<_> = config.nodes.iter().map(|n| n.name.as_str()).collect();
@@ -237,7 +241,10 @@ async fn config_toml_is_a_valid_gateway_config() {
         (config.site.path.as_str(), config.session.cookie.as_str()),
         ("/moodle", "MoodleSessionlms")
     );
-    assert_eq!(config.admin.unwrap().token, "s3cret");
+    assert_eq!(
+        config.admin.unwrap().token,
+        "s3cret-0123456789abcdef0123456789"
+    );
     assert_eq!(
         config.session.balance,
         crate::config::Balance::LeastSessions
