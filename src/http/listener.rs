@@ -31,6 +31,8 @@ pub(crate) struct Listening {
     /// connection waiting for its next request.
     request_headers: Duration,
     max_headers: usize,
+    /// hyper's buffer limit for one HTTP/1.1 connection (see [`http1_buffer`]).
+    http1_buffer: usize,
     max_connections: usize,
     http2_max_streams: u32,
     /// How long a write to the client may stay blocked (`timeouts.body_idle`).
@@ -44,6 +46,7 @@ impl Listening {
         Self {
             request_headers: config.timeouts.request_headers,
             max_headers: config.limits.max_headers,
+            http1_buffer: http1_buffer(config.limits.max_header_bytes),
             max_connections: config.limits.max_connections,
             http2_max_streams: config.limits.http2_max_streams,
             write_stall: config.timeouts.body_idle,
@@ -55,6 +58,18 @@ impl Listening {
     pub(crate) fn with_tls(self, tls: Option<TlsAcceptor>) -> Self {
         Self { tls, ..self }
     }
+}
+
+/// hyper's buffer limit for an HTTP/1.1 connection: room for the largest request
+/// head the edge accepts (a larger one gets hyper's own 431), and no more.
+///
+/// Why: the same limit bounds the response bytes hyper queues for a student while
+/// their socket is full. At hyper's default (about 400 KiB in up to 16 queued
+/// chunks, each holding on to the node connection's read buffer) a student who
+/// stops reading cost 0.9 MB; with this limit hyper stops taking the node's body
+/// after one chunk, and back-pressure reaches the node.
+fn http1_buffer(max_header_bytes: usize) -> usize {
+    (max_header_bytes + 8 * 1024).max(16 * 1024)
 }
 
 /// The open connections of one listener: how many (for `max_connections`), and a
@@ -187,6 +202,7 @@ pub(crate) async fn serve_connections<S, B>(
         .timer(TokioTimer::new())
         .header_read_timeout(how.request_headers)
         .max_headers(how.max_headers)
+        .max_buf_size(how.http1_buffer)
         .keep_alive(true);
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2
