@@ -23,6 +23,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::Config;
 use crate::http::stall::WriteStall;
+use crate::http::streams::Streams;
 
 /// How one listener serves its connections.
 #[derive(Clone)]
@@ -132,11 +133,17 @@ where
     }
 }
 
-/// Runs one connection until it ends, or until `closing` fires: then it finishes
-/// the request in flight and closes.
+/// Resolves when the listener starts closing.
+async fn closed(mut closing: tokio::sync::watch::Receiver<bool>) {
+    let _ = closing.wait_for(|&closing| closing).await;
+}
+
+/// Runs one connection until it ends, or until `stop` resolves (the listener
+/// closes, an HTTP/2 connection has idled): then it finishes the request in flight
+/// and closes.
 async fn serve_until_closed<C, T, E>(
     connection: C,
-    mut closing: tokio::sync::watch::Receiver<bool>,
+    stop: impl Future<Output = ()>,
     peer: SocketAddr,
 ) where
     C: Closable<Output = Result<T, E>>,
@@ -145,7 +152,7 @@ async fn serve_until_closed<C, T, E>(
     let mut connection = std::pin::pin!(connection);
     let ended = tokio::select! {
         ended = connection.as_mut() => ended,
-        () = async { let _ = closing.wait_for(|&closing| closing).await; } => {
+        () = stop => {
             connection.as_mut().close();
             connection.await
         }
@@ -208,7 +215,11 @@ pub(crate) async fn serve_connections<S, B>(
     http2
         .timer(TokioTimer::new())
         .max_concurrent_streams(how.http2_max_streams)
-        .max_header_list_size(64 * 1024);
+        .max_header_list_size(64 * 1024)
+        // A peer gone without a FIN (a phone that lost its signal) is found by a
+        // ping it does not answer, while a stream waits on the node.
+        .keep_alive_interval(Some(how.request_headers))
+        .keep_alive_timeout(how.request_headers);
     let mut shutdown = std::pin::pin!(shutdown);
     let grace = loop {
         let (stream, peer) = tokio::select! {
@@ -245,12 +256,13 @@ pub(crate) async fn serve_connections<S, B>(
                 .with_upgrades();
             tokio::spawn(async move {
                 let _place = place;
-                serve_until_closed(connection, closing, peer).await;
+                serve_until_closed(connection, closed(closing), peer).await;
             });
             continue;
         };
         let (http1, http2) = (http1.clone(), http2.clone());
         let (service, handshake) = (service_for(peer, true), how.request_headers);
+        let idle = how.request_headers;
         tokio::spawn(async move {
             let _place = place;
             // The handshake counts against the same deadline as a request head.
@@ -263,11 +275,21 @@ pub(crate) async fn serve_connections<S, B>(
             let io = TokioIo::new(stream);
             match io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
                 true => {
-                    serve_until_closed(http2.serve_connection(io, service), closing, peer).await
+                    let streams = Streams::new(write_stall);
+                    let connection = http2.serve_connection(io, streams.serve(service));
+                    let stop = async {
+                        tokio::select! {
+                            () = closed(closing) => {}
+                            () = streams.idle(idle) => {
+                                tracing::debug!(%peer, "HTTP/2 connection idle: closed");
+                            }
+                        }
+                    };
+                    serve_until_closed(connection, stop, peer).await
                 }
                 false => {
                     let connection = http1.serve_connection(io, service).with_upgrades();
-                    serve_until_closed(connection, closing, peer).await;
+                    serve_until_closed(connection, closed(closing), peer).await;
                 }
             }
         });
