@@ -20,6 +20,8 @@
 //!     or the node.
 //!   - [`http::body`]: the streaming bodies: when an upload is sent, how long a body may pause.
 //!   - [`http::stall`]: a student who stops reading is cut after `body_idle`, freeing the node.
+//!   - `http::streams`: an HTTP/2 connection without streams closes after `request_headers`;
+//!     a stream that gets no window for `body_idle` frees its node.
 //!   - [`http::offload`]: a node's `X-Accel-Redirect` answered with the bytes of the data
 //!     server's file export, under the node's headers.
 //!   - [`http::tunnel`]: upgraded connections (WebSocket): a byte tunnel once the node said 101.

@@ -23,6 +23,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::Config;
 use crate::http::stall::WriteStall;
+use crate::http::streams::Streams;
 
 /// How one listener serves its connections.
 #[derive(Clone)]
@@ -31,6 +32,8 @@ pub(crate) struct Listening {
     /// connection waiting for its next request.
     request_headers: Duration,
     max_headers: usize,
+    /// hyper's buffer limit for one HTTP/1.1 connection (see [`http1_buffer`]).
+    http1_buffer: usize,
     max_connections: usize,
     http2_max_streams: u32,
     /// How long a write to the client may stay blocked (`timeouts.body_idle`).
@@ -44,6 +47,7 @@ impl Listening {
         Self {
             request_headers: config.timeouts.request_headers,
             max_headers: config.limits.max_headers,
+            http1_buffer: http1_buffer(config.limits.max_header_bytes),
             max_connections: config.limits.max_connections,
             http2_max_streams: config.limits.http2_max_streams,
             write_stall: config.timeouts.body_idle,
@@ -55,6 +59,18 @@ impl Listening {
     pub(crate) fn with_tls(self, tls: Option<TlsAcceptor>) -> Self {
         Self { tls, ..self }
     }
+}
+
+/// hyper's buffer limit for an HTTP/1.1 connection: room for the largest request
+/// head the edge accepts (a larger one gets hyper's own 431), and no more.
+///
+/// Why: the same limit bounds the response bytes hyper queues for a student while
+/// their socket is full. At hyper's default (about 400 KiB in up to 16 queued
+/// chunks, each holding on to the node connection's read buffer) a student who
+/// stops reading cost 0.9 MB; with this limit hyper stops taking the node's body
+/// after one chunk, and back-pressure reaches the node.
+fn http1_buffer(max_header_bytes: usize) -> usize {
+    (max_header_bytes + 8 * 1024).max(16 * 1024)
 }
 
 /// The open connections of one listener: how many (for `max_connections`), and a
@@ -117,11 +133,17 @@ where
     }
 }
 
-/// Runs one connection until it ends, or until `closing` fires: then it finishes
-/// the request in flight and closes.
+/// Resolves when the listener starts closing.
+async fn closed(mut closing: tokio::sync::watch::Receiver<bool>) {
+    let _ = closing.wait_for(|&closing| closing).await;
+}
+
+/// Runs one connection until it ends, or until `stop` resolves (the listener
+/// closes, an HTTP/2 connection has idled): then it finishes the request in flight
+/// and closes.
 async fn serve_until_closed<C, T, E>(
     connection: C,
-    mut closing: tokio::sync::watch::Receiver<bool>,
+    stop: impl Future<Output = ()>,
     peer: SocketAddr,
 ) where
     C: Closable<Output = Result<T, E>>,
@@ -130,7 +152,7 @@ async fn serve_until_closed<C, T, E>(
     let mut connection = std::pin::pin!(connection);
     let ended = tokio::select! {
         ended = connection.as_mut() => ended,
-        () = async { let _ = closing.wait_for(|&closing| closing).await; } => {
+        () = stop => {
             connection.as_mut().close();
             connection.await
         }
@@ -192,12 +214,17 @@ pub(crate) async fn serve_connections<S, B>(
         // this hyper takes the FIN for a hang-up, drops the request in flight and
         // a POST already sent to its node loses its answer.
         .half_close(true)
+        .max_buf_size(how.http1_buffer)
         .keep_alive(true);
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2
         .timer(TokioTimer::new())
         .max_concurrent_streams(how.http2_max_streams)
-        .max_header_list_size(64 * 1024);
+        .max_header_list_size(64 * 1024)
+        // A peer gone without a FIN (a phone that lost its signal) is found by a
+        // ping it does not answer, while a stream waits on the node.
+        .keep_alive_interval(Some(how.request_headers))
+        .keep_alive_timeout(how.request_headers);
     let mut shutdown = std::pin::pin!(shutdown);
     let grace = loop {
         let (stream, peer) = tokio::select! {
@@ -234,12 +261,13 @@ pub(crate) async fn serve_connections<S, B>(
                 .with_upgrades();
             tokio::spawn(async move {
                 let _place = place;
-                serve_until_closed(connection, closing, peer).await;
+                serve_until_closed(connection, closed(closing), peer).await;
             });
             continue;
         };
         let (http1, http2) = (http1.clone(), http2.clone());
         let (service, handshake) = (service_for(peer, true), how.request_headers);
+        let idle = how.request_headers;
         tokio::spawn(async move {
             let _place = place;
             // The handshake counts against the same deadline as a request head.
@@ -252,11 +280,21 @@ pub(crate) async fn serve_connections<S, B>(
             let io = TokioIo::new(stream);
             match io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
                 true => {
-                    serve_until_closed(http2.serve_connection(io, service), closing, peer).await
+                    let streams = Streams::new(write_stall);
+                    let connection = http2.serve_connection(io, streams.serve(service));
+                    let stop = async {
+                        tokio::select! {
+                            () = closed(closing) => {}
+                            () = streams.idle(idle) => {
+                                tracing::debug!(%peer, "HTTP/2 connection idle: closed");
+                            }
+                        }
+                    };
+                    serve_until_closed(connection, stop, peer).await
                 }
                 false => {
                     let connection = http1.serve_connection(io, service).with_upgrades();
-                    serve_until_closed(connection, closing, peer).await;
+                    serve_until_closed(connection, closed(closing), peer).await;
                 }
             }
         });

@@ -14,5 +14,6 @@ pub mod offload;
 pub mod pool;
 pub mod proxy;
 pub mod stall;
+pub(crate) mod streams;
 pub mod tls;
 pub mod tunnel;

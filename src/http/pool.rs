@@ -42,6 +42,9 @@ use crate::http::stall::WriteStall;
 /// one of the node's (nginx or Apache) keep-alive slots.
 pub const MAX_IDLE: usize = 256;
 
+/// hyper's buffer limit for a connection to a node (see [`Pool::lease`]).
+pub const NODE_BUFFER: usize = 16 * 1024;
+
 /// A connection to a node: its writes may stay blocked at most `body_idle` (see
 /// [`WriteStall`]: a node that accepted an upload but stopped reading would
 /// otherwise hold the request for ever).
@@ -88,7 +91,13 @@ impl Pool {
             .map_err(ConnectError::Io)?;
         stream.set_nodelay(true).map_err(ConnectError::Io)?;
         let io = TokioIo::new(WriteStall::new(stream, self.stall));
-        let (sender, conn) = hyper::client::conn::http1::handshake(io)
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            // The read buffer a response body is cut from: with hyper's default
+            // (growing to about 400 KiB on a fast node) every chunk waiting for a
+            // slow student holds on to a large one. 16 KiB is also the largest
+            // response head a node may send: twice nginx's and Apache's default.
+            .max_buf_size(NODE_BUFFER)
+            .handshake(io)
             .await
             .map_err(|e| ConnectError::Io(io::Error::other(e)))?;
         let lease = Lease {

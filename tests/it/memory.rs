@@ -139,3 +139,111 @@ async fn a_gigabyte_offloaded_file_streams_through_in_flat_memory() {
         "peak RSS {peak} KiB, limit {PEAK_LIMIT_KIB} KiB"
     );
 }
+
+/// Slow readers this test opens at once.
+const SLOW_READERS: usize = 100;
+/// What README promises a stalled reader costs, with margin over the measured figure.
+const PER_READER_LIMIT_KIB: u64 = 128;
+/// Fixed growth allowed on top: the runtime's per-task state, allocator arenas.
+const FIXED_OVERHEAD_KIB: u64 = 2 * 1024;
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The gateway's RSS once it stops growing: sampled until three samples in a row
+/// agree within 1%, or for at most a minute.
+async fn settled_rss_kib(pid: u32) -> u64 {
+    let mut last = rss_kib(pid);
+    let mut steady = 0;
+    for _ in 0..120 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = rss_kib(pid);
+        steady = match now.abs_diff(last) * 100 <= last {
+            true => steady + 1,
+            false => 0,
+        };
+        last = now;
+        if steady == 3 {
+            break;
+        }
+    }
+    last
+}
+
+/// A client with a small receive window that sends a download request and never
+/// reads: what slowhttptest `-X` does. The connection is kept open by the caller.
+async fn slow_reader(gateway: SocketAddr) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(gateway).await.unwrap();
+    stream
+        .write_all(b"GET /pluginfile.php/5/mod_resource/content/1/big.iso HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    stream
+}
+
+/// A hundred students who ask for a big file and stop reading each cost the gateway
+/// at most a few buffers: the node's body is not read ahead of a stalled student
+/// by more than one buffer. About 100 KiB each is measured (911 KiB with hyper's
+/// default buffers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_readers_each_cost_a_few_buffers() {
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = started.clone();
+    let node = support::upstream(move |request| {
+        if request.uri().path().ends_with("big.iso") {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        async move {
+            let (mut sender, body) = Channel::<Bytes>::new(4);
+            tokio::spawn(async move {
+                for _ in 0..GIB / CHUNK {
+                    if sender.send_data(Bytes::from_static(&ZEROS)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Response::builder()
+                .header("content-length", GIB.to_string())
+                .body(Body::new(body))
+                .unwrap()
+        }
+    })
+    .await;
+    let data = support::named_upstream("data").await;
+    let extra = "[limits]\nmax_connections = 1000\n";
+    let gateway = start_binary(&config_for(&[node], data, extra));
+    let pid = gateway.child.id();
+    // One reader first, so the runtime's workers and the node's pool exist before the
+    // baseline is taken.
+    let _warm = slow_reader(gateway.addr).await;
+    let before = settled_rss_kib(pid).await;
+    let mut readers = Vec::new();
+    for _ in 0..SLOW_READERS {
+        readers.push(slow_reader(gateway.addr).await);
+    }
+    for _ in 0..600 {
+        if started.load(std::sync::atomic::Ordering::Relaxed) > SLOW_READERS {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(started.load(std::sync::atomic::Ordering::Relaxed) > SLOW_READERS);
+    let after = settled_rss_kib(pid).await;
+    let per_reader = after.saturating_sub(before + FIXED_OVERHEAD_KIB) / SLOW_READERS as u64;
+    println!(
+        "gateway RSS {before} KiB before, {after} KiB with {SLOW_READERS} slow readers: \
+         {} KiB each",
+        after.saturating_sub(before) / SLOW_READERS as u64
+    );
+    assert!(
+        per_reader <= PER_READER_LIMIT_KIB,
+        "{SLOW_READERS} slow readers took {after} - {before} KiB: over {PER_READER_LIMIT_KIB} KiB each"
+    );
+    drop(readers);
+}

@@ -49,7 +49,13 @@ impl Drop for TestCert {
 
 /// The gateway over TLS in front of `cluster`; returns the HTTPS and redirect addresses.
 async fn gateway(cluster: &Cluster, cert: &TestCert) -> (SocketAddr, SocketAddr) {
-    let text = cluster.config_toml("127.0.0.1:0", None, "state.file = \"\"");
+    gateway_with(cluster, cert, "").await
+}
+
+/// [`gateway`] with `extra` (dotted keys) in its config.
+async fn gateway_with(cluster: &Cluster, cert: &TestCert, extra: &str) -> (SocketAddr, SocketAddr) {
+    let extra = format!("state.file = \"\"\n{extra}");
+    let text = cluster.config_toml("127.0.0.1:0", None, &extra);
     let config = Config::parse(&text, Path::new("."), Default::default()).unwrap();
     let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let redirect = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -204,4 +210,81 @@ async fn a_reload_serves_a_renewed_certificate_without_dropping_open_connections
         .body(Body::empty())
         .unwrap();
     assert_eq!(before.send_request(request).await.unwrap().status(), 200);
+}
+
+/// An HTTP/2 connection to `https` that has sent one request and been answered;
+/// its connection task ends when the gateway closes it.
+async fn h2_after_one_request(
+    https: SocketAddr,
+    cert: &TestCert,
+) -> Option<(
+    hyper::client::conn::http2::SendRequest<Body>,
+    tokio::task::JoinHandle<()>,
+)> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(https).await.ok()?;
+    let name = ServerName::try_from("localhost").unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    // Past max_connections the gateway answers in plain HTTP: the handshake fails.
+    let stream = connector.connect(name, tcp).await.ok()?;
+    let (mut h2, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .ok()?;
+    let connection = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let request = Request::get("https://localhost/login/index.php")
+        .version(Version::HTTP_2)
+        .body(Body::empty())
+        .unwrap();
+    let response = h2.send_request(request).await.ok()?;
+    assert_eq!(response.status(), 200);
+    body_text(response).await;
+    Some((h2, connection))
+}
+
+/// Idle HTTP/2 connections holding every place under `max_connections` are closed
+/// after `request_headers` without a stream, as idle HTTP/1.1 ones are, so the next
+/// student gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_connections_are_closed_so_the_next_student_gets_in() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let cert = TestCert::new("h2idle");
+    let extra = "limits.max_connections = 2\ntimeouts.request_headers = \"1s\"";
+    let (https, _) = gateway_with(&cluster, &cert, extra).await;
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(
+            h2_after_one_request(https, &cert)
+                .await
+                .expect("a place is free"),
+        );
+    }
+    for (sender, connection) in idle {
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(30), connection).await;
+        assert!(
+            closed.is_ok(),
+            "an idle HTTP/2 connection was still open after 30 s"
+        );
+        drop(sender);
+    }
+    // The gateway gives a place back just after its socket closes: a few tries.
+    let mut next = None;
+    for _ in 0..50 {
+        next = h2_after_one_request(https, &cert).await;
+        if next.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(next.is_some(), "the next student was turned away");
 }
