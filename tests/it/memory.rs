@@ -24,6 +24,23 @@ fn peak_rss_kib(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// 1 GiB of zeros, streamed as the reader takes it (a node that stops when the
+/// gateway drops the body).
+fn gigabyte() -> Response<Body> {
+    let (mut sender, body) = Channel::<Bytes>::new(4);
+    tokio::spawn(async move {
+        for _ in 0..GIB / CHUNK {
+            if sender.send_data(Bytes::from_static(&ZEROS)).await.is_err() {
+                return;
+            }
+        }
+    });
+    Response::builder()
+        .header("content-length", GIB.to_string())
+        .body(Body::new(body))
+        .unwrap()
+}
+
 /// A node that streams 1 GiB on GET and counts what it receives on POST.
 async fn gigabyte_node() -> SocketAddr {
     support::upstream(|request| async move {
@@ -35,18 +52,7 @@ async fn gigabyte_node() -> SocketAddr {
             }
             return Response::new(Body::from(total.to_string()));
         }
-        let (mut sender, body) = Channel::<Bytes>::new(4);
-        tokio::spawn(async move {
-            for _ in 0..GIB / CHUNK {
-                if sender.send_data(Bytes::from_static(&ZEROS)).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Response::builder()
-            .header("content-length", GIB.to_string())
-            .body(Body::new(body))
-            .unwrap()
+        gigabyte()
     })
     .await
 }
@@ -199,20 +205,7 @@ async fn slow_readers_each_cost_a_few_buffers() {
         if request.uri().path().ends_with("big.iso") {
             counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        async move {
-            let (mut sender, body) = Channel::<Bytes>::new(4);
-            tokio::spawn(async move {
-                for _ in 0..GIB / CHUNK {
-                    if sender.send_data(Bytes::from_static(&ZEROS)).await.is_err() {
-                        return;
-                    }
-                }
-            });
-            Response::builder()
-                .header("content-length", GIB.to_string())
-                .body(Body::new(body))
-                .unwrap()
-        }
+        async move { gigabyte() }
     })
     .await;
     let data = support::named_upstream("data").await;
