@@ -18,6 +18,10 @@ pub enum GatewayError {
     MethodNotAllowed,
     /// The student's upload paused longer than `timeouts.body_idle`.
     ClientTimeout,
+    /// A streamed upload averaged less than `timeouts.upload_min_rate` over a window.
+    UploadTooSlow,
+    /// An upload still arriving after `timeouts.upload`.
+    UploadTooLong,
     /// The upstream refused the connection, was unreachable, or did not accept it in time.
     UpstreamUnreachable,
     /// The upstream accepted the request but broke the exchange before a response head.
@@ -63,7 +67,9 @@ impl GatewayError {
         match self {
             Self::AmbiguousPath => StatusCode::BAD_REQUEST,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::ClientTimeout | Self::UploadTooSlow | Self::UploadTooLong => {
+                StatusCode::REQUEST_TIMEOUT
+            }
             Self::UpstreamUnreachable | Self::UpstreamBroken => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::NoNodeAvailable
@@ -89,6 +95,8 @@ impl GatewayError {
             Self::AmbiguousPath => "bad request: ambiguous path\n",
             Self::MethodNotAllowed => "method not allowed\n",
             Self::ClientTimeout => "request timeout: the upload stopped arriving\n",
+            Self::UploadTooSlow => "request timeout: the upload arrived too slowly\n",
+            Self::UploadTooLong => "request timeout: the upload took too long\n",
             Self::UpstreamUnreachable => "bad gateway: the moodle server could not be reached\n",
             Self::UpstreamBroken => "bad gateway: the moodle server closed the connection\n",
             Self::UpstreamTimeout => "gateway timeout: the moodle server did not answer in time\n",
@@ -138,6 +146,8 @@ impl GatewayError {
                 | Self::UriTooLong
                 | Self::PayloadTooLarge
                 | Self::ClientTimeout
+                | Self::UploadTooSlow
+                | Self::UploadTooLong
         )
     }
 
@@ -200,6 +210,8 @@ mod tests {
             (GatewayError::AmbiguousPath, 400),
             (GatewayError::MethodNotAllowed, 405),
             (GatewayError::ClientTimeout, 408),
+            (GatewayError::UploadTooSlow, 408),
+            (GatewayError::UploadTooLong, 408),
             (GatewayError::UpstreamUnreachable, 502),
             (GatewayError::UpstreamBroken, 502),
             (GatewayError::UpstreamTimeout, 504),

@@ -34,6 +34,7 @@ use crate::http::offload::{self, Asked, Offload};
 use crate::http::pool::Pool;
 use crate::http::proxy::{self, Bounds, Client, Failed, Peer};
 use crate::http::tunnel;
+use crate::http::upload::Upload;
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
 use crate::sessions::affinity::{AffinityTable, Limits, SessionKey, SessionState};
 use crate::sessions::clock::Clock;
@@ -105,6 +106,10 @@ impl Settings {
                 tunnel_idle: config.timeouts.tunnel_idle,
                 response_headers: config.timeouts.response_headers,
                 body_idle: config.timeouts.body_idle,
+                buffer_body_bytes: config.limits.buffer_body_bytes,
+                upload_min_rate: config.timeouts.upload_min_rate,
+                upload_rate_window: config.timeouts.upload_rate_window,
+                upload: config.timeouts.upload,
             },
             edge: EdgeRules::new(config),
             max_in_flight: config.limits.max_in_flight,
@@ -417,7 +422,7 @@ impl Gateway {
         let movable = matches!(route, Route::Deal(_) | Route::Spread(_))
             && settings.upstreams.nodes().len() > 1
             && http_body::Body::is_end_stream(request.body());
-        let mut request = request.map(Some);
+        let mut request = request.map(|body| Upload::new(body, &settings.bounds));
         let mut retry = Retry {
             movable,
             attempts: settings.upstreams.nodes().len(),

@@ -25,7 +25,8 @@ use super::{
     SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE, DEFAULT_CONNECT,
     DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE,
     DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, DEFAULT_SHUTDOWN,
-    DEFAULT_TUNNEL_IDLE, DEFAULT_UPSTREAM_IDLE,
+    DEFAULT_TUNNEL_IDLE, DEFAULT_UPLOAD, DEFAULT_UPLOAD_MIN_RATE, DEFAULT_UPLOAD_RATE_WINDOW,
+    DEFAULT_UPSTREAM_IDLE,
 };
 
 // The keys each table accepts, space-separated; anything else is reported. The
@@ -36,7 +37,7 @@ const SITE_KEYS: &str = "wwwroot path hosts";
 const SESSION_KEYS: &str =
     "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle store failover_hold";
 const TIMEOUT_KEYS: &str = "connect response_headers upstream_idle request_headers body_idle \
-                            shutdown tunnel_idle";
+                            shutdown tunnel_idle upload_min_rate upload_rate_window upload";
 
 pub(super) type Span = Range<usize>;
 pub(super) type Value<'a> = Spanned<DeValue<'a>>;
@@ -332,6 +333,11 @@ impl Checker<'_> {
             body_idle: self.duration(&s, "body_idle", DEFAULT_BODY_IDLE),
             shutdown: self.duration(&s, "shutdown", DEFAULT_SHUTDOWN),
             tunnel_idle: self.duration(&s, "tunnel_idle", DEFAULT_TUNNEL_IDLE),
+            upload_min_rate: self
+                .size_in(&s, "upload_min_rate", 0..=1 << 30)
+                .map_or(DEFAULT_UPLOAD_MIN_RATE, |v| v.0),
+            upload_rate_window: self.duration(&s, "upload_rate_window", DEFAULT_UPLOAD_RATE_WINDOW),
+            upload: self.duration(&s, "upload", DEFAULT_UPLOAD),
         }
     }
 }

@@ -38,12 +38,21 @@ impl Config {
             t.tunnel_idle,
         ]
         .map(d);
+        let rate = match t.upload_min_rate {
+            0 => "no rate floor".to_owned(),
+            n => format!(
+                "at least {}/s over {}",
+                format_size(n),
+                d(t.upload_rate_window)
+            ),
+        };
+        let upload = d(t.upload);
         format!(
             "public listener: {}\ntls: {}\nadmin listener: {admin}\ntrusted proxies: {proxies}\n\
              {}site path: {site}\nsite hosts: {}\nsession cookie: {} (path {})\nbalance: {}\n\
              sessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
              timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, body idle {body}, \
-             tunnel idle {tunnel}\nlimits: {}\n{}{}",
+             tunnel idle {tunnel}, uploads {rate} and {upload} in all\nlimits: {}\n{}{}",
             self.listen,
             self.describe_tls(),
             self.describe_wwwroot(),
@@ -98,12 +107,13 @@ impl Config {
         let size = |n: usize| format_size(n as u64);
         format!(
             "request head {} and {} header lines (431 beyond), URI {} (414 beyond), \
-             body {} (413 beyond); {} connections and {} requests in flight (503 beyond); \
+             body {} (413 beyond), read whole before a node is contacted up to {}; {} connections and {} requests in flight (503 beyond); \
              {} streams per HTTP/2 connection",
             size(l.max_header_bytes),
             l.max_headers,
             size(l.max_uri_bytes),
             format_size(l.max_body_bytes),
+            format_size(l.buffer_body_bytes),
             l.max_connections,
             l.max_in_flight,
             l.http2_max_streams

@@ -13,13 +13,13 @@ use toml::de::DeValue;
 use super::check::{integer, Checker, Section, Span};
 use super::values::{format_size, listeners_clash, parse_size, site_host};
 use super::{
-    io_reason, LimitsConfig, TlsConfig, DEFAULT_HTTP2_MAX_STREAMS, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADERS, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_MAX_URI_BYTES,
+    io_reason, LimitsConfig, TlsConfig, DEFAULT_BUFFER_BODY_BYTES, DEFAULT_HTTP2_MAX_STREAMS,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADERS, DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_URI_BYTES,
 };
 
 const LIMITS_KEYS: &str = "max_header_bytes max_headers max_uri_bytes max_body_bytes \
-                           max_connections max_in_flight http2_max_streams";
+                           buffer_body_bytes max_connections max_in_flight http2_max_streams";
 const TLS_KEYS: &str = "cert key redirect_listen";
 
 const KIB: u64 = 1 << 10;
@@ -70,6 +70,11 @@ impl Checker<'_> {
             max_headers: count(self, "max_headers", 1000, DEFAULT_MAX_HEADERS),
             max_uri_bytes,
             max_body_bytes: body.map_or(DEFAULT_MAX_BODY_BYTES, |v| v.0),
+            // Held in memory per slow client: 16 MiB is already 160 GB at
+            // 10,000 connections. 0 streams every body as it arrives.
+            buffer_body_bytes: self
+                .size_in(&s, "buffer_body_bytes", 0..=16 * MIB)
+                .map_or(DEFAULT_BUFFER_BODY_BYTES, |v| v.0),
             max_connections: count(self, "max_connections", 1_000_000, DEFAULT_MAX_CONNECTIONS),
             max_in_flight: count(self, "max_in_flight", 1_000_000, DEFAULT_MAX_IN_FLIGHT),
             http2_max_streams: self
@@ -117,7 +122,7 @@ impl Checker<'_> {
     }
 
     /// A size: an integer number of bytes or a string with a unit (`parse_size`).
-    fn size_in(
+    pub(super) fn size_in(
         &mut self,
         s: &Section,
         name: &str,

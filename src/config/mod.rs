@@ -94,6 +94,21 @@ pub const DEFAULT_MAX_URI_BYTES: usize = 8 * 1024;
 /// `limits.max_body_bytes` default: above common Moodle upload limits; set it to
 /// PHP's `post_max_size`.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+/// `limits.buffer_body_bytes` default: Moodle's forms (a quiz page, a forum post,
+/// a settings page) and SCORM tracking posts (`datamodel.php`, a few KiB of cmi
+/// values) fit many times over, so nearly every POST reaches PHP whole and at LAN
+/// speed; a slow student then holds 64 KiB of gateway memory, never a PHP worker.
+pub const DEFAULT_BUFFER_BODY_BYTES: u64 = 64 * 1024;
+/// `timeouts.upload_min_rate` default, bytes per second: 1 KiB/s is 8 kbit/s, below
+/// what a 2G phone sends; a real student on the worst line stays far above it.
+pub const DEFAULT_UPLOAD_MIN_RATE: u64 = 1024;
+/// `timeouts.upload_rate_window` default: the rate is averaged over a minute, so a
+/// mobile line that drops out for most of one (under `body_idle`) and then catches
+/// up is not cut.
+pub const DEFAULT_UPLOAD_RATE_WINDOW: Duration = Duration::from_secs(60);
+/// `timeouts.upload` default: a whole streamed upload; 2 h carries 900 MB over a
+/// 1 Mbit/s uplink, more than an assignment or most course backups.
+pub const DEFAULT_UPLOAD: Duration = Duration::from_secs(2 * 3600);
 /// `limits.max_connections` default.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// `limits.max_in_flight` default.
@@ -234,6 +249,10 @@ pub struct LimitsConfig {
     /// `max_body_bytes`: a request body, 413 beyond (at once on `Content-Length`,
     /// counted while streaming otherwise). Default 2 GiB.
     pub max_body_bytes: u64,
+    /// `buffer_body_bytes`: a body of at most this much (by `Content-Length`, or a
+    /// chunked one that ends within it) is read whole before a node is contacted,
+    /// so a slow client never holds a PHP worker. Default 64 KiB.
+    pub buffer_body_bytes: u64,
     /// `max_connections`: open client connections; one more gets a 503 and is
     /// closed. Default 10,000.
     pub max_connections: usize,
@@ -482,6 +501,13 @@ pub struct Timeouts {
     /// `tunnel_idle`: how long an upgraded connection (WebSocket) may carry no
     /// byte either way, default 1h.
     pub tunnel_idle: Duration,
+    /// `upload_min_rate`: bytes per second a streamed upload must average over each
+    /// `upload_rate_window`, 408 below; 0 turns the floor off. Default 1 KiB.
+    pub upload_min_rate: u64,
+    /// `upload_rate_window`: the window `upload_min_rate` is averaged over, default 60s.
+    pub upload_rate_window: Duration,
+    /// `upload`: the longest a whole upload may take, 408 beyond, default 2h.
+    pub upload: Duration,
 }
 
 /// One `[[nodes]]` block or the `[data]` block.

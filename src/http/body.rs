@@ -1,6 +1,6 @@
-//! The bodies that stream through the gateway, and the two things it must know
-//! about them while they move: when an upload has been sent in full, and when either
-//! side has paused for too long.
+//! The bodies that stream through the gateway, the ways they fail, and the one
+//! thing the gateway must know about them while they move: when either side has
+//! paused for too long. (The upload's own rules are in [`crate::http::upload`].)
 //!
 //! Both wrappers hand hyper's frames on untouched (no copy, no boxing of the body);
 //! the idle timer is armed only while a body is actually waiting for data, so a
@@ -12,10 +12,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
 /// A body error as hyper wants it.
@@ -62,6 +59,30 @@ impl StdError for ClientBodyError {
     }
 }
 
+/// A streamed upload averaged less than `timeouts.upload_min_rate` over a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UploadTooSlow;
+
+impl std::fmt::Display for UploadTooSlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("upload slower than timeouts.upload_min_rate")
+    }
+}
+
+impl StdError for UploadTooSlow {}
+
+/// An upload still arriving after `timeouts.upload`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UploadTooLong;
+
+impl std::fmt::Display for UploadTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("upload took longer than timeouts.upload")
+    }
+}
+
+impl StdError for UploadTooLong {}
+
 /// Whether `error`, or anything it wraps, is a [`BodyIdle`].
 pub fn is_body_idle(error: &(dyn StdError + 'static)) -> bool {
     wraps::<BodyIdle>(error)
@@ -101,6 +122,11 @@ impl<B> IdleLimited<B> {
             timer: None,
             waiting: false,
         }
+    }
+
+    /// The wrapped body.
+    pub fn into_inner(self) -> B {
+        self.inner
     }
 
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
@@ -152,94 +178,10 @@ where
     }
 }
 
-/// The student's request body on its way to a node, saying when it has been sent in
-/// full. The response-header timeout starts only then: PHP reads a whole upload
-/// before the script runs, so a 300 MB SCORM package that takes two minutes to
-/// arrive must not be cut off by a 60 s wait for the answer.
-///
-/// `None` is an empty body: a request the gateway sends again to another node after
-/// the first could not be reached (only body-less requests are ever sent twice).
-#[derive(Debug)]
-pub struct RequestBody {
-    inner: Option<IdleLimited<Incoming>>,
-    sent: Option<oneshot::Sender<()>>,
-    /// Bytes still allowed (`limits.max_body_bytes` minus what passed).
-    allowed: u64,
-}
-
-impl RequestBody {
-    /// Wraps an upload of at most `max_bytes`; `sent` fires once it has gone out in
-    /// full (or failed).
-    pub fn new(
-        inner: Option<Incoming>,
-        idle: Duration,
-        max_bytes: u64,
-        sent: Option<oneshot::Sender<()>>,
-    ) -> Self {
-        Self {
-            inner: inner.map(|inner| IdleLimited::new(inner, idle)),
-            sent,
-            allowed: max_bytes,
-        }
-    }
-
-    fn finished(&mut self) {
-        if let Some(sent) = self.sent.take() {
-            let _ = sent.send(());
-        }
-    }
-}
-
-impl Body for RequestBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let Some(inner) = self.inner.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let mut frame = Pin::new(&mut *inner).poll_frame(cx);
-        let ended = inner.is_end_stream();
-        match &mut frame {
-            Poll::Ready(Some(Ok(data))) => {
-                let len = data.data_ref().map_or(0, |d| d.len() as u64);
-                match self.allowed.checked_sub(len) {
-                    Some(left) => self.allowed = left,
-                    // Chunked bodies have no length to check up front: cut here.
-                    None => frame = Poll::Ready(Some(Err(Box::new(BodyTooLarge)))),
-                }
-            }
-            Poll::Ready(Some(Err(error))) if !is_body_idle(&**error) => {
-                let error = std::mem::replace(error, Box::new(BodyIdle));
-                frame = Poll::Ready(Some(Err(Box::new(ClientBodyError(error)))));
-            }
-            _ => {}
-        }
-        // hyper stops polling once a sized body reports its end, so check after
-        // every frame, not only for the final `None`.
-        if matches!(frame, Poll::Ready(None | Some(Err(_)))) || ended {
-            self.finished();
-        }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use http_body_util::BodyExt;
 
     /// A body that yields one frame, then waits for ever, like a stalled node.

@@ -17,3 +17,4 @@ pub mod stall;
 pub(crate) mod streams;
 pub mod tls;
 pub mod tunnel;
+pub mod upload;

@@ -211,8 +211,8 @@ impl Offload {
         path: &str,
         asked: &Asked,
         node: &HeaderMap,
-    ) -> Request<Option<hyper::body::Incoming>> {
-        let mut request = Request::new(None);
+    ) -> Request<crate::http::upload::Upload> {
+        let mut request = Request::new(crate::http::upload::Upload::empty());
         *request.method_mut() = if asked.head {
             Method::HEAD
         } else {

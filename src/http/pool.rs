@@ -32,9 +32,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::http::body::RequestBody;
 use crate::http::fault::ConnectFault;
 use crate::http::stall::WriteStall;
+use crate::http::upload::RequestBody;
 
 /// Idle connections kept per upstream. More than this many concurrent requests to
 /// one node open connections that are closed after their exchange instead of kept:
@@ -457,7 +457,7 @@ mod tests {
     }
 
     fn get() -> Request<RequestBody> {
-        let body = RequestBody::new(None, Duration::from_secs(5), 0, None);
+        let body = RequestBody::new(crate::http::upload::Upload::empty(), 0, None);
         let mut request = Request::new(body);
         request
             .headers_mut()

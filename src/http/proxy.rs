@@ -13,16 +13,16 @@ use std::time::Duration;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, Uri};
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tokio::sync::oneshot;
 
 use crate::error::GatewayError;
 use crate::http::body::{
-    is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, RequestBody,
+    is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, UploadTooLong, UploadTooSlow,
 };
 use crate::http::fault::ConnectFault;
 use crate::http::offload;
 use crate::http::pool::{ConnectError, Conns, NodeBody, Pool};
+use crate::http::upload::{RequestBody, Upload};
 
 /// How long the parts of one exchange may take, and how large the upload may be.
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +37,14 @@ pub struct Bounds {
     pub response_headers: Duration,
     /// The longest pause inside a body, either way.
     pub body_idle: Duration,
+    /// A request body up to this size is read whole before a node is contacted.
+    pub buffer_body_bytes: u64,
+    /// Bytes per second a streamed upload must average over each window (0: none).
+    pub upload_min_rate: u64,
+    /// The window `upload_min_rate` is averaged over.
+    pub upload_rate_window: Duration,
+    /// The longest a whole upload may take.
+    pub upload: Duration,
 }
 
 /// One client connection, as the requests on it are forwarded: built once when the
@@ -121,9 +129,9 @@ pub fn prepared<B>(upstream: &Authority, mut request: Request<B>, peer: Peer<'_>
 pub struct Failed {
     /// What the student sees if the request goes nowhere else.
     pub error: GatewayError,
-    /// The request as it came, untouched: its headers as the student sent them, its
-    /// body never polled.
-    pub unsent: Option<Request<Option<Incoming>>>,
+    /// The request as it came: its headers as the student sent them, its body
+    /// perhaps read into memory, but none of it sent to any node.
+    pub unsent: Option<Request<Upload>>,
     /// The node refused (or reset) the connection: nothing listens there right now,
     /// as while its web server restarts. Only ever set with `unsent`.
     pub refused: bool,
@@ -159,14 +167,22 @@ fn connect_failed(authority: &Authority, error: &ConnectError) -> ConnectFault {
 /// kept connections `conns` or a new one, and returns its streaming response, or the
 /// error a student should see. Never sent to another node here: once bytes left for
 /// one node, another node must not see the same POST.
+///
+/// A small body is read whole before any node is contacted (see
+/// [`crate::http::upload`]): a slow student then never holds a PHP worker.
 pub async fn forward(
     pool: &Pool,
     authority: &Authority,
     conns: &Arc<Conns>,
-    request: Request<Option<Incoming>>,
+    mut request: Request<Upload>,
     peer: Peer<'_>,
     bounds: Bounds,
 ) -> Result<Response<IdleLimited>, Failed> {
+    if let Err(error) = request.body_mut().buffer(&bounds).await {
+        return Err(client_fault(authority, &*error)
+            .unwrap_or(GatewayError::MalformedRequest)
+            .into());
+    }
     // The connection first: a request whose node cannot be reached goes back as it
     // came, before any header hygiene, so another node can take it as is.
     let first = match pool.lease(authority, conns).await {
@@ -180,12 +196,12 @@ pub async fn forward(
             });
         }
     };
-    let request = prepared(authority, request, peer);
+    let mut request = prepared(authority, request, peer);
+    if let Some(len) = request.body().whole_len() {
+        sized(request.headers_mut(), len);
+    }
     // A body-less request (most of them) needs no signal: its timer starts now.
-    let empty = request
-        .body()
-        .as_ref()
-        .is_none_or(http_body::Body::is_end_stream);
+    let empty = request.body().is_empty();
     let (sent, body_sent) = match empty {
         true => (None, None),
         false => {
@@ -193,8 +209,7 @@ pub async fn forward(
             (Some(sent), Some(body_sent))
         }
     };
-    let mut request =
-        request.map(|inner| RequestBody::new(inner, bounds.body_idle, bounds.max_body_bytes, sent));
+    let mut request = request.map(|upload| RequestBody::new(upload, bounds.max_body_bytes, sent));
     let exchange = async {
         let mut leased = Some(first);
         loop {
@@ -242,20 +257,48 @@ pub async fn forward(
     Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)))
 }
 
+/// A body read whole goes with its length: a chunked one is re-framed, and nothing
+/// is left for the node to wait for (`Expect: 100-continue` is answered already).
+fn sized(headers: &mut HeaderMap, len: usize) {
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    headers.remove(header::EXPECT);
+}
+
 fn classify_error(upstream: &Authority, error: &hyper::Error) -> GatewayError {
-    if is_body_idle(error) {
-        tracing::info!(%upstream, "the student's upload paused longer than body_idle");
-        GatewayError::ClientTimeout
-    } else if wraps::<BodyTooLarge>(error) {
-        tracing::info!(%upstream, "the student's upload went over max_body_bytes");
-        GatewayError::PayloadTooLarge
-    } else if wraps::<ClientBodyError>(error) {
-        tracing::info!(%upstream, "the student's upload could not be read: {error:?}");
-        GatewayError::MalformedRequest
-    } else {
+    client_fault(upstream, error).unwrap_or_else(|| {
         tracing::warn!(%upstream, "upstream exchange failed: {error:?}");
         GatewayError::UpstreamBroken
-    }
+    })
+}
+
+/// The student's share of a failed exchange, logged: its upload paused, crawled,
+/// took too long, grew too large or broke. `None` when the failure is the node's.
+fn client_fault(
+    upstream: &Authority,
+    error: &(dyn std::error::Error + 'static),
+) -> Option<GatewayError> {
+    let (error, why) = if is_body_idle(error) {
+        (GatewayError::ClientTimeout, "paused longer than body_idle")
+    } else if wraps::<UploadTooSlow>(error) {
+        (
+            GatewayError::UploadTooSlow,
+            "averaged less than upload_min_rate",
+        )
+    } else if wraps::<UploadTooLong>(error) {
+        (
+            GatewayError::UploadTooLong,
+            "took longer than timeouts.upload",
+        )
+    } else if wraps::<BodyTooLarge>(error) {
+        (GatewayError::PayloadTooLarge, "went over max_body_bytes")
+    } else if wraps::<ClientBodyError>(error) {
+        tracing::info!(%upstream, "the student's upload could not be read: {error:?}");
+        return Some(GatewayError::MalformedRequest);
+    } else {
+        return None;
+    };
+    tracing::info!(%upstream, "the student's upload {why}");
+    Some(error)
 }
 
 /// `{path?query}` of an absolute-form target (HTTP/2's, or an HTTP/1.1 client's that

@@ -30,10 +30,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::error::GatewayError;
-use crate::http::body::{IdleLimited, RequestBody};
+use crate::http::body::IdleLimited;
 use crate::http::fault::ConnectFault;
 use crate::http::pool::NodeBody;
 use crate::http::proxy::{self, Bounds, Peer};
+use crate::http::upload::{RequestBody, Upload};
 
 /// Whether the request asks to switch to WebSocket: `Connection: upgrade` (as one
 /// token of the list) and `websocket` among the `Upgrade` tokens, on HTTP/1.1.
@@ -73,7 +74,7 @@ pub async fn forward(
     let client_side = hyper::upgrade::on(&mut request);
     // The body (if any) under the same size and pause limits as any upload.
     let request = request
-        .map(|body| RequestBody::new(Some(body), bounds.body_idle, bounds.max_body_bytes, None));
+        .map(|body| RequestBody::new(Upload::new(body, &bounds), bounds.max_body_bytes, None));
     let mut request = proxy::prepared(upstream, request, peer);
     // The hop-by-hop pair that asks for the switch goes back on after the header
     // hygiene removed it: WebSocket alone, whatever else the client listed.

@@ -17,3 +17,4 @@ mod slowloris;
 mod support;
 mod tls;
 mod tunnels;
+mod uploads;

@@ -166,7 +166,7 @@ max_body = "1GiB""#,
 6: limits.max_connections: must be between 1 and 1000000, got 0
 7: limits.max_in_flight: must be between 1 and 1000000, got 1000001
 8: limits.http2_max_streams: must be between 1 and 10000, got 10001
-9: limits.max_body: unknown key (expected one of: max_header_bytes, max_headers, max_uri_bytes, max_body_bytes, max_connections, max_in_flight, http2_max_streams)"#,
+9: limits.max_body: unknown key (expected one of: max_header_bytes, max_headers, max_uri_bytes, max_body_bytes, buffer_body_bytes, max_connections, max_in_flight, http2_max_streams)"#,
     );
     check(
         r#"[limits]
