@@ -105,11 +105,7 @@ fn init_tracing() {
         .init();
 }
 
-/// The file, parsed and validated; errors printed as `check` prints them.
-fn load(path: &std::path::Path) -> Option<Config> {
-    report(Config::load(path))
-}
-
+/// The file's config, or every problem in it printed as `check` prints them.
 fn report(loaded: Result<Config, moodle_gateway::config::ConfigErrors>) -> Option<Config> {
     match loaded {
         Ok(config) => Some(config),
@@ -175,7 +171,7 @@ fn demo(options: moodle_gateway::demo::DemoOptions) -> ExitCode {
 /// `run` starts on what `check` refuses (a site with no SCORM activity may live with
 /// node-local sessions), but says at once, as an error, who will be logged out.
 fn run(path: &std::path::Path) -> ExitCode {
-    let Some(config) = load(path) else {
+    let Some(config) = report(Config::load(path)) else {
         return ExitCode::FAILURE;
     };
     for refusal in config.refusals() {

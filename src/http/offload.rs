@@ -31,6 +31,7 @@ use http::{Method, Request, Response, StatusCode};
 use super::body::IdleLimited;
 use super::pool::{Conns, Pool};
 use super::proxy::{self, Bounds, Failed, Peer};
+use super::upload::Upload;
 use crate::error::GatewayError;
 
 /// Every header of this family is nginx's internal protocol between an upstream and
@@ -206,13 +207,8 @@ impl Offload {
     /// The export's request: the path, the export's own `Host`, and the student's
     /// `Range` unless an `If-Range` no longer matches the node's validator. No
     /// conditional header: the node has judged those (PHP answers a 304 itself).
-    fn fetch_request(
-        &self,
-        path: &str,
-        asked: &Asked,
-        node: &HeaderMap,
-    ) -> Request<crate::http::upload::Upload> {
-        let mut request = Request::new(crate::http::upload::Upload::empty());
+    fn fetch_request(&self, path: &str, asked: &Asked, node: &HeaderMap) -> Request<Upload> {
+        let mut request = Request::new(Upload::empty());
         *request.method_mut() = if asked.head {
             Method::HEAD
         } else {

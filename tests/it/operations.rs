@@ -13,7 +13,7 @@ use moodle_gateway::demo::{Browser, Reply};
 use moodle_gateway::Config;
 use serde_json::Value;
 
-use crate::support::{self, TestGateway};
+use crate::support::{self, logged_in, TestGateway};
 
 const TOKEN: &str = "operations-admin-token-0123456789";
 /// Probes every 100 ms; two failures take a node down, two successes bring it back.
@@ -52,20 +52,6 @@ async fn wait_health(gateway: &TestGateway, name: &str, health: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("{name} never became {health}");
-}
-
-/// A student who logged in through the gateway; returns the node that holds them.
-async fn logged_in(gateway: &TestGateway, n: usize) -> (Browser, String) {
-    let mut student = Browser::new(gateway.addr, "", "MoodleSession");
-    let form = student.get("/login/index.php").await.unwrap();
-    let token = form.text().split_once("logintoken=").unwrap().1[..32].to_owned();
-    let body = format!("username=student{n}&password=x&logintoken={token}");
-    let done = student.post("/login/index.php", &body).await.unwrap();
-    assert_eq!(done.status, 303, "login: {}", done.text());
-    let home = student.get("/my/").await.unwrap();
-    assert_eq!(home.status, 200);
-    let node = home.upstream().to_owned();
-    (student, node)
 }
 
 async fn new_visitor(gateway: &TestGateway) -> Reply {

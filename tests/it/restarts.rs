@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use http::Method;
 use moodle_gateway::demo::standin::{Cluster, StandIn};
-use moodle_gateway::demo::Browser;
 
-use crate::support::TestGateway;
+use crate::support::{logged_in, TestGateway};
 
 /// Probes every 100 ms that never take a node down (`fall` far above what a 1 s
 /// outage counts) and bring it back at once: only the request path is under test.
@@ -21,20 +20,6 @@ const PATIENT_HEALTH: &str = "health.interval = \"100ms\"\nhealth.timeout = \"10
 
 async fn start(cluster: &Cluster, extra: &str) -> TestGateway {
     TestGateway::start(&cluster.config_toml("127.0.0.1:0", None, extra)).await
-}
-
-/// A student who logged in through the gateway; returns the node that holds them.
-async fn logged_in(gateway: &TestGateway) -> (Browser, String) {
-    let mut student = Browser::new(gateway.addr, "", "MoodleSession");
-    let form = student.get("/login/index.php").await.unwrap();
-    let token = form.text().split_once("logintoken=").unwrap().1[..32].to_owned();
-    let body = format!("username=ann&password=x&logintoken={token}");
-    let done = student.post("/login/index.php", &body).await.unwrap();
-    assert_eq!(done.status, 303, "login: {}", done.text());
-    let home = student.get("/my/").await.unwrap();
-    assert_eq!(home.status, 200);
-    let node = home.upstream().to_owned();
-    (student, node)
 }
 
 /// Stops `node` and waits until the gateway has noticed that its kept connections
@@ -55,7 +40,7 @@ async fn a_student_whose_node_restarts_in_a_second_gets_a_slow_page_from_it_not_
     let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
     let extra = format!("{PATIENT_HEALTH}session.failover_hold = \"10s\"\n");
     let gateway = start(&cluster, &extra).await;
-    let (student, node) = logged_in(&gateway).await;
+    let (student, node) = logged_in(&gateway, 1).await;
     let web = cluster.by_name(&node).unwrap();
     let before = web.requests().len();
     stop(&gateway, web).await;
@@ -98,7 +83,7 @@ async fn a_node_that_stays_closed_past_the_hold_is_down_and_its_student_moves() 
     // `fall` and take the node down.
     let extra = "health.interval = \"1h\"\nhealth.fall = 2\nsession.failover_hold = \"1s\"\n";
     let gateway = start(&cluster, extra).await;
-    let (mut student, node) = logged_in(&gateway).await;
+    let (mut student, node) = logged_in(&gateway, 1).await;
     stop(&gateway, cluster.by_name(&node).unwrap()).await;
 
     let reply = student.get("/my/").await.unwrap();

@@ -16,6 +16,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use moodle_gateway::demo::Browser;
 use moodle_gateway::{App, Config};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -588,4 +589,19 @@ pub async fn recording_upstream() -> (SocketAddr, Record) {
     })
     .await;
     (addr, record)
+}
+
+/// Stand-in student `student{n}`, logged in through the gateway with the form's
+/// `logintoken`; returns them and the node that holds them.
+pub async fn logged_in(gateway: &TestGateway, n: usize) -> (Browser, String) {
+    let mut student = Browser::new(gateway.addr, "", "MoodleSession");
+    let form = student.get("/login/index.php").await.unwrap();
+    let token = form.text().split_once("logintoken=").unwrap().1[..32].to_owned();
+    let body = format!("username=student{n}&password=x&logintoken={token}");
+    let done = student.post("/login/index.php", &body).await.unwrap();
+    assert_eq!(done.status, 303, "login: {}", done.text());
+    let home = student.get("/my/").await.unwrap();
+    assert_eq!(home.status, 200);
+    let node = home.upstream().to_owned();
+    (student, node)
 }
