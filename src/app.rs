@@ -211,7 +211,9 @@ impl App {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let (listening, save_every) = {
             let config = self.config();
-            (Listening::plain(&config), config.state.save_every)
+            let (turned_away, tls_failed) = self.gateway.metrics().listener_counters();
+            let listening = Listening::plain(&config).counting(turned_away, tls_failed);
+            (listening, config.state.save_every)
         };
         let save_to = self.save_to.as_deref().cloned();
         let mut background = tokio::task::JoinSet::new();
@@ -427,10 +429,28 @@ async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<boo
             if shed + expired > 0 {
                 tracing::debug!(shed, expired, live, "swept the affinity table");
             }
+            let metrics = gateway.metrics();
+            metrics.evicted("max_sessions", shed);
+            metrics.evicted("expired", expired);
+            if shed > 0 {
+                if let Some(held_back) = EVICTIONS.allow() {
+                    tracing::warn!(
+                        shed,
+                        live,
+                        held_back,
+                        "the affinity table was full (session.max_sessions): the least \
+                         recently used sessions were forgotten; their students may be \
+                         sent to another node"
+                    );
+                }
+            }
             tracing::trace!(kept, "idle upstream connections after the sweep");
         }
     }
 }
+
+/// Shedding at `max_sessions` can happen on every bind of a flood: one warning a minute.
+static EVICTIONS: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(60));
 
 /// Saves the table on a blocking thread (a million sessions take a moment to write),
 /// naming the nodes of the config running at that moment, and logs the outcome.

@@ -192,6 +192,68 @@ impl GatewayError {
     }
 }
 
+/// How `/metrics` names each error.
+impl GatewayError {
+    /// The label of this error: snake case, stable, never a message.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::AmbiguousPath => "ambiguous_path",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::ClientTimeout => "client_timeout",
+            Self::UploadTooSlow => "upload_too_slow",
+            Self::UploadTooLong => "upload_too_long",
+            Self::UpstreamUnreachable => "unreachable",
+            Self::UpstreamBroken => "broken",
+            Self::UpstreamTimeout => "timeout",
+            Self::NoNodeAvailable => "no_node_available",
+            Self::DataServerDown => "data_server_down",
+            Self::MalformedRequest => "malformed_request",
+            Self::UnknownHost => "unknown_host",
+            Self::HeadersTooLarge => "headers_too_large",
+            Self::UriTooLong => "uri_too_long",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::Overloaded => "overloaded",
+            Self::FileExportUnreachable => "file_export_unreachable",
+            Self::FileExportTimeout => "file_export_timeout",
+            Self::FileNotOnDataServer => "file_not_on_data_server",
+            Self::FileExportFailed => "file_export_failed",
+            Self::UnusableAccelRedirect => "unusable_accel_redirect",
+            Self::OutOfConnections => "out_of_connections",
+        }
+    }
+
+    /// The configured limit that turned this request away, if one did: the key
+    /// an operator would raise.
+    pub fn limit(self) -> Option<&'static str> {
+        match self {
+            Self::HeadersTooLarge => Some("max_header_bytes"),
+            Self::UriTooLong => Some("max_uri_bytes"),
+            Self::PayloadTooLarge => Some("max_body_bytes"),
+            Self::Overloaded => Some("max_in_flight"),
+            Self::ClientTimeout => Some("body_idle"),
+            Self::UploadTooSlow => Some("upload_min_rate"),
+            Self::UploadTooLong => Some("upload"),
+            Self::OutOfConnections => Some("open_files"),
+            _ => None,
+        }
+    }
+
+    /// Whether an upstream, not the student or the gateway, failed this request.
+    pub fn is_upstream_error(self) -> bool {
+        matches!(
+            self,
+            Self::UpstreamUnreachable
+                | Self::UpstreamBroken
+                | Self::UpstreamTimeout
+                | Self::FileExportUnreachable
+                | Self::FileExportTimeout
+                | Self::FileNotOnDataServer
+                | Self::FileExportFailed
+                | Self::UnusableAccelRedirect
+        )
+    }
+}
+
 impl std::fmt::Display for GatewayError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.message().trim_end())

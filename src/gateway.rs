@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, Guard};
 use bytes::Bytes;
@@ -35,6 +35,8 @@ use crate::http::pool::Pool;
 use crate::http::proxy::{self, Bounds, Client, Failed, Peer};
 use crate::http::tunnel;
 use crate::http::upload::Upload;
+use crate::logs::Every;
+use crate::metrics::{LossCause, Metrics, MoveCause};
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
 use crate::sessions::affinity::{AffinityTable, Limits, SessionKey, SessionState};
 use crate::sessions::clock::Clock;
@@ -43,11 +45,14 @@ use crate::sessions::route_cookie::RouteCookie;
 /// What a student receives: the node's streaming body, or the gateway's own short page.
 pub type ProxyBody = Either<IdleLimited, Full<Bytes>>;
 
-/// A session the table knows: the key of its id and the node that holds it.
+/// A session the table knows: the key of its id, the node that holds it, and
+/// what the session-loss detector needs (logged in? idle since when?).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Known {
     key: SessionKey,
     node: NodeId,
+    state: SessionState,
+    idle: Duration,
 }
 
 /// Where one request goes, and why.
@@ -87,6 +92,9 @@ pub struct Settings {
     bounds: Bounds,
     edge: EdgeRules,
     max_in_flight: usize,
+    /// Moodle's `sessiontimeout`: a logged-in session replaced after this much
+    /// idleness timed out rather than was lost.
+    sessiontimeout: Duration,
     /// The file offload (`[offload]`): SCORM files go to the nodes, and their
     /// `X-Accel-Redirect` answers are served from the data server's export.
     offload: Option<Offload>,
@@ -113,6 +121,7 @@ impl Settings {
             },
             edge: EdgeRules::new(config),
             max_in_flight: config.limits.max_in_flight,
+            sessiontimeout: config.session.sessiontimeout,
             offload: (config.offload.as_ref())
                 .map(|o| Offload::new(o.authority.clone(), o.prefix.clone())),
         })
@@ -138,6 +147,7 @@ pub struct Gateway {
     route_cookie: Option<RouteCookie>,
     /// Requests between admission and their response head.
     in_flight: AtomicUsize,
+    metrics: Metrics,
 }
 
 impl Gateway {
@@ -168,6 +178,21 @@ impl Gateway {
             settings: ArcSwap::from_pointee(settings),
             route_cookie,
             in_flight: AtomicUsize::new(0),
+            metrics: Metrics::new(),
+        }
+        .registered()
+    }
+
+    /// Makes the meters of every upstream of the current settings.
+    fn registered(self) -> Self {
+        self.register(&self.settings.load());
+        self
+    }
+
+    fn register(&self, settings: &Settings) {
+        let upstreams = &settings.upstreams;
+        for upstream in upstreams.nodes().iter().chain([upstreams.data()]) {
+            self.metrics.register(upstream.id, &upstream.name);
         }
     }
 
@@ -176,6 +201,7 @@ impl Gateway {
     pub fn apply(&self, config: &Config) -> Result<(), String> {
         let current = self.settings.load();
         let next = Settings::new(config, &self.ids, Some(&current))?;
+        self.register(&next);
         self.settings.store(Arc::new(next));
         Ok(())
     }
@@ -188,6 +214,16 @@ impl Gateway {
     /// The affinity table, for the admin API, the sweeper and snapshots.
     pub fn table(&self) -> &Arc<AffinityTable> {
         &self.table
+    }
+
+    /// What the gateway counts, for `/metrics` and the dashboard.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Requests between admission and their response head.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// Closes the upstream connections that idled past `timeouts.upstream_idle` or
@@ -214,19 +250,23 @@ impl Gateway {
     ) -> Response<ProxyBody> {
         let settings = self.settings.load();
         if let Err(refused) = settings.edge.admit(&mut request) {
-            return refused.response().map(Either::Right);
+            return self.refused(refused, &request, client);
         }
         // Never an unbounded queue: past the cap a student gets a quick 503.
         let Some(_slot) = InFlight::take(&self.in_flight, settings.max_in_flight) else {
-            return GatewayError::Overloaded.response().map(Either::Right);
+            return self.refused(GatewayError::Overloaded, &request, client);
         };
         let uri = request.uri();
         let kind = match self.site.classify(uri.path(), uri.query()) {
             Ok(kind) => kind,
-            Err(_) => return GatewayError::AmbiguousPath.response().map(Either::Right),
+            Err(_) => return self.refused(GatewayError::AmbiguousPath, &request, client),
         };
         let known = self.known_session(request.headers(), &settings.upstreams);
-        let is_post = request.method() == Method::POST;
+        let asked_for = Sent {
+            kind,
+            is_post: request.method() == Method::POST,
+            uri: request.uri().clone(),
+        };
         let peer = client.peer(
             settings
                 .trusted_proxies
@@ -242,11 +282,11 @@ impl Gateway {
         };
         let (route, mut response) = match forwarded {
             Ok(forwarded) => forwarded,
-            Err(error) => return error.response().map(Either::Right),
+            Err(error) => return self.failed(error),
         };
         let route_cookie = match self.site.issued_session(response.headers()) {
             Some(issued) => {
-                let bound = self.learn(route, known, issued, kind, is_post, &settings);
+                let bound = self.learn(route, known, issued, &asked_for, &settings);
                 self.route_cookie_line(bound, issued, secure, &settings)
             }
             None => None,
@@ -262,8 +302,38 @@ impl Gateway {
             .await
         {
             Ok(file) => file.map(Either::Left),
-            Err(error) => error.response().map(Either::Right),
+            Err(error) => self.failed(error),
         }
+    }
+
+    /// The gateway's own answer to a request it would not take, counted and
+    /// logged (at most every few seconds: a scanner sends thousands).
+    fn refused<B>(
+        &self,
+        error: GatewayError,
+        request: &Request<B>,
+        client: &Client,
+    ) -> Response<ProxyBody> {
+        if let Some(held_back) = REFUSALS.allow() {
+            tracing::info!(
+                status = error.status().as_u16(),
+                method = %request.method(),
+                target = %moodle::masked(request.uri()),
+                client = %client.ip,
+                held_back,
+                "request refused: {error}"
+            );
+        }
+        self.failed(error)
+    }
+
+    /// The gateway's own error page, counted.
+    fn failed(&self, error: GatewayError) -> Response<ProxyBody> {
+        self.metrics.own_answer(error.status().as_u16());
+        if let Some(limit) = error.limit() {
+            self.metrics.rejected(limit);
+        }
+        error.response().map(Either::Right)
     }
 
     /// A node named a file with `X-Accel-Redirect`: its bytes come from the data
@@ -306,15 +376,28 @@ impl Gateway {
     fn known_session(&self, headers: &http::HeaderMap, upstreams: &Upstreams) -> Option<Known> {
         let id = self.site.session_id(headers)?;
         let key = self.table.key(id);
-        if let Some(node) = self.table.lookup(key) {
-            return Some(Known { key, node });
+        if let Some(found) = self.table.find(key) {
+            let (node, state, idle) = (found.node, found.state, found.idle);
+            return Some(Known {
+                key,
+                node,
+                state,
+                idle,
+            });
         }
         let node = upstreams.by_name(self.route_cookie.as_ref()?.node(headers, id)?)?;
         // The cookie does not say whether the student logged in: assume so, the
         // longer idle limit is the safe side.
-        self.table.bind(key, node.id, SessionState::LoggedIn);
+        let state = SessionState::LoggedIn;
+        self.table.bind(key, node.id, state);
         tracing::debug!(node = %node.name, "session recovered from its route cookie");
-        Some(Known { key, node: node.id })
+        let idle = Duration::ZERO;
+        Some(Known {
+            key,
+            node: node.id,
+            state,
+            idle,
+        })
     }
 
     /// The routing rule, in full.
@@ -370,25 +453,30 @@ impl Gateway {
     /// seconds, and a new node means logging in again). A node that left the config
     /// or was disabled hands its sessions over at once.
     async fn sticky(&self, known: Known, settings: &Settings) -> Result<Route, GatewayError> {
-        let node = settings.upstreams.get(known.node);
-        if let Some(node) = node.filter(|n| n.keeps_sessions()) {
-            if node.health.is_up() {
-                return Ok(Route::Sticky(node.id));
+        let cause = match settings.upstreams.get(known.node) {
+            None => MoveCause::Removed,
+            Some(node) if !node.keeps_sessions() => MoveCause::Disabled,
+            Some(node) => {
+                if node.health.is_up() {
+                    return Ok(Route::Sticky(node.id));
+                }
+                let hold = settings.store == SessionStore::NodeLocal;
+                if hold && node.health.wait_up(settings.failover_hold).await {
+                    return Ok(Route::Sticky(node.id));
+                }
+                MoveCause::Down
             }
-            let hold = settings.store == SessionStore::NodeLocal;
-            if hold && node.health.wait_up(settings.failover_hold).await {
-                return Ok(Route::Sticky(node.id));
-            }
-        }
-        self.move_session(known, settings)
+        };
+        self.move_session(known, cause, settings)
             .ok_or(GatewayError::NoNodeAvailable)
     }
 
     /// Binds a known session to a freshly dealt node other than its own.
-    fn move_session(&self, known: Known, settings: &Settings) -> Option<Route> {
+    fn move_session(&self, known: Known, cause: MoveCause, settings: &Settings) -> Option<Route> {
         let to = self.deal(settings, Some(known.node))?;
         // Concurrent requests of the same student agree on one new node.
         let to = self.table.rebind(known.key, known.node, to).unwrap_or(to);
+        self.metrics.moved(cause);
         tracing::debug!(from = known.node, to, "session moved to another node");
         Some(Route::Moved(to))
     }
@@ -432,6 +520,7 @@ impl Gateway {
             let upstream = settings
                 .upstream(route)
                 .ok_or(GatewayError::NoNodeAvailable)?;
+            let sent = Instant::now();
             let forwarded = proxy::forward(
                 &self.pool,
                 &upstream.authority,
@@ -447,10 +536,16 @@ impl Gateway {
             } = match forwarded.await {
                 Ok(response) => {
                     upstream.health.request_succeeded();
+                    if let Some(meters) = self.metrics.node(upstream.id) {
+                        meters.answered(response.status().as_u16(), sent.elapsed());
+                    }
                     return Ok((route, response));
                 }
                 Err(failed) => failed,
             };
+            if error.is_upstream_error() {
+                self.metrics.upstream_error(&upstream.name, error.kind());
+            }
             // The gateway's own lack of resources is not in here: it says nothing
             // about the node (`GatewayError::is_upstream_failure`).
             if error.is_upstream_failure()
@@ -500,8 +595,8 @@ impl Gateway {
             // moves at once (a POST too: its body was never read), like a session
             // whose node is down.
             Route::Sticky(node) | Route::Moved(node) if shared && retry.attempts > 0 => {
-                let key = known?.key;
-                self.move_session(Known { key, node }, settings)
+                let known = Known { node, ..known? };
+                self.move_session(known, MoveCause::Refused, settings)
             }
             Route::Sticky(_) | Route::Moved(_) if shared => None,
             // A refused session only its node holds: nothing reached the node (its
@@ -524,8 +619,8 @@ impl Gateway {
                     .upstreams
                     .get(node)
                     .is_some_and(|n| !n.health.is_up());
-                let key = known?.key;
-                down.then(|| self.move_session(Known { key, node }, settings))?
+                let known = Known { node, ..known? };
+                down.then(|| self.move_session(known, MoveCause::Down, settings))?
             }
             // The data server has no other copy and no session to hold for.
             Route::Data => None,
@@ -541,8 +636,7 @@ impl Gateway {
         route: Route,
         known: Option<Known>,
         issued: IssuedSession<'_>,
-        kind: RequestKind,
-        is_post: bool,
+        sent: &Sent,
         settings: &Settings,
     ) -> Option<NodeId> {
         let id = match issued {
@@ -556,7 +650,7 @@ impl Gateway {
         if known.is_some_and(|known| known.key == new) {
             return None; // the node re-sent the same id: nothing changed
         }
-        let state = if moodle::logged_in_after(kind, is_post, known.is_some()) {
+        let state = if moodle::logged_in_after(sent.kind, sent.is_post, known.is_some()) {
             SessionState::LoggedIn
         } else {
             SessionState::Anonymous
@@ -570,10 +664,58 @@ impl Gateway {
             (None, None) => self.deal(settings, None)?,
         };
         match known {
-            Some(known) => self.table.rotate(known.key, new, node, state),
-            None => self.table.bind(new, node, state),
+            Some(known) => {
+                self.detect_loss(route, known, sent, settings);
+                self.table.rotate(known.key, new, node, state);
+            }
+            None => {
+                self.table.bind(new, node, state);
+                if let Some(meters) = self.metrics.node(node) {
+                    meters.dealt();
+                }
+            }
         }
         Some(node)
+    }
+
+    /// The session-loss detector. A node that answers a logged-in student's request
+    /// with a new session id anywhere but at login and logout has logged the student
+    /// out: on Moodle 4.5 a `303 /login/index.php` with a fresh anonymous id, after a
+    /// session store failure, NFS lock trouble, a kill, or a request that reached
+    /// the wrong node. No other proxy sees this; it is counted per node and cause.
+    fn detect_loss(&self, route: Route, known: Known, sent: &Sent, settings: &Settings) {
+        if known.state != SessionState::LoggedIn || moodle::rotates_by_design(sent.kind) {
+            return;
+        }
+        let cause = if known.idle >= settings.sessiontimeout {
+            LossCause::Timeout
+        } else if matches!(route, Route::Moved(_)) {
+            LossCause::Moved
+        } else {
+            LossCause::Dropped
+        };
+        let upstream = settings.upstream(route);
+        let (id, name) = match upstream {
+            Some(upstream) => (upstream.id, upstream.name.as_str()),
+            None => return,
+        };
+        if let Some(meters) = self.metrics.node(id) {
+            meters.lost(cause);
+        }
+        let path = moodle::masked(&sent.uri);
+        if cause == LossCause::Timeout {
+            return tracing::info!(node = name, %path, "a logged-in session timed out in Moodle");
+        }
+        if let Some(held_back) = LOSSES.allow() {
+            tracing::warn!(
+                node = name,
+                %path,
+                cause = cause.as_str(),
+                idle = %humantime::format_duration(known.idle),
+                held_back,
+                "a logged-in student was logged out by the node"
+            );
+        }
     }
 
     /// The route cookie line for what was just learnt: a new one naming the node of
@@ -603,6 +745,20 @@ impl Gateway {
             .deal(|node| self.table.live(node), except)
     }
 }
+
+/// What the learning rule needs of a request after it was forwarded.
+struct Sent {
+    kind: RequestKind,
+    is_post: bool,
+    /// Kept for the session-loss warning (a shared buffer: no copy).
+    uri: http::Uri,
+}
+
+/// Refused requests are logged at most once every ten seconds: a scanner sends
+/// thousands, and the counts are in `/metrics`.
+static REFUSALS: Every = Every::new(Duration::from_secs(10));
+/// Session losses are each worth a warning, but an outage loses thousands at once.
+static LOSSES: Every = Every::new(Duration::from_secs(1));
 
 /// What one request may still do after a failed attempt that sent nothing.
 struct Retry {

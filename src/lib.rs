@@ -54,6 +54,8 @@ pub mod demo;
 pub mod error;
 pub mod gateway;
 pub mod http;
+pub mod logs;
+pub mod metrics;
 pub mod moodle;
 pub mod open_files;
 pub mod sessions;

@@ -31,6 +31,7 @@ use crate::gateway::{Gateway, Settings};
 use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
 
 mod guard;
+mod metrics;
 mod nodes;
 
 pub use nodes::Reload;
@@ -64,6 +65,7 @@ pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
         .route("/nodes", get(nodes::list))
         .route("/nodes/{name}/{action}", post(nodes::set_state))
         .route("/reload", post(nodes::reload))
+        .route("/metrics", get(metrics::scrape))
         .fallback(|| async { not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed".into())

@@ -24,9 +24,9 @@ use super::{
     error, line_of, Balance, Config, ConfigEnv, ConfigError, ConfigErrors, SessionConfig,
     SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE, DEFAULT_CONNECT,
     DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE,
-    DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, DEFAULT_SHUTDOWN,
-    DEFAULT_TUNNEL_IDLE, DEFAULT_UPLOAD, DEFAULT_UPLOAD_MIN_RATE, DEFAULT_UPLOAD_RATE_WINDOW,
-    DEFAULT_UPSTREAM_IDLE,
+    DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS,
+    DEFAULT_SESSIONTIMEOUT, DEFAULT_SHUTDOWN, DEFAULT_TUNNEL_IDLE, DEFAULT_UPLOAD,
+    DEFAULT_UPLOAD_MIN_RATE, DEFAULT_UPLOAD_RATE_WINDOW, DEFAULT_UPSTREAM_IDLE,
 };
 
 // The keys each table accepts, space-separated; anything else is reported. The
@@ -35,7 +35,7 @@ const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts healt
                         route_cookie limits tls offload nodes data";
 const SITE_KEYS: &str = "wwwroot path hosts";
 const SESSION_KEYS: &str =
-    "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle store failover_hold";
+    "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle sessiontimeout store failover_hold";
 const TIMEOUT_KEYS: &str = "connect response_headers upstream_idle request_headers body_idle \
                             shutdown tunnel_idle upload_min_rate upload_rate_window upload";
 
@@ -318,6 +318,7 @@ impl Checker<'_> {
             max_sessions: max.map_or(DEFAULT_MAX_SESSIONS, |n| n.try_into().unwrap_or(usize::MAX)),
             logged_in_idle: self.duration(&s, "logged_in_idle", DEFAULT_LOGGED_IN_IDLE),
             anonymous_idle: self.duration(&s, "anonymous_idle", DEFAULT_ANONYMOUS_IDLE),
+            sessiontimeout: self.duration(&s, "sessiontimeout", DEFAULT_SESSIONTIMEOUT),
             store: store.map_or(SessionStore::NodeLocal, |v| v.0),
             failover_hold: self.duration(&s, "failover_hold", DEFAULT_FAILOVER_HOLD),
         }

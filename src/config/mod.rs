@@ -58,6 +58,8 @@ pub const DEFAULT_MAX_SESSIONS: usize = 1_000_000;
 /// `session.logged_in_idle` default: Moodle's 8 h `sessiontimeout` plus slack, so
 /// the gateway never forgets a session Moodle still honours.
 pub const DEFAULT_LOGGED_IN_IDLE: Duration = Duration::from_secs(8 * 3600 + 30 * 60);
+/// `session.sessiontimeout` default: Moodle's own default `$CFG->sessiontimeout`.
+pub const DEFAULT_SESSIONTIMEOUT: Duration = Duration::from_secs(8 * 3600);
 /// `session.anonymous_idle` default: guests and crawlers churn, but a login form
 /// (its `logintoken` lives in the anonymous session) must stay sticky for a while.
 pub const DEFAULT_ANONYMOUS_IDLE: Duration = Duration::from_secs(3600);
@@ -334,6 +336,10 @@ pub struct SessionConfig {
     pub logged_in_idle: Duration,
     /// `anonymous_idle`: default 1h.
     pub anonymous_idle: Duration,
+    /// `sessiontimeout`: Moodle's `$CFG->sessiontimeout`, default 8h. A logged-in
+    /// session Moodle replaces after this much idleness timed out; one replaced
+    /// sooner was lost (the session-loss detector tells the two apart).
+    pub sessiontimeout: Duration,
     /// `store`: where Moodle keeps sessions, which decides failover. Default node-local.
     pub store: SessionStore,
     /// `failover_hold`: with a node-local store, how long a request waits for its

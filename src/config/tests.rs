@@ -417,7 +417,7 @@ fn all_problems_come_back_together_sorted_by_line() {
     assert_eq!(
         errors.to_string(),
         "gw.toml:3: nodes[0].url: \"ftp://h\" is not an http:// URL\n\
-         gw.toml:5: session.cookies: unknown key (expected one of: cookie, cookie_path, balance, max_sessions, logged_in_idle, anonymous_idle, store, failover_hold)\n\
+         gw.toml:5: session.cookies: unknown key (expected one of: cookie, cookie_path, balance, max_sessions, logged_in_idle, anonymous_idle, sessiontimeout, store, failover_hold)\n\
          gw.toml:7: nodes[1].name: duplicate name \"web1\" (already used by nodes[0])"
     );
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use prometheus::IntCounter;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
@@ -40,6 +41,8 @@ pub(crate) struct Listening {
     write_stall: Duration,
     /// TLS, with HTTP/2 or HTTP/1.1 chosen by ALPN; `None` for plain HTTP/1.1.
     tls: Option<TlsAcceptor>,
+    /// Connections turned away at `max_connections`, and failed TLS handshakes.
+    counters: Option<(IntCounter, IntCounter)>,
 }
 
 impl Listening {
@@ -52,7 +55,14 @@ impl Listening {
             http2_max_streams: config.limits.http2_max_streams,
             write_stall: config.timeouts.body_idle,
             tls: None,
+            counters: None,
         }
+    }
+
+    /// The same, counting turned-away connections and failed TLS handshakes.
+    pub(crate) fn counting(self, turned_away: IntCounter, tls_failed: IntCounter) -> Self {
+        let counters = Some((turned_away, tls_failed));
+        Self { counters, ..self }
     }
 
     /// The same, over TLS when `tls` is set.
@@ -241,6 +251,9 @@ pub(crate) async fn serve_connections<S, B>(
             grace = &mut shutdown => break grace,
         };
         let Some(place) = Open::take(&connections, how.max_connections) else {
+            if let Some((turned_away, _)) = &how.counters {
+                turned_away.inc();
+            }
             // A flood past the cap must not cost a descriptor each for long: a few
             // hundred get the 503 at once, the rest are simply closed.
             if let Ok(permit) = turning_away.clone().try_acquire_owned() {
@@ -268,11 +281,16 @@ pub(crate) async fn serve_connections<S, B>(
         let (http1, http2) = (http1.clone(), http2.clone());
         let (service, handshake) = (service_for(peer, true), how.request_headers);
         let idle = how.request_headers;
+        let tls_failed = how.counters.as_ref().map(|(_, failed)| failed.clone());
         tokio::spawn(async move {
             let _place = place;
             // The handshake counts against the same deadline as a request head.
             let stream = stalls(stream);
-            let stream = match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+            let accepted = tokio::time::timeout(handshake, acceptor.accept(stream)).await;
+            if !matches!(accepted, Ok(Ok(_))) {
+                tls_failed.inspect(IntCounter::inc);
+            }
+            let stream = match accepted {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(error)) => return tracing::debug!(%peer, "TLS handshake failed: {error}"),
                 Err(_) => return tracing::debug!(%peer, "TLS handshake took too long"),

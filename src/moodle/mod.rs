@@ -14,10 +14,12 @@
 //! This file holds what they decide: the kinds of request, and the site they belong to.
 
 mod cookies;
+mod masking;
 mod paths;
 mod php;
 
 pub use cookies::{is_valid_session_id, IssuedSession};
+pub use masking::{masked, Masked};
 
 use paths::{file_script, normalise_path, serves_scorm};
 
@@ -61,6 +63,13 @@ pub fn logged_in_after(kind: RequestKind, is_post: bool, rotated: bool) -> bool 
         RequestKind::Page(PageKind::Logout) => false,
         _ => rotated,
     }
+}
+
+/// Whether Moodle replaces the session id on this request by design: login
+/// (`session_regenerate_id`) and logout (a new anonymous session). Anywhere else, a
+/// logged-in student's new id means the student was logged out.
+pub fn rotates_by_design(kind: RequestKind) -> bool {
+    matches!(kind, RequestKind::Page(PageKind::Login | PageKind::Logout))
 }
 
 /// One Moodle site as the gateway sees it: its sub-path and session cookie.

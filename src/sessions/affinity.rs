@@ -79,6 +79,17 @@ pub struct Limits {
     pub anonymous_idle: Duration,
 }
 
+/// A live session as [`AffinityTable::find`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    /// The node it is bound to.
+    pub node: NodeId,
+    /// Anonymous or logged in.
+    pub state: SessionState,
+    /// How long it had been idle before this request.
+    pub idle: Duration,
+}
+
 /// One bound session: 16 bytes, next to its 8-byte key.
 #[derive(Debug)]
 struct Entry {
@@ -193,14 +204,25 @@ impl AffinityTable {
     /// The node of a live session, counting this request as activity on it.
     /// An entry idle past its limit is treated as gone even before the sweeper runs.
     pub fn lookup(&self, key: SessionKey) -> Option<NodeId> {
+        self.find(key).map(|found| found.node)
+    }
+
+    /// [`lookup`](Self::lookup), with what the entry said before this request: the
+    /// session-loss detector needs to know whether the student was logged in, and
+    /// for how long the session had been idle.
+    pub fn find(&self, key: SessionKey) -> Option<Found> {
         let now = self.clock.now();
         let entry = self.map.get(&key)?;
         if self.expired(&entry, now) {
             return None;
         }
-        entry.last_seen.store(now, Ordering::Relaxed);
+        let last_seen = entry.last_seen.swap(now, Ordering::Relaxed);
         entry.requests.fetch_add(1, Ordering::Relaxed);
-        Some(NodeId::from(entry.node))
+        Some(Found {
+            node: NodeId::from(entry.node),
+            state: entry.state,
+            idle: Duration::from_secs(u64::from(now.saturating_sub(last_seen))),
+        })
     }
 
     /// Binds a session a node just issued to that node.

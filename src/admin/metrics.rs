@@ -1,0 +1,65 @@
+//! `GET /metrics`: the Prometheus text exposition, behind the admin token like
+//! everything else here (Prometheus sends it as `authorization` or `basic_auth`).
+//!
+//! The figures that already live somewhere (sessions in the table, health and admin
+//! state in the upstreams, requests in flight) are read here, at scrape time, into a
+//! [`Snapshot`]; the request path keeps no copy of them.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+
+use crate::cluster::upstreams::Upstream;
+use crate::config::NodeState;
+use crate::gateway::Gateway;
+use crate::metrics::{Snapshot, UpstreamNow};
+
+/// The exposition format's media type, version 0.0.4 (what every scraper reads).
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// `GET /metrics`.
+pub(super) async fn scrape(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
+    let text = gateway.metrics().render(&snapshot(&gateway));
+    ([(CONTENT_TYPE, TEXT_FORMAT)], text)
+}
+
+/// Every figure `/metrics` reads rather than counts.
+pub(super) fn snapshot(gateway: &Gateway) -> Snapshot {
+    let settings = gateway.settings();
+    let upstreams = &settings.upstreams;
+    let nodes = upstreams.nodes().iter().map(|n| now(gateway, n, true));
+    Snapshot {
+        upstreams: nodes
+            .chain([now(gateway, upstreams.data(), false)])
+            .collect(),
+        in_flight: gateway.in_flight(),
+        table_len: gateway.table().len(),
+    }
+}
+
+fn now(gateway: &Gateway, upstream: &Upstream, node: bool) -> UpstreamNow {
+    let table = gateway.table();
+    UpstreamNow {
+        name: upstream.name.clone(),
+        node,
+        up: upstream.health.is_up(),
+        state: state_name(upstream.state()),
+        live: if node { table.live(upstream.id) } else { 0 },
+        logged_in: if node {
+            table.logged_in(upstream.id)
+        } else {
+            0
+        },
+    }
+}
+
+/// An admin state as config and metrics spell it.
+pub(super) fn state_name(state: NodeState) -> &'static str {
+    match state {
+        NodeState::Active => "active",
+        NodeState::Draining => "draining",
+        NodeState::Disabled => "disabled",
+    }
+}

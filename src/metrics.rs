@@ -1,0 +1,465 @@
+//! What the gateway counts: the Prometheus families behind `/metrics`, and the
+//! per-node figures the dashboard shows.
+//!
+//! Why handles made once: a labelled counter looked up by its label values hashes
+//! them and takes a read lock on every call. The request path instead reaches its
+//! node's [`NodeMeters`] by the node's stable id, and each counter there is one
+//! relaxed atomic add. A node's meters are made the first time a config names it
+//! and outlive reloads, as its id does.
+//!
+//! Why some figures are not counted at all: live sessions, health, admin state and
+//! requests in flight already exist (in the table and the upstreams); `/metrics`
+//! reads them at scrape time ([`Metrics::render`]), so nothing on the request path
+//! keeps a second copy up to date.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use prometheus::core::Collector;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
+
+/// Status classes by the first digit of a status: 1xx to 5xx.
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// The upstream label of answers the gateway gave itself (refusals, error pages).
+pub const GATEWAY: &str = "gateway";
+
+/// Upstream latency buckets, seconds: a cached Moodle page takes milliseconds, a
+/// course page a few hundred, a report or backup many seconds.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Why a student lost a logged-in session, as far as the gateway can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossCause {
+    /// Idle at least Moodle's `sessiontimeout`: Moodle's own rule, not an incident.
+    Timeout,
+    /// The session had just moved to another node (its own was down, disabled or
+    /// removed): the price of failover with node-local sessions.
+    Moved,
+    /// Neither: the node lost it (a session store failure, NFS locks, a kill by an
+    /// admin, a changed password, or a request misrouted around the gateway).
+    Dropped,
+}
+
+impl LossCause {
+    const ALL: [LossCause; 3] = [LossCause::Timeout, LossCause::Moved, LossCause::Dropped];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossCause::Timeout => "timeout",
+            LossCause::Moved => "moved",
+            LossCause::Dropped => "dropped",
+        }
+    }
+}
+
+/// Why a known session went to another node than its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveCause {
+    /// Its node was down (past `failover_hold` with node-local sessions).
+    Down,
+    /// Its node left the config.
+    Removed,
+    /// Its node was disabled by an admin.
+    Disabled,
+    /// Its node refused the connection and the store is shared.
+    Refused,
+}
+
+impl MoveCause {
+    fn as_str(self) -> &'static str {
+        match self {
+            MoveCause::Down => "down",
+            MoveCause::Removed => "removed",
+            MoveCause::Disabled => "disabled",
+            MoveCause::Refused => "refused",
+        }
+    }
+}
+
+/// One node's (or the data server's) counters, reached by its id on the request path.
+#[derive(Debug)]
+pub struct NodeMeters {
+    requests: [IntCounter; 5],
+    latency: Histogram,
+    dealt: IntCounter,
+    losses: [IntCounter; 3],
+}
+
+impl NodeMeters {
+    /// A response head from this upstream, `elapsed` after the request was sent.
+    pub fn answered(&self, status: u16, elapsed: Duration) {
+        self.requests[class(status)].inc();
+        self.latency.observe(elapsed.as_secs_f64());
+    }
+
+    /// A new session bound to this node.
+    pub fn dealt(&self) {
+        self.dealt.inc();
+    }
+
+    /// A logged-in session this node replaced by a new one outside login and logout.
+    pub fn lost(&self, cause: LossCause) {
+        self.losses[cause as usize].inc();
+    }
+
+    /// What the dashboard shows of this node.
+    pub fn totals(&self) -> NodeTotals {
+        NodeTotals {
+            requests: self.requests.iter().map(IntCounter::get).sum(),
+            server_errors: self.requests[4].get(),
+            losses: self.losses.iter().map(IntCounter::get).sum(),
+        }
+    }
+}
+
+/// A node's running totals since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeTotals {
+    /// Response heads received from it.
+    pub requests: u64,
+    /// Of those, 5xx.
+    pub server_errors: u64,
+    /// Logged-in sessions it lost, every cause.
+    pub losses: u64,
+}
+
+/// The figures read at scrape time from where they live.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Per upstream: name, whether a PHP node (sessions are counted) or the data
+    /// server, up, admin state, live and logged-in sessions.
+    pub upstreams: Vec<UpstreamNow>,
+    /// Requests between admission and their response head.
+    pub in_flight: usize,
+    /// Entries in the affinity table.
+    pub table_len: usize,
+}
+
+/// One upstream at scrape time.
+#[derive(Debug)]
+pub struct UpstreamNow {
+    /// Its name, the label of every family.
+    pub name: String,
+    /// A PHP node (with sessions), not the data server.
+    pub node: bool,
+    /// Health: up.
+    pub up: bool,
+    /// Admin state: `active`, `draining` or `disabled`.
+    pub state: &'static str,
+    /// Live sessions bound to it.
+    pub live: u64,
+    /// Of those, logged in.
+    pub logged_in: u64,
+}
+
+/// The gateway's metrics: the registry and the handles that feed it.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    latency: HistogramVec,
+    dealt: IntCounterVec,
+    losses: IntCounterVec,
+    moves: IntCounterVec,
+    upstream_errors: IntCounterVec,
+    rejections: IntCounterVec,
+    evictions: IntCounterVec,
+    tls_failures: IntCounter,
+    sessions: IntGaugeVec,
+    up: IntGaugeVec,
+    admin_state: IntGaugeVec,
+    in_flight: IntGauge,
+    table_len: IntGauge,
+    /// The gateway's own answers, by class.
+    own: [IntCounter; 5],
+    nodes: Box<[OnceLock<NodeMeters>]>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every family under the `moodle_gateway_` prefix.
+    pub fn new() -> Self {
+        let registry =
+            Registry::new_custom(Some("moodle_gateway".into()), None).expect("a valid prefix");
+        let requests = counters(
+            &registry,
+            "requests_total",
+            "Responses sent, by the upstream that answered (or `gateway`) and status class.",
+            &["upstream", "class"],
+        );
+        let own = CLASSES.map(|c| requests.with_label_values(&[GATEWAY, c]));
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "upstream_response_seconds",
+                "Time from sending a request to an upstream to its response head.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["upstream"],
+        )
+        .expect("valid histogram");
+        register(&registry, latency.clone());
+        Self {
+            dealt: counters(
+                &registry,
+                "sessions_dealt_total",
+                "New sessions bound to each node.",
+                &["node"],
+            ),
+            losses: counters(
+                &registry,
+                "session_losses_total",
+                "Logged-in sessions a node replaced outside login and logout: students logged out.",
+                &["node", "cause"],
+            ),
+            moves: counters(
+                &registry,
+                "session_moves_total",
+                "Known sessions sent to another node than their own, by why.",
+                &["cause"],
+            ),
+            upstream_errors: counters(
+                &registry,
+                "upstream_errors_total",
+                "Requests an upstream failed, by kind.",
+                &["upstream", "kind"],
+            ),
+            rejections: counters(
+                &registry,
+                "rejections_total",
+                "Requests and connections turned away by one of the gateway's limits.",
+                &["limit"],
+            ),
+            evictions: counters(
+                &registry,
+                "table_evictions_total",
+                "Sessions removed from the affinity table other than by Moodle, by reason.",
+                &["reason"],
+            ),
+            tls_failures: counter(
+                &registry,
+                "tls_handshake_failures_total",
+                "TLS handshakes that failed or took too long.",
+            ),
+            sessions: gauges(
+                &registry,
+                "sessions",
+                "Live sessions bound to each node, logged in or anonymous.",
+                &["node", "state"],
+            ),
+            up: gauges(
+                &registry,
+                "upstream_up",
+                "1 while an upstream passes its health checks.",
+                &["upstream"],
+            ),
+            admin_state: gauges(
+                &registry,
+                "upstream_admin_state",
+                "1 for the admin state each upstream is in.",
+                &["upstream", "state"],
+            ),
+            in_flight: gauge(
+                &registry,
+                "in_flight",
+                "Requests between admission and their response head.",
+            ),
+            table_len: gauge(&registry, "table_entries", "Entries in the affinity table."),
+            nodes: (0..MAX_NODE_IDS).map(|_| OnceLock::new()).collect(),
+            registry,
+            requests,
+            latency,
+            own,
+        }
+    }
+
+    /// Makes the meters of `id` once, labelled `name` (ids never change name).
+    pub fn register(&self, id: NodeId, name: &str) {
+        self.nodes[id].get_or_init(|| NodeMeters {
+            requests: CLASSES.map(|c| self.requests.with_label_values(&[name, c])),
+            latency: self.latency.with_label_values(&[name]),
+            dealt: self.dealt.with_label_values(&[name]),
+            losses: LossCause::ALL.map(|c| self.losses.with_label_values(&[name, c.as_str()])),
+        });
+    }
+
+    /// The meters of a node or the data server; `None` only for an id no config named.
+    pub fn node(&self, id: NodeId) -> Option<&NodeMeters> {
+        self.nodes.get(id)?.get()
+    }
+
+    /// An answer the gateway gave itself.
+    pub fn own_answer(&self, status: u16) {
+        self.own[class(status)].inc();
+    }
+
+    /// A known session moved off its node.
+    pub fn moved(&self, cause: MoveCause) {
+        self.moves.with_label_values(&[cause.as_str()]).inc();
+    }
+
+    /// A request an upstream failed (`kind` from [`crate::error::GatewayError::kind`]).
+    pub fn upstream_error(&self, upstream: &str, kind: &str) {
+        self.upstream_errors
+            .with_label_values(&[upstream, kind])
+            .inc();
+    }
+
+    /// A request or connection one of the gateway's limits turned away.
+    pub fn rejected(&self, limit: &str) {
+        self.rejections.with_label_values(&[limit]).inc();
+    }
+
+    /// `count` sessions removed from the table for `reason`.
+    pub fn evicted(&self, reason: &str, count: usize) {
+        if count > 0 {
+            let count = u64::try_from(count).unwrap_or(u64::MAX);
+            self.evictions.with_label_values(&[reason]).inc_by(count);
+        }
+    }
+
+    /// The counters the public listener feeds itself: connections turned away at
+    /// `max_connections`, and failed TLS handshakes.
+    pub fn listener_counters(&self) -> (IntCounter, IntCounter) {
+        let turned_away = self.rejections.with_label_values(&["max_connections"]);
+        (turned_away, self.tls_failures.clone())
+    }
+
+    /// The text exposition of every family, with the scrape-time gauges set from `now`.
+    pub fn render(&self, now: &Snapshot) -> String {
+        self.in_flight.set(gauge_value(now.in_flight as u64));
+        self.table_len.set(gauge_value(now.table_len as u64));
+        // Gauges of a node that left the config must not linger at their last value.
+        self.sessions.reset();
+        self.up.reset();
+        self.admin_state.reset();
+        for upstream in &now.upstreams {
+            let name = upstream.name.as_str();
+            self.up
+                .with_label_values(&[name])
+                .set(i64::from(upstream.up));
+            for state in ["active", "draining", "disabled"] {
+                let on = i64::from(state == upstream.state);
+                self.admin_state.with_label_values(&[name, state]).set(on);
+            }
+            if upstream.node {
+                let anonymous = upstream.live.saturating_sub(upstream.logged_in);
+                let sessions = |state| self.sessions.with_label_values(&[name, state]);
+                sessions("logged_in").set(gauge_value(upstream.logged_in));
+                sessions("anonymous").set(gauge_value(anonymous));
+            }
+        }
+        let mut text = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut text)
+            .expect("text encoding of valid families");
+        String::from_utf8(text).expect("the text format is UTF-8")
+    }
+}
+
+fn class(status: u16) -> usize {
+    usize::from(status / 100).clamp(1, 5) - 1
+}
+
+fn gauge_value(count: u64) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+fn register(registry: &Registry, collector: impl Collector + 'static) {
+    registry
+        .register(Box::new(collector))
+        .expect("each family registered once");
+}
+
+fn counters(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let family = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+    register(registry, family.clone());
+    family
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let counter = IntCounter::new(name, help).expect("valid counter");
+    register(registry, counter.clone());
+    counter
+}
+
+fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let family = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
+    register(registry, family.clone());
+    family
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let gauge = IntGauge::new(name, help).expect("valid gauge");
+    register(registry, gauge.clone());
+    gauge
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_counts_under_its_own_name_and_class() {
+        let metrics = Metrics::new();
+        metrics.register(3, "web4");
+        let web4 = metrics.node(3).expect("registered");
+        web4.answered(200, Duration::from_millis(3));
+        web4.answered(303, Duration::from_millis(3));
+        web4.answered(502, Duration::from_millis(3));
+        web4.lost(LossCause::Dropped);
+        let text = metrics.render(&Snapshot::default());
+        assert!(text.contains(r#"moodle_gateway_requests_total{class="2xx",upstream="web4"} 1"#));
+        assert!(text.contains(r#"moodle_gateway_requests_total{class="5xx",upstream="web4"} 1"#));
+        assert!(
+            text.contains(r#"moodle_gateway_session_losses_total{cause="dropped",node="web4"} 1"#)
+        );
+        assert!(
+            text.contains(r#"moodle_gateway_upstream_response_seconds_count{upstream="web4"} 3"#)
+        );
+        let totals = web4.totals();
+        assert_eq!(
+            (totals.requests, totals.server_errors, totals.losses),
+            (3, 1, 1)
+        );
+        assert!(
+            metrics.node(2).is_none(),
+            "an id no config named has no meters"
+        );
+    }
+
+    #[test]
+    fn gauges_of_a_node_that_left_do_not_linger() {
+        let metrics = Metrics::new();
+        let web1 = |live| UpstreamNow {
+            name: "web1".into(),
+            node: true,
+            up: true,
+            state: "active",
+            live,
+            logged_in: 1,
+        };
+        let first = metrics.render(&Snapshot {
+            upstreams: vec![web1(3)],
+            ..Snapshot::default()
+        });
+        assert!(first.contains(r#"moodle_gateway_sessions{node="web1",state="anonymous"} 2"#));
+        assert!(first
+            .contains(r#"moodle_gateway_upstream_admin_state{state="active",upstream="web1"} 1"#));
+        let later = metrics.render(&Snapshot::default());
+        assert!(!later.contains(r#"node="web1""#), "{later}");
+    }
+}
