@@ -423,7 +423,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_routes_and_methods_answer_json_errors() {
         let admin = admin();
-        let json = admin.json("/metrics").await;
+        let json = admin.json("/no-such-page").await;
         assert_eq!(json, json!({"error": "no such route"}));
         let answer = admin.call("POST", "/nodes", Some(BEARER)).await;
         assert_eq!(answer.status, StatusCode::METHOD_NOT_ALLOWED);
