@@ -16,7 +16,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
@@ -27,8 +27,9 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
+use crate::access_log::{AccessLog, Logged, Trail};
 use crate::config::Config;
-use crate::gateway::{self, Gateway, ProxyBody};
+use crate::gateway::{self, Gateway, ProxyBody, Served};
 use crate::http::listener::{serve_connections, Listening};
 use crate::http::proxy::Client;
 use crate::sessions::clock::Clock;
@@ -51,6 +52,8 @@ pub struct App {
     save_to: Option<Arc<PathBuf>>,
     /// TLS on the public listener, when configured.
     tls: Option<PublicTls>,
+    /// The access log, once `serve_all` opened it (`SIGHUP` reopens its file).
+    access_log: Arc<OnceLock<AccessLog>>,
 }
 
 /// The public listener's TLS: the acceptor, and the certificates it serves (re-read
@@ -103,6 +106,7 @@ impl App {
             source: None,
             save_to: opened.save_to.map(Arc::new),
             tls: None,
+            access_log: Arc::default(),
         }
     }
 
@@ -150,7 +154,8 @@ impl App {
             }
         }
         let nodes: Vec<&str> = next.nodes.iter().map(|n| n.name.as_str()).collect();
-        tracing::warn!(nodes = ?nodes, "config reloaded from {}", path.display());
+        let nodes = nodes.join(", ");
+        tracing::info!(%nodes, "config reloaded from {}", path.display());
         for note in &notes {
             tracing::warn!("{note}");
         }
@@ -158,8 +163,12 @@ impl App {
         Ok(notes)
     }
 
-    /// Reloads and logs the outcome (for `SIGHUP`, which has nobody to answer).
+    /// Reloads and logs the outcome (for `SIGHUP`, which has nobody to answer), and
+    /// reopens the access log file (logrotate sends `SIGHUP` after moving it).
     pub fn reload_and_log(&self) {
+        if let Some(log) = self.access_log.get() {
+            log.reopen();
+        }
         if let Err(errors) = self.reload() {
             tracing::error!("config not reloaded, the running one is kept:");
             for error in errors {
@@ -208,6 +217,11 @@ impl App {
             admin,
             redirect,
         } = listeners;
+        let access_log = AccessLog::open(&self.config().access_log).map_err(|error| {
+            let to = &self.config().access_log.to;
+            std::io::Error::new(error.kind(), format!("access_log.to {to:?}: {error}"))
+        })?;
+        let access_log = self.access_log.get_or_init(|| access_log).clone();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let (listening, save_every) = {
             let config = self.config();
@@ -263,11 +277,12 @@ impl App {
             public,
             listening.with_tls(self.tls.as_ref().map(|t| t.acceptor.clone())),
             drain(),
-            move |peer, tls| public_service(gateway.clone(), peer, tls),
+            move |peer, tls| public_service(gateway.clone(), access_log.clone(), peer, tls),
         ));
         shutdown.await;
         let grace = self.config().timeouts.shutdown;
-        tracing::info!("shutting down: finishing in-flight requests for up to {grace:?}");
+        let waits = humantime::format_duration(grace);
+        tracing::info!("shutting down: finishing in-flight requests for up to {waits}");
         let _ = drained_tx.send(grace);
         for task in admin_task.into_iter().chain(redirect_task) {
             let _ = task.await;
@@ -369,23 +384,50 @@ fn probe_targets(
     (settings.health.clone(), targets)
 }
 
-/// The public service of one connection: every request goes to the gateway.
+/// The public service of one connection: every request goes to the gateway, and
+/// to the access log when it is on.
 fn public_service(
     gateway: Arc<Gateway>,
+    access_log: AccessLog,
     peer: SocketAddr,
     tls: bool,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
-    Response = Response<ProxyBody>,
+    Response = Response<Logged<ProxyBody>>,
     Error = Infallible,
-    Future = impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send,
+    Future = impl Future<Output = Result<Response<Logged<ProxyBody>>, Infallible>> + Send,
 > + Clone
        + Send {
     let client = Arc::new(Client::new(peer.ip(), tls));
     hyper::service::service_fn(move |request: Request<Incoming>| {
-        let (gateway, client) = (gateway.clone(), client.clone());
-        async move { Ok(gateway.handle(request, &client).await) }
+        let (gateway, client, log) = (gateway.clone(), client.clone(), access_log.clone());
+        async move {
+            let begun = log.begin(&request, client.ip);
+            let mut served = Served::default();
+            let response = gateway.handle_noting(request, &client, &mut served).await;
+            let trail = match begun.is_some() {
+                true => trail(&gateway, served),
+                false => Trail::default(),
+            };
+            Ok(log.finish(begun, trail, response))
+        }
     })
+}
+
+/// The gateway's part of an access log line, by name.
+fn trail(gateway: &Gateway, served: Served) -> Trail {
+    let settings = gateway.settings();
+    let upstreams = &settings.upstreams;
+    let name = |id| {
+        let data = upstreams.data();
+        let upstream = upstreams.get(id).or((data.id == id).then_some(data));
+        upstream.map(|u| u.name.clone())
+    };
+    Trail {
+        upstream: served.upstream.and_then(name),
+        upstream_time: served.upstream_time,
+        session: served.session.map(|key| key.to_string()),
+    }
 }
 
 /// The admin service of one connection: the router, told who is asking.
@@ -449,6 +491,9 @@ async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<boo
     }
 }
 
+/// A save every `save_every` is routine: said once an hour, that it still works.
+static SAVES: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(3600));
+
 /// Shedding at `max_sessions` can happen on every bind of a flood: one warning a minute.
 static EVICTIONS: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(60));
 
@@ -464,7 +509,15 @@ async fn save_in_background(gateway: Arc<Gateway>, path: PathBuf) {
     .await;
     match written {
         Ok((Ok(count), path)) => {
-            tracing::debug!(sessions = count, "state saved to {}", path.display());
+            if let Some(held_back) = SAVES.allow() {
+                let saves_since = held_back;
+                tracing::info!(
+                    sessions = count,
+                    saves_since,
+                    "state saved to {}",
+                    path.display()
+                );
+            }
         }
         Ok((Err(error), path)) => {
             tracing::warn!("cannot write the state file {}: {error}", path.display());

@@ -32,7 +32,7 @@ use crate::http::body::IdleLimited;
 use crate::http::edge::EdgeRules;
 use crate::http::offload::{self, Asked, Offload};
 use crate::http::pool::Pool;
-use crate::http::proxy::{self, Bounds, Client, Failed, Peer};
+use crate::http::proxy::{self, Bounds, Client, Failed, Peer, Target};
 use crate::http::tunnel;
 use crate::http::upload::Upload;
 use crate::logs::Every;
@@ -242,11 +242,18 @@ impl Gateway {
     }
 
     /// Proxies one request and returns the streaming response or an error page.
-    /// `tls` says whether the student's connection is TLS (terminated here).
-    pub async fn handle(
+    pub async fn handle(&self, request: Request<Incoming>, client: &Client) -> Response<ProxyBody> {
+        self.handle_noting(request, client, &mut Served::default())
+            .await
+    }
+
+    /// [`handle`](Self::handle), noting in `served` where the request went, for the
+    /// access log.
+    pub async fn handle_noting(
         &self,
         mut request: Request<Incoming>,
         client: &Client,
+        served: &mut Served,
     ) -> Response<ProxyBody> {
         let settings = self.settings.load();
         if let Err(refused) = settings.edge.admit(&mut request) {
@@ -262,6 +269,7 @@ impl Gateway {
             Err(_) => return self.refused(GatewayError::AmbiguousPath, &request, client),
         };
         let known = self.known_session(request.headers(), &settings.upstreams);
+        served.session = known.map(|k| k.key);
         let asked_for = Sent {
             kind,
             is_post: request.method() == Method::POST,
@@ -276,6 +284,7 @@ impl Gateway {
         let secure = self.route_cookie.is_some() && proxy::is_https(request.headers(), peer);
         // The node will ignore how the student asked for a file; the export must not.
         let asked = settings.offload.as_ref().map(|_| Asked::of(&request));
+        let sent = Instant::now();
         let forwarded = match self.route(kind, known, &settings).await {
             Ok(route) => self.forward(route, known, request, peer, &settings).await,
             Err(error) => Err(error),
@@ -284,8 +293,13 @@ impl Gateway {
             Ok(forwarded) => forwarded,
             Err(error) => return self.failed(error),
         };
+        served.upstream = settings.upstream(route).map(|u| u.id);
+        served.upstream_time = Some(sent.elapsed());
         let route_cookie = match self.site.issued_session(response.headers()) {
             Some(issued) => {
+                if let IssuedSession::Id(id) = issued {
+                    served.session.get_or_insert_with(|| self.table.key(id));
+                }
                 let bound = self.learn(route, known, issued, &asked_for, &settings);
                 self.route_cookie_line(bound, issued, secure, &settings)
             }
@@ -357,14 +371,17 @@ impl Gateway {
             }
             (None, ..) => {
                 tracing::error!(
-                    value = ?redirect,
+                    value = redirect.to_str().unwrap_or("(not text)"),
                     "a node answered X-Accel-Redirect, but there is no [offload] section: \
                      configure it, or turn off $CFG->xsendfile"
                 );
                 Err(GatewayError::UnusableAccelRedirect)
             }
             _ => {
-                tracing::warn!(value = ?redirect, "X-Accel-Redirect from the data server ignored");
+                tracing::warn!(
+                    value = redirect.to_str().unwrap_or("(not text)"),
+                    "X-Accel-Redirect from the data server ignored"
+                );
                 Err(GatewayError::UnusableAccelRedirect)
             }
         }
@@ -498,7 +515,12 @@ impl Gateway {
                 .upstream(route)
                 .ok_or(GatewayError::NoNodeAvailable)?;
             // An upgrade is never replayed, and gets a node connection of its own.
-            let upgraded = tunnel::forward(&upstream.authority, request, peer, settings.bounds);
+            let target = Target {
+                name: &upstream.name,
+                authority: &upstream.authority,
+                conns: &upstream.conns,
+            };
+            let upgraded = tunnel::forward(target, request, peer, settings.bounds);
             let upgraded = upgraded.await;
             if upgraded.as_ref().is_err_and(|e| e.is_upstream_failure()) {
                 upstream.health.failure(settings.health.fall);
@@ -521,14 +543,12 @@ impl Gateway {
                 .upstream(route)
                 .ok_or(GatewayError::NoNodeAvailable)?;
             let sent = Instant::now();
-            let forwarded = proxy::forward(
-                &self.pool,
-                &upstream.authority,
-                &upstream.conns,
-                request,
-                peer,
-                settings.bounds,
-            );
+            let target = Target {
+                name: &upstream.name,
+                authority: &upstream.authority,
+                conns: &upstream.conns,
+            };
+            let forwarded = proxy::forward(&self.pool, target, request, peer, settings.bounds);
             let Failed {
                 error,
                 unsent,
@@ -744,6 +764,18 @@ impl Gateway {
             .upstreams
             .deal(|node| self.table.live(node), except)
     }
+}
+
+/// Where one request went, for the access log: cheap to fill whether or not a
+/// line is written.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Served {
+    /// The upstream that answered; `None` when the gateway answered itself.
+    pub upstream: Option<NodeId>,
+    /// From routing the request to its response head (waits for a node included).
+    pub upstream_time: Option<Duration>,
+    /// The key of the session it carried, or else of the one its node issued.
+    pub session: Option<SessionKey>,
 }
 
 /// What the learning rule needs of a request after it was forwarded.

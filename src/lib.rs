@@ -46,6 +46,7 @@
 //! - [`demo`]: `moodle-gateway demo`: the real gateway in front of stand-in nodes
 //!   ([`demo::standin`], also the tests' double), driven by simulated students.
 
+pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod cluster;

@@ -224,7 +224,7 @@ async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
     tokio::spawn(reload_on_hangup(app.clone()));
     tracing::info!(
         listen = %public.local_addr().map_err(|e| e.to_string())?,
-        admin = ?admin_addr,
+        admin = %admin_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
         tls,
         nodes,
         "moodle-gateway ready"

@@ -32,7 +32,7 @@ use super::{
 // The keys each table accepts, space-separated; anything else is reported. The
 // tables of other files' sections keep their lists next to their readers.
 const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts health state \
-                        route_cookie limits tls offload nodes data";
+                        route_cookie limits tls offload access_log nodes data";
 const SITE_KEYS: &str = "wwwroot path hosts";
 const SESSION_KEYS: &str =
     "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle sessiontimeout store failover_hold";
@@ -114,6 +114,7 @@ impl Checker<'_> {
         let limits = self.limits(&root);
         let tls = self.tls(&root, &listeners);
         let offload = self.offload(&root);
+        let access_log = self.access_log(&root);
         let upstreams = self.upstreams(&root);
         let (nodes, data) = upstreams?;
         Some(Config {
@@ -131,6 +132,7 @@ impl Checker<'_> {
             limits,
             tls,
             offload,
+            access_log,
             base_dir: self.base_dir.to_path_buf(),
         })
     }

@@ -184,6 +184,8 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// The file offload (`[offload]`); `None` when the section is absent.
     pub offload: Option<OffloadConfig>,
+    /// One line per request (`[access_log]`).
+    pub access_log: AccessLogConfig,
     /// Directory of the config file, for resolving relative paths.
     pub base_dir: PathBuf,
 }
@@ -397,6 +399,38 @@ impl HealthConfig {
             .iter()
             .any(|r| (r.low..=r.high).contains(&status))
     }
+}
+
+/// `[access_log]`: one line per request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccessLogConfig {
+    /// `to`: `"off"` (default), `"stderr"`, or a file, appended to and reopened on
+    /// `SIGHUP` (for logrotate).
+    pub to: AccessLogTo,
+    /// `format`: `"combined"` (default) or `"json"`.
+    pub format: AccessLogFormat,
+}
+
+/// Where access log lines go.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AccessLogTo {
+    /// `"off"`: nowhere.
+    #[default]
+    Off,
+    /// `"stderr"`: beside the gateway's own log (journald keeps both).
+    Stderr,
+    /// A file path: appended to, reopened on `SIGHUP`.
+    File(PathBuf),
+}
+
+/// How an access log line is written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    /// The combined log format, with the gateway's fields appended as `key=value`.
+    #[default]
+    Combined,
+    /// One JSON object per line.
+    Json,
 }
 
 /// `[state]`: the affinity table's snapshot.

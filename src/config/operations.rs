@@ -9,13 +9,14 @@ use toml::de::DeValue;
 use super::check::{integer, Checker, Section};
 use super::values::{health_path, state_file, status_class, status_code};
 use super::{
-    HealthConfig, SiteConfig, StateConfig, StatusRange, DEFAULT_FALL, DEFAULT_HEALTH_INTERVAL,
-    DEFAULT_HEALTH_PATH, DEFAULT_HEALTH_TIMEOUT, DEFAULT_RISE, DEFAULT_SAVE_EVERY,
-    DEFAULT_STATE_FILE,
+    AccessLogConfig, AccessLogFormat, AccessLogTo, HealthConfig, SiteConfig, StateConfig,
+    StatusRange, DEFAULT_FALL, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_PATH,
+    DEFAULT_HEALTH_TIMEOUT, DEFAULT_RISE, DEFAULT_SAVE_EVERY, DEFAULT_STATE_FILE,
 };
 
 const HEALTH_KEYS: &str = "path host interval timeout rise fall statuses";
 const STATE_KEYS: &str = "file save_every";
+const ACCESS_LOG_KEYS: &str = "to format";
 
 /// `statuses` default: only a plain success; a redirect usually means the probe
 /// hit a login page, not a working site.
@@ -25,6 +26,17 @@ const DEFAULT_STATUSES: [StatusRange; 1] = [StatusRange {
 }];
 
 impl Checker<'_> {
+    /// `[access_log]`: optional, off unless `to` says where.
+    pub(super) fn access_log(&mut self, root: &Section) -> AccessLogConfig {
+        let s = self.open("access_log".into(), root.get("access_log"), ACCESS_LOG_KEYS);
+        let to = self.parsed(&s, "to", access_log_to);
+        let format = self.parsed(&s, "format", access_log_format);
+        AccessLogConfig {
+            to: to.map_or(AccessLogTo::Off, |v| v.0),
+            format: format.map_or(AccessLogFormat::Combined, |v| v.0),
+        }
+    }
+
     /// The probe goes to the site's own path with the site's own `Host` unless told
     /// otherwise: Moodle answers any other host with a redirect to wwwroot.
     pub(super) fn health(&mut self, root: &Section, site: &SiteConfig) -> HealthConfig {
@@ -134,6 +146,29 @@ fn health_host(raw: &str) -> Result<String, String> {
         true => Ok(raw.to_owned()),
         false => Err(format!(
             "{raw:?} is not a host name (like \"moodle.example.edu\" or \"moodle.example.edu:8443\")"
+        )),
+    }
+}
+
+fn access_log_to(raw: &str) -> Result<AccessLogTo, String> {
+    match raw {
+        "off" => Ok(AccessLogTo::Off),
+        "stderr" => Ok(AccessLogTo::Stderr),
+        "" => Err("must not be empty: use \"off\", \"stderr\" or a file path".into()),
+        _ if raw.ends_with('/') => Err(format!(
+            "{raw:?} names a directory: name the file, like \"{raw}access.log\""
+        )),
+        _ if raw.contains('\0') => Err(format!("{raw:?} contains a NUL character")),
+        _ => Ok(AccessLogTo::File(raw.into())),
+    }
+}
+
+fn access_log_format(raw: &str) -> Result<AccessLogFormat, String> {
+    match raw {
+        "combined" => Ok(AccessLogFormat::Combined),
+        "json" => Ok(AccessLogFormat::Json),
+        _ => Err(format!(
+            "{raw:?} is not a format: use \"combined\" or \"json\""
         )),
     }
 }

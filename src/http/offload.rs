@@ -30,7 +30,7 @@ use http::{Method, Request, Response, StatusCode};
 
 use super::body::IdleLimited;
 use super::pool::{Conns, Pool};
-use super::proxy::{self, Bounds, Failed, Peer};
+use super::proxy::{self, Bounds, Failed, Peer, Target};
 use super::upload::Upload;
 use crate::error::GatewayError;
 
@@ -135,7 +135,12 @@ impl Offload {
         // that body was complete, and a PHP worker's socket is not held meanwhile.
         drop(node_body);
         let request = self.fetch_request(path, &asked, &parts.headers);
-        let fetched = proxy::forward(pool, &self.authority, &self.conns, request, peer, bounds);
+        let export = Target {
+            name: "file export",
+            authority: &self.authority,
+            conns: &self.conns,
+        };
+        let fetched = proxy::forward(pool, export, request, peer, bounds);
         let file = fetched.await.map_err(|Failed { error, .. }| {
             let error = match error {
                 GatewayError::UpstreamTimeout => GatewayError::FileExportTimeout,
@@ -181,7 +186,7 @@ impl Offload {
     fn target<'a>(&self, redirect: &'a HeaderValue) -> Result<&'a str, GatewayError> {
         let unusable = |why: &str| {
             tracing::warn!(
-                value = ?redirect,
+                value = redirect.to_str().unwrap_or("(not text)"),
                 prefix = %self.prefix,
                 "a node's X-Accel-Redirect was not honoured: {why}"
             );

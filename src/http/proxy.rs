@@ -147,17 +147,30 @@ impl From<GatewayError> for Failed {
     }
 }
 
+/// The upstream a request goes to, as this wing sees one: the name the logs call
+/// it by (an operator knows `web3`, not `10.0.0.13:80`), its address, and its
+/// kept connections.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// The upstream's name in the config.
+    pub name: &'a str,
+    /// Where it listens.
+    pub authority: &'a Authority,
+    /// Its kept connections.
+    pub conns: &'a Arc<Conns>,
+}
+
 /// The status for a connect that failed, logged as whose fault it is: the gateway's
 /// own lack of resources is never reported as the node's.
-fn connect_failed(authority: &Authority, error: &ConnectError) -> ConnectFault {
+fn connect_failed(upstream: &str, error: &ConnectError) -> ConnectFault {
     let fault = error.fault();
     match fault {
         ConnectFault::Gateway => tracing::warn!(
-            %authority,
+            upstream,
             "the gateway is out of connections (its own limit, not the upstream's fault): {error}"
         ),
         ConnectFault::Refused | ConnectFault::Upstream => {
-            tracing::warn!(%authority, "upstream unreachable: {error}")
+            tracing::warn!(upstream, "upstream unreachable: {error}")
         }
     }
     fault
@@ -172,14 +185,18 @@ fn connect_failed(authority: &Authority, error: &ConnectError) -> ConnectFault {
 /// [`crate::http::upload`]): a slow student then never holds a PHP worker.
 pub async fn forward(
     pool: &Pool,
-    authority: &Authority,
-    conns: &Arc<Conns>,
+    target: Target<'_>,
     mut request: Request<Upload>,
     peer: Peer<'_>,
     bounds: Bounds,
 ) -> Result<Response<IdleLimited>, Failed> {
+    let Target {
+        name,
+        authority,
+        conns,
+    } = target;
     if let Err(error) = request.body_mut().buffer(&bounds).await {
-        return Err(client_fault(authority, &*error)
+        return Err(client_fault(name, &*error)
             .unwrap_or(GatewayError::MalformedRequest)
             .into());
     }
@@ -188,7 +205,7 @@ pub async fn forward(
     let first = match pool.lease(authority, conns).await {
         Ok(lease) => lease,
         Err(error) => {
-            let fault = connect_failed(authority, &error);
+            let fault = connect_failed(name, &error);
             return Err(Failed {
                 error: fault.error(),
                 unsent: Some(request),
@@ -218,7 +235,7 @@ pub async fn forward(
                 None => pool
                     .lease(authority, conns)
                     .await
-                    .map_err(|error| connect_failed(authority, &error).error())?,
+                    .map_err(|error| connect_failed(name, &error).error())?,
             };
             match lease.send(request).await {
                 Ok(response) => return Ok(response.map(|body| NodeBody::leased(body, lease))),
@@ -227,7 +244,7 @@ pub async fn forward(
                     // sent, so another connection carries the request. Each failed
                     // kept one is dropped, and a new one is never retried.
                     Some(unsent) if reused => request = unsent,
-                    _ => return Err(classify_error(authority, failed.error())),
+                    _ => return Err(classify_error(name, failed.error())),
                 },
             }
         }
@@ -242,7 +259,8 @@ pub async fn forward(
         biased;
         answer = exchange => answer?,
         () = deadline => {
-            tracing::warn!(%authority, "no response headers within {:?}", bounds.response_headers);
+            let waited = humantime::format_duration(bounds.response_headers);
+            tracing::warn!(upstream = name, "no response headers within {waited}");
             return Err(GatewayError::UpstreamTimeout.into());
         }
     };
@@ -250,7 +268,10 @@ pub async fn forward(
     // on a connection of its own), so a `101` here is a node switching a pooled
     // connection on its own: never passed on.
     if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-        tracing::warn!(%authority, "101 to a request that asked for no upgrade: refused");
+        tracing::warn!(
+            upstream = name,
+            "101 to a request that asked for no upgrade: refused"
+        );
         return Err(GatewayError::UpstreamBroken.into());
     }
     strip_hop_by_hop(response.headers_mut());
@@ -264,19 +285,16 @@ fn sized(headers: &mut HeaderMap, len: usize) {
     headers.remove(header::EXPECT);
 }
 
-fn classify_error(upstream: &Authority, error: &hyper::Error) -> GatewayError {
+fn classify_error(upstream: &str, error: &hyper::Error) -> GatewayError {
     client_fault(upstream, error).unwrap_or_else(|| {
-        tracing::warn!(%upstream, "upstream exchange failed: {error:?}");
+        tracing::warn!(upstream, "upstream exchange failed: {}", Causes(error));
         GatewayError::UpstreamBroken
     })
 }
 
 /// The student's share of a failed exchange, logged: its upload paused, crawled,
 /// took too long, grew too large or broke. `None` when the failure is the node's.
-fn client_fault(
-    upstream: &Authority,
-    error: &(dyn std::error::Error + 'static),
-) -> Option<GatewayError> {
+fn client_fault(upstream: &str, error: &(dyn std::error::Error + 'static)) -> Option<GatewayError> {
     let (error, why) = if is_body_idle(error) {
         (GatewayError::ClientTimeout, "paused longer than body_idle")
     } else if wraps::<UploadTooSlow>(error) {
@@ -292,13 +310,33 @@ fn client_fault(
     } else if wraps::<BodyTooLarge>(error) {
         (GatewayError::PayloadTooLarge, "went over max_body_bytes")
     } else if wraps::<ClientBodyError>(error) {
-        tracing::info!(%upstream, "the student's upload could not be read: {error:?}");
+        tracing::info!(
+            upstream,
+            "the student's upload could not be read: {}",
+            Causes(error)
+        );
         return Some(GatewayError::MalformedRequest);
     } else {
         return None;
     };
-    tracing::info!(%upstream, "the student's upload {why}");
+    tracing::info!(upstream, "the student's upload {why}");
     Some(error)
+}
+
+/// An error and its sources, as one line (`a: b: c`): hyper's own message is often
+/// only "connection error", and the `Debug` form is not meant for people.
+struct Causes<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Causes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
 }
 
 /// `{path?query}` of an absolute-form target (HTTP/2's, or an HTTP/1.1 client's that

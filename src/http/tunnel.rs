@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderValue};
-use http::uri::Authority;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -33,7 +32,7 @@ use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
 use crate::http::fault::ConnectFault;
 use crate::http::pool::NodeBody;
-use crate::http::proxy::{self, Bounds, Peer};
+use crate::http::proxy::{self, Bounds, Peer, Target};
 use crate::http::upload::{RequestBody, Upload};
 
 /// Whether the request asks to switch to WebSocket: `Connection: upgrade` (as one
@@ -65,12 +64,13 @@ const WEBSOCKET: &str = "websocket";
 /// the node's answer. On `101` the two connections are joined in the background
 /// until either side closes or both are silent for `bounds.tunnel_idle`.
 pub async fn forward(
-    upstream: &Authority,
+    target: Target<'_>,
     mut request: Request<Incoming>,
     peer: Peer<'_>,
     bounds: Bounds,
 ) -> Result<Response<IdleLimited>, GatewayError> {
     let (connect, idle) = (bounds.connect, bounds.tunnel_idle);
+    let (name, upstream) = (target.name, target.authority);
     let client_side = hyper::upgrade::on(&mut request);
     // The body (if any) under the same size and pause limits as any upload.
     let request = request
@@ -84,7 +84,7 @@ pub async fn forward(
     let stream = tokio::time::timeout(connect, TcpStream::connect(upstream.as_str()))
         .await
         .map_err(|_| GatewayError::UpstreamUnreachable)?
-        .map_err(|error| connect_failed(upstream, &error))?;
+        .map_err(|error| connect_failed(name, &error))?;
     let _ = stream.set_nodelay(true);
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -106,7 +106,10 @@ pub async fn forward(
     // would be a raw channel the edge rules never see.
     let switched_to = response.headers().get(header::UPGRADE);
     if !switched_to.is_some_and(|p| p.as_bytes().eq_ignore_ascii_case(WEBSOCKET.as_bytes())) {
-        tracing::warn!(%upstream, "the node switched to another protocol than websocket: refused");
+        tracing::warn!(
+            upstream = name,
+            "the node switched to another protocol than websocket: refused"
+        );
         return Err(GatewayError::UpstreamBroken);
     }
     let node_side = hyper::upgrade::on(&mut response);
@@ -125,15 +128,15 @@ pub async fn forward(
 
 /// The status for an upgrade whose node connection could not be opened: the
 /// gateway's own lack of resources is a 503 and no mark against the node.
-fn connect_failed(upstream: &Authority, error: &std::io::Error) -> GatewayError {
+fn connect_failed(upstream: &str, error: &std::io::Error) -> GatewayError {
     let fault = ConnectFault::of(error);
     match fault {
         ConnectFault::Gateway => tracing::warn!(
-            %upstream,
+            upstream,
             "upgrade: the gateway is out of connections (its own limit, not the upstream's fault): {error}"
         ),
         ConnectFault::Refused | ConnectFault::Upstream => {
-            tracing::warn!(%upstream, "upgrade: upstream unreachable: {error}")
+            tracing::warn!(upstream, "upgrade: upstream unreachable: {error}")
         }
     }
     fault.error()

@@ -40,7 +40,15 @@ pub struct Opened {
 pub fn open(file: Option<&Path>, limits: Limits, clock: Clock) -> Opened {
     let mut save_to = file.map(Path::to_path_buf);
     let loaded = match file.map(|path| (path, snapshot::read(path))) {
-        None | Some((_, Ok(None))) => None,
+        None => None,
+        Some((path, Ok(None))) => {
+            tracing::info!(
+                "no state file at {} yet (normal at first start): the affinity table starts \
+                 empty and is saved there from now on",
+                path.display()
+            );
+            None
+        }
         Some((_, Ok(Some(snapshot)))) => Some(snapshot),
         Some((path, Err(error))) => {
             tracing::warn!(

@@ -5,6 +5,7 @@ mod check_cli;
 mod faults;
 mod half_close;
 mod memory;
+mod observability;
 mod offload;
 mod open_files;
 mod operations;

@@ -43,6 +43,13 @@ impl Registry {
         self.lock().lost
     }
 
+    /// Deletes session `id`, as Moodle's `kill_session()` does (an admin's "log out
+    /// everywhere", a changed password, a session store that lost its rows): its
+    /// next request gets a new guest session and the login page.
+    pub fn kill(&self, id: &str) -> bool {
+        self.lock().by_id.remove(id).is_some()
+    }
+
     /// The node holding session `id`, if it is live.
     pub fn owner(&self, id: &str) -> Option<String> {
         self.lock().by_id.get(id).map(|s| s.node.clone())
