@@ -286,6 +286,65 @@ fn students_keep_their_sessions(store: Store, offload: bool) {
         for (name, health) in env.gateway.health().await {
             assert_eq!(health, "up", "{name} was marked down during the run");
         }
+        // Every login and logout rotated an id: none of them is a loss.
+        assert_eq!(env.gateway.losses().await, [], "the detector counted a loss");
+        let metrics = env.gateway.metrics().await;
+        for (node, students) in &deal {
+            let dealt = format!("moodle_gateway_sessions_dealt_total{{node=\"{node}\"}}");
+            assert_eq!(metrics.get(&dealt), Some(&(*students as f64)), "{dealt}");
+        }
+    });
+}
+
+/// The detector on real Moodle: a logged-in student whose session file vanishes (a
+/// store failure, a cleanup job, NFS) gets Moodle's login page with a new id, and the
+/// gateway counts exactly one loss on that node, with the cause `dropped`. Logging
+/// in again is never one.
+#[test]
+#[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
+fn a_student_whose_session_file_vanishes_is_counted_as_one_loss() {
+    let _one = heavy();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let env = start(Store::NodeLocal, false).await;
+        let account = &env.site.data.students[0];
+        let mut b = student::Browser::new(env.client.clone(), &env.cluster.wwwroot());
+        let first = journey::log_in(&env, &mut b, account).await;
+        let node = env
+            .cluster
+            .nodes
+            .iter()
+            .find(|n| n.name == first.node)
+            .unwrap();
+        let file = node
+            .sessions
+            .as_ref()
+            .unwrap()
+            .join(format!("sess_{}", first.session));
+        std::fs::remove_file(&file).unwrap();
+
+        b.logged_in = false;
+        let hops = b.get("/my/").await;
+        let issued = hops[0].sets_session().expect("Moodle issues a new id");
+        assert_ne!(issued, first.session);
+        assert!(
+            hops.last()
+                .unwrap()
+                .request
+                .starts_with("GET /login/index.php"),
+            "Moodle sends the student to log in: {:?}",
+            student::requests(&hops)
+        );
+        let loss = format!(
+            "moodle_gateway_session_losses_total{{cause=\"dropped\",node=\"{}\"}}",
+            first.node
+        );
+        assert_eq!(env.gateway.losses().await, [(loss.clone(), 1.0)]);
+
+        // She logs in again from a fresh browser: a login is never a loss.
+        let mut again = student::Browser::new(env.client.clone(), &env.cluster.wwwroot());
+        journey::log_in(&env, &mut again, account).await;
+        assert_eq!(env.gateway.losses().await, [(loss, 1.0)]);
     });
 }
 

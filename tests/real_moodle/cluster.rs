@@ -3,6 +3,7 @@
 //! offload mode the nodes answer files with `X-Accel-Redirect` and a private nginx
 //! exports the dataroot's file pool to the gateway (see `export.rs`).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -277,6 +278,31 @@ impl Gateway {
         let page = exchange(&self.client, Method::GET, &url, &auth, None).await;
         let json = serde_json::from_slice(&page.body).unwrap_or(Value::Null);
         (page.status, json)
+    }
+
+    /// `GET /metrics` as `name{labels}` → value.
+    pub async fn metrics(&self) -> BTreeMap<String, f64> {
+        let url = format!("http://{}/metrics", self.admin);
+        let auth = [("authorization", format!("Bearer {}", self.token))];
+        let page = exchange(&self.client, Method::GET, &url, &auth, None).await;
+        assert_eq!(page.status, StatusCode::OK);
+        let text = String::from_utf8_lossy(&page.body).into_owned();
+        let samples = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty());
+        samples
+            .filter_map(|line| line.rsplit_once(' '))
+            .map(|(key, value)| (key.to_owned(), value.parse().unwrap_or(f64::NAN)))
+            .collect()
+    }
+
+    /// Every nonzero `session_losses_total` sample.
+    pub async fn losses(&self) -> Vec<(String, f64)> {
+        let prefix = "moodle_gateway_session_losses_total{";
+        let samples = self.metrics().await.into_iter();
+        samples
+            .filter(|(key, value)| key.starts_with(prefix) && *value != 0.0)
+            .collect()
     }
 
     /// The admin entry of raw session id `id` (`/affinity/lookup`), `None` on 404.

@@ -59,50 +59,11 @@ pub async fn journey(env: &Env, account: &StudentAccount) -> Outcome {
         assert_eq!(page.sets_session(), None, "{path} started a session");
     }
 
-    // The login form: the first visit, where the gateway deals a node.
-    let hops = b.get("/login/index.php").await;
-    let form = only(hops, "the login form");
-    let anonymous = form
-        .sets_session()
-        .expect("the first visit starts a session");
-    let node = form.node().expect("Moodle names its node").to_string();
-    let token = between(&form.text(), "name=\"logintoken\" value=\"", "\"")
-        .expect("the form has a logintoken")
-        .to_string();
-    agree(env, &anonymous, &node, "anonymous").await;
-
-    // Log in: Moodle rotates the id on the POST, then 303s via ?testsession to /my/.
-    let hops = b
-        .post(
-            "/login/index.php",
-            &[
-                ("anchor", ""),
-                ("logintoken", &token),
-                ("username", &account.username),
-                ("password", &account.password),
-            ],
-        )
-        .await;
-    assert_eq!(
-        hops[0].status,
-        StatusCode::SEE_OTHER,
-        "{:?}",
-        requests(&hops)
-    );
-    let session = hops[0].sets_session().expect("login rotates the session");
-    assert_ne!(session, anonymous);
-    let dashboard = hops.last().unwrap();
-    assert!(
-        dashboard.request.starts_with("GET /my/"),
-        "{:?}",
-        requests(&hops)
-    );
-    for hop in &hops {
-        assert_eq!(hop.node(), Some(node.as_str()), "{}", hop.request);
-    }
-    b.logged_in = true;
-    shows_name(&mut b, dashboard, env, account);
-    agree(env, &session, &node, "logged-in").await;
+    let LoggedIn {
+        anonymous,
+        session,
+        node,
+    } = log_in(env, &mut b, account).await;
     assert_eq!(
         env.gateway.lookup(&anonymous).await,
         None,
@@ -162,6 +123,67 @@ pub async fn journey(env: &Env, account: &StudentAccount) -> Outcome {
         after_logout,
         tracked,
         fetched,
+    }
+}
+
+/// A student's session ids either side of logging in, and the node dealt.
+pub struct LoggedIn {
+    pub anonymous: String,
+    pub session: String,
+    pub node: String,
+}
+
+/// Loads the login form (the first visit: the gateway deals a node) and logs in,
+/// checking what Moodle and the admin API say at each step.
+pub async fn log_in(env: &Env, b: &mut Browser, account: &StudentAccount) -> LoggedIn {
+    // The login form: the first visit, where the gateway deals a node.
+    let hops = b.get("/login/index.php").await;
+    let form = only(hops, "the login form");
+    let anonymous = form
+        .sets_session()
+        .expect("the first visit starts a session");
+    let node = form.node().expect("Moodle names its node").to_string();
+    let token = between(&form.text(), "name=\"logintoken\" value=\"", "\"")
+        .expect("the form has a logintoken")
+        .to_string();
+    agree(env, &anonymous, &node, "anonymous").await;
+
+    // Log in: Moodle rotates the id on the POST, then 303s via ?testsession to /my/.
+    let hops = b
+        .post(
+            "/login/index.php",
+            &[
+                ("anchor", ""),
+                ("logintoken", &token),
+                ("username", &account.username),
+                ("password", &account.password),
+            ],
+        )
+        .await;
+    assert_eq!(
+        hops[0].status,
+        StatusCode::SEE_OTHER,
+        "{:?}",
+        requests(&hops)
+    );
+    let session = hops[0].sets_session().expect("login rotates the session");
+    assert_ne!(session, anonymous);
+    let dashboard = hops.last().unwrap();
+    assert!(
+        dashboard.request.starts_with("GET /my/"),
+        "{:?}",
+        requests(&hops)
+    );
+    for hop in &hops {
+        assert_eq!(hop.node(), Some(node.as_str()), "{}", hop.request);
+    }
+    b.logged_in = true;
+    shows_name(b, dashboard, env, account);
+    agree(env, &session, &node, "logged-in").await;
+    LoggedIn {
+        anonymous,
+        session,
+        node,
     }
 }
 
