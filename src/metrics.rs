@@ -26,6 +26,9 @@ use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
 /// Status classes by the first digit of a status: 1xx to 5xx.
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
+/// Why the table let sessions go: the `max_sessions` bound, or idleness.
+pub const EVICTION_REASONS: [&str; 2] = ["max_sessions", "expired"];
+
 /// The upstream label of answers the gateway gave itself (refusals, error pages).
 pub const GATEWAY: &str = "gateway";
 
@@ -75,6 +78,13 @@ pub enum MoveCause {
 }
 
 impl MoveCause {
+    const ALL: [MoveCause; 4] = [
+        MoveCause::Down,
+        MoveCause::Removed,
+        MoveCause::Disabled,
+        MoveCause::Refused,
+    ];
+
     fn as_str(self) -> &'static str {
         match self {
             MoveCause::Down => "down",
@@ -284,6 +294,19 @@ impl Metrics {
             latency,
             own,
         }
+        .with_zeroes()
+    }
+
+    /// Series of a small fixed label set exist from the start at 0, so that a
+    /// dashboard or an alert sees "none yet" rather than "no data".
+    fn with_zeroes(self) -> Self {
+        for cause in MoveCause::ALL {
+            self.moves.with_label_values(&[cause.as_str()]);
+        }
+        for reason in EVICTION_REASONS {
+            self.evictions.with_label_values(&[reason]);
+        }
+        self
     }
 
     /// Makes the meters of `id` once, labelled `name` (ids never change name).
@@ -439,6 +462,47 @@ mod tests {
             metrics.node(2).is_none(),
             "an id no config named has no meters"
         );
+    }
+
+    /// The shipped Grafana dashboard queries only series the gateway exports.
+    #[test]
+    fn every_metric_the_grafana_dashboard_queries_exists() {
+        let metrics = Metrics::new();
+        metrics.register(0, "web1");
+        let web1 = metrics.node(0).expect("registered");
+        web1.answered(200, Duration::from_millis(1));
+        web1.dealt();
+        metrics.upstream_error("web1", "unreachable");
+        metrics.rejected("max_in_flight");
+        let (_, tls_failed) = metrics.listener_counters();
+        tls_failed.inc();
+        let now = Snapshot {
+            upstreams: vec![UpstreamNow {
+                name: "web1".into(),
+                node: true,
+                up: true,
+                state: "active",
+                live: 1,
+                logged_in: 1,
+            }],
+            ..Snapshot::default()
+        };
+        let text = metrics.render(&now);
+        let dashboard = include_str!("../docs/grafana/moodle-gateway.json");
+        let mut queried = 0;
+        for (at, _) in dashboard.match_indices("moodle_gateway_") {
+            let name: String = dashboard[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let family = name.strip_suffix("_bucket").unwrap_or(&name);
+            assert!(
+                text.contains(&format!("# TYPE {family} ")),
+                "the dashboard queries {name}, which /metrics does not export"
+            );
+            queried += 1;
+        }
+        assert!(queried >= 14, "the dashboard has its panels");
     }
 
     #[test]

@@ -339,11 +339,11 @@ fn start_command(mut command: Command, config: &str) -> GatewayProcess {
         .find_map(|line| {
             let rest = line.split("listen=").nth(1)?;
             let addr = rest.split_whitespace().next()?.parse().ok()?;
-            // `admin=Some(127.0.0.1:PORT)` or `admin=None`.
+            // `admin=127.0.0.1:PORT` or `admin=off`.
             let admin = line
-                .split("admin=Some(")
+                .split("admin=")
                 .nth(1)
-                .and_then(|rest| rest.split(')').next()?.parse().ok());
+                .and_then(|rest| rest.split_whitespace().next()?.parse().ok());
             Some((addr, admin))
         })
         .expect("the gateway logged its listen address");
