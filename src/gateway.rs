@@ -724,11 +724,11 @@ impl Gateway {
         }
         let path = moodle::masked(&sent.uri);
         if cause == LossCause::Timeout {
-            return tracing::info!(node = name, %path, "a logged-in session timed out in Moodle");
+            return tracing::info!(node = %name, %path, "a logged-in session timed out in Moodle");
         }
         if let Some(held_back) = LOSSES.allow() {
             tracing::warn!(
-                node = name,
+                node = %name,
                 %path,
                 cause = cause.as_str(),
                 idle = %humantime::format_duration(known.idle),

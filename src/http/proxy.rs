@@ -166,11 +166,11 @@ fn connect_failed(upstream: &str, error: &ConnectError) -> ConnectFault {
     let fault = error.fault();
     match fault {
         ConnectFault::Gateway => tracing::warn!(
-            upstream,
+            upstream = %upstream,
             "the gateway is out of connections (its own limit, not the upstream's fault): {error}"
         ),
         ConnectFault::Refused | ConnectFault::Upstream => {
-            tracing::warn!(upstream, "upstream unreachable: {error}")
+            tracing::warn!(upstream = %upstream, "upstream unreachable: {error}")
         }
     }
     fault
@@ -260,7 +260,7 @@ pub async fn forward(
         answer = exchange => answer?,
         () = deadline => {
             let waited = humantime::format_duration(bounds.response_headers);
-            tracing::warn!(upstream = name, "no response headers within {waited}");
+            tracing::warn!(upstream = %name, "no response headers within {waited}");
             return Err(GatewayError::UpstreamTimeout.into());
         }
     };
@@ -269,7 +269,7 @@ pub async fn forward(
     // connection on its own: never passed on.
     if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         tracing::warn!(
-            upstream = name,
+            upstream = %name,
             "101 to a request that asked for no upgrade: refused"
         );
         return Err(GatewayError::UpstreamBroken.into());
@@ -287,7 +287,7 @@ fn sized(headers: &mut HeaderMap, len: usize) {
 
 fn classify_error(upstream: &str, error: &hyper::Error) -> GatewayError {
     client_fault(upstream, error).unwrap_or_else(|| {
-        tracing::warn!(upstream, "upstream exchange failed: {}", Causes(error));
+        tracing::warn!(upstream = %upstream, "upstream exchange failed: {}", Causes(error));
         GatewayError::UpstreamBroken
     })
 }
@@ -311,7 +311,7 @@ fn client_fault(upstream: &str, error: &(dyn std::error::Error + 'static)) -> Op
         (GatewayError::PayloadTooLarge, "went over max_body_bytes")
     } else if wraps::<ClientBodyError>(error) {
         tracing::info!(
-            upstream,
+            upstream = %upstream,
             "the student's upload could not be read: {}",
             Causes(error)
         );
@@ -319,7 +319,7 @@ fn client_fault(upstream: &str, error: &(dyn std::error::Error + 'static)) -> Op
     } else {
         return None;
     };
-    tracing::info!(upstream, "the student's upload {why}");
+    tracing::info!(upstream = %upstream, "the student's upload {why}");
     Some(error)
 }
 

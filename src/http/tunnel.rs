@@ -107,7 +107,7 @@ pub async fn forward(
     let switched_to = response.headers().get(header::UPGRADE);
     if !switched_to.is_some_and(|p| p.as_bytes().eq_ignore_ascii_case(WEBSOCKET.as_bytes())) {
         tracing::warn!(
-            upstream = name,
+            upstream = %name,
             "the node switched to another protocol than websocket: refused"
         );
         return Err(GatewayError::UpstreamBroken);
@@ -132,11 +132,11 @@ fn connect_failed(upstream: &str, error: &std::io::Error) -> GatewayError {
     let fault = ConnectFault::of(error);
     match fault {
         ConnectFault::Gateway => tracing::warn!(
-            upstream,
+            upstream = %upstream,
             "upgrade: the gateway is out of connections (its own limit, not the upstream's fault): {error}"
         ),
         ConnectFault::Refused | ConnectFault::Upstream => {
-            tracing::warn!(upstream, "upgrade: upstream unreachable: {error}")
+            tracing::warn!(upstream = %upstream, "upgrade: upstream unreachable: {error}")
         }
     }
     fault.error()

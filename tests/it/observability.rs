@@ -12,7 +12,7 @@ use moodle_gateway::demo::standin::Cluster;
 use moodle_gateway::demo::Browser;
 use regex::Regex;
 
-use crate::support::{self, logged_in, TestGateway};
+use crate::support::{self, logged_in, TempDir, TestGateway};
 
 const TOKEN: &str = "observability-admin-token-0123456789";
 
@@ -246,7 +246,7 @@ async fn visit_with_secrets(gateway: &TestGateway) -> (Vec<String>, Vec<&'static
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_has_one_combined_line_per_request_and_no_secret() {
     let dir = tempdir("combined");
-    let file = dir.join("access.log");
+    let file = dir.0.join("access.log");
     let extra = format!("[access_log]\nto = \"{}\"\n", file.display());
     let (_cluster, gateway) = cluster_and_gateway(2, &extra).await;
     let (ids, secrets, hash) = visit_with_secrets(&gateway).await;
@@ -291,7 +291,7 @@ async fn the_access_log_has_one_combined_line_per_request_and_no_secret() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_json_access_log_has_every_field_and_no_secret() {
     let dir = tempdir("json");
-    let file = dir.join("access.json");
+    let file = dir.0.join("access.json");
     let extra = format!(
         "[access_log]\nto = \"{}\"\nformat = \"json\"\n",
         file.display()
@@ -339,9 +339,9 @@ async fn lookup(gateway: &TestGateway, id: &str) -> String {
     entry["session"].as_str().expect("a hash").to_owned()
 }
 
-fn tempdir(name: &str) -> std::path::PathBuf {
+fn tempdir(name: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!("mg-access-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
 }

@@ -290,7 +290,8 @@ impl Drop for GatewayProcess {
     }
 }
 
-struct TempDir(std::path::PathBuf);
+/// A directory removed, with everything in it, when dropped.
+pub struct TempDir(pub std::path::PathBuf);
 
 impl Drop for TempDir {
     fn drop(&mut self) {
