@@ -284,17 +284,16 @@ impl Gateway {
         let secure = self.route_cookie.is_some() && proxy::is_https(request.headers(), peer);
         // The node will ignore how the student asked for a file; the export must not.
         let asked = settings.offload.as_ref().map(|_| Asked::of(&request));
-        let sent = Instant::now();
         let forwarded = match self.route(kind, known, &settings).await {
             Ok(route) => self.forward(route, known, request, peer, &settings).await,
             Err(error) => Err(error),
         };
-        let (route, mut response) = match forwarded {
+        let (route, mut response, took) = match forwarded {
             Ok(forwarded) => forwarded,
             Err(error) => return self.failed(error),
         };
         served.upstream = settings.upstream(route).map(|u| u.id);
-        served.upstream_time = Some(sent.elapsed());
+        served.upstream_time = took;
         let route_cookie = match self.site.issued_session(response.headers()) {
             Some(issued) => {
                 if let IssuedSession::Id(id) = issued {
@@ -501,7 +500,8 @@ impl Gateway {
     /// Forwards to the route's upstream, recording the outcome in its health. Only
     /// a request whose connection could not even be opened is ever sent again
     /// (nothing of it reached the node, so nothing can happen twice; see
-    /// [`Gateway::again`] for where). Anything else is never replayed.
+    /// [`Gateway::again`] for where). Anything else is never replayed. Returns the
+    /// route taken, the response, and how long the answering node took to its head.
     async fn forward(
         &self,
         mut route: Route,
@@ -509,7 +509,7 @@ impl Gateway {
         request: Request<Incoming>,
         peer: Peer<'_>,
         settings: &Settings,
-    ) -> Result<(Route, Response<IdleLimited>), GatewayError> {
+    ) -> Result<(Route, Response<IdleLimited>, Option<Duration>), GatewayError> {
         if tunnel::is_upgrade(&request) {
             let upstream = settings
                 .upstream(route)
@@ -525,7 +525,7 @@ impl Gateway {
             if upgraded.as_ref().is_err_and(|e| e.is_upstream_failure()) {
                 upstream.health.failure(settings.health.fall);
             }
-            return upgraded.map(|response| (route, response));
+            return upgraded.map(|response| (route, response, None));
         }
         // Only a request with no affinity and no body moves: nothing of it reached
         // the first node, and no node holds its session.
@@ -556,10 +556,11 @@ impl Gateway {
             } = match forwarded.await {
                 Ok(response) => {
                     upstream.health.request_succeeded();
+                    let took = sent.elapsed();
                     if let Some(meters) = self.metrics.node(upstream.id) {
-                        meters.answered(response.status().as_u16(), sent.elapsed());
+                        meters.answered(response.status().as_u16(), took);
                     }
-                    return Ok((route, response));
+                    return Ok((route, response, Some(took)));
                 }
                 Err(failed) => failed,
             };
@@ -772,7 +773,8 @@ impl Gateway {
 pub struct Served {
     /// The upstream that answered; `None` when the gateway answered itself.
     pub upstream: Option<NodeId>,
-    /// From routing the request to its response head (waits for a node included).
+    /// From sending the request to the node that answered to its response head
+    /// (`None` for a WebSocket upgrade, which is timed by nobody).
     pub upstream_time: Option<Duration>,
     /// The key of the session it carried, or else of the one its node issued.
     pub session: Option<SessionKey>,
