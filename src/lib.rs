@@ -5,8 +5,9 @@
 //! except where their `mod.rs` says, and the modules where they meet.
 //! - [`moodle`]: every Moodle fact: the kinds of request and the site they belong to;
 //!   its readers of paths and SCORM URL forms, and of the session cookie both ways.
-//! - [`gateway`]: one request's journey: admit, classify, route (with failover), forward,
-//!   learn. Where the wings meet.
+//! - [`gateway`]: one request's journey: admit, classify, route, forward (`failover`: where
+//!   an attempt that sent nothing may go next), learn (`learning`: the node's `Set-Cookie`
+//!   and the session-loss detector). Where the wings meet.
 //! - [`http`]: bytes in and out.
 //!   - [`http::listener`]: one listener's accept loop: caps, TLS, HTTP/1.1 or HTTP/2, the drain.
 //!   - [`http::tls`]: the public listener's certificate, reloaded by `SIGHUP`; ALPN; the
@@ -38,7 +39,11 @@
 //!   - [`cluster::health`]: active probes and passive marks that take nodes down and bring
 //!     them back.
 //! - [`config`]: `config.toml` parsed into validated types; every error names its key.
-//! - [`admin`]: the token-protected admin API on its own listener.
+//! - [`admin`]: the token-protected admin API on its own listener, and `/metrics`.
+//! - [`metrics`]: what the gateway counts: per-node counters found by id on the request
+//!   path, and the Prometheus families.
+//! - [`access_log`]: one line per request, written by a thread of its own.
+//! - [`logs`]: log lines that repeat under load, said at most once per interval.
 //! - [`error`]: the failures a student can see, and their statuses.
 //! - [`open_files`]: the open-file limit the configured limits need, raised at start.
 //! - [`app`]: builds everything, serves the listeners, runs the background tasks (sweeper,

@@ -4,17 +4,22 @@
 //! This is the only place where Moodle knowledge ([`crate::moodle`]), the upstreams
 //! and their health ([`crate::cluster::upstreams`]) and the affinity table
 //! ([`crate::sessions::affinity`]) meet, so the routing rule reads top to bottom in
-//! `Gateway::route`, failover in `Gateway::sticky` and the learning rule in
-//! `Gateway::learn`.
+//! `Gateway::route` and the rule for a known session's node in `Gateway::sticky`.
+//! Two parts of the journey have a file of their own: `failover` (the forward loop,
+//! and where an attempt that sent nothing may go next) and `learning` (what a
+//! node's `Set-Cookie` teaches, and the session-loss detector).
 //!
 //! Everything a reload may change (the upstreams, failover policy, forwarding
 //! settings) sits in one [`Settings`] behind an [`ArcSwap`]: a request loads it
 //! once, without a lock, and a reload swaps in a new one without disturbing the
 //! requests still using the old.
 
+mod failover;
+mod learning;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
 use bytes::Bytes;
@@ -24,7 +29,6 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use ipnet::IpNet;
 
-use crate::cluster::health::Change;
 use crate::cluster::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
 use crate::config::{Config, HealthConfig, SessionStore};
 use crate::error::GatewayError;
@@ -32,11 +36,9 @@ use crate::http::body::IdleLimited;
 use crate::http::edge::EdgeRules;
 use crate::http::offload::{self, Asked, Offload};
 use crate::http::pool::Pool;
-use crate::http::proxy::{self, Bounds, Client, Failed, Peer, Target};
-use crate::http::tunnel;
-use crate::http::upload::Upload;
+use crate::http::proxy::{self, Bounds, Client, Peer};
 use crate::logs::Every;
-use crate::metrics::{LossCause, Metrics, MoveCause};
+use crate::metrics::{Metrics, MoveCause};
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
 use crate::sessions::affinity::{AffinityTable, Limits, SessionKey, SessionState};
 use crate::sessions::clock::Clock;
@@ -497,268 +499,6 @@ impl Gateway {
         Some(Route::Moved(to))
     }
 
-    /// Forwards to the route's upstream, recording the outcome in its health. Only
-    /// a request whose connection could not even be opened is ever sent again
-    /// (nothing of it reached the node, so nothing can happen twice; see
-    /// [`Gateway::again`] for where). Anything else is never replayed. Returns the
-    /// route taken, the response, and how long the answering node took to its head.
-    async fn forward(
-        &self,
-        mut route: Route,
-        known: Option<Known>,
-        request: Request<Incoming>,
-        peer: Peer<'_>,
-        settings: &Settings,
-    ) -> Result<(Route, Response<IdleLimited>, Option<Duration>), GatewayError> {
-        if tunnel::is_upgrade(&request) {
-            let upstream = settings
-                .upstream(route)
-                .ok_or(GatewayError::NoNodeAvailable)?;
-            // An upgrade is never replayed, and gets a node connection of its own.
-            let target = Target {
-                name: &upstream.name,
-                authority: &upstream.authority,
-                conns: &upstream.conns,
-            };
-            let upgraded = tunnel::forward(target, request, peer, settings.bounds);
-            let upgraded = upgraded.await;
-            if upgraded.as_ref().is_err_and(|e| e.is_upstream_failure()) {
-                upstream.health.failure(settings.health.fall);
-            }
-            return upgraded.map(|response| (route, response, None));
-        }
-        // Only a request with no affinity and no body moves: nothing of it reached
-        // the first node, and no node holds its session.
-        let movable = matches!(route, Route::Deal(_) | Route::Spread(_))
-            && settings.upstreams.nodes().len() > 1
-            && http_body::Body::is_end_stream(request.body());
-        let mut request = request.map(|body| Upload::new(body, &settings.bounds));
-        let mut retry = Retry {
-            movable,
-            attempts: settings.upstreams.nodes().len(),
-            hold: None,
-        };
-        loop {
-            let upstream = settings
-                .upstream(route)
-                .ok_or(GatewayError::NoNodeAvailable)?;
-            let sent = Instant::now();
-            let target = Target {
-                name: &upstream.name,
-                authority: &upstream.authority,
-                conns: &upstream.conns,
-            };
-            let forwarded = proxy::forward(&self.pool, target, request, peer, settings.bounds);
-            let Failed {
-                error,
-                unsent,
-                refused,
-            } = match forwarded.await {
-                Ok(response) => {
-                    upstream.health.request_succeeded();
-                    let took = sent.elapsed();
-                    if let Some(meters) = self.metrics.node(upstream.id) {
-                        meters.answered(response.status().as_u16(), took);
-                    }
-                    return Ok((route, response, Some(took)));
-                }
-                Err(failed) => failed,
-            };
-            if error.is_upstream_error() {
-                self.metrics.upstream_error(&upstream.name, error.kind());
-            }
-            // The gateway's own lack of resources is not in here: it says nothing
-            // about the node (`GatewayError::is_upstream_failure`).
-            if error.is_upstream_failure()
-                && upstream.health.failure(settings.health.fall) == Change::Down
-            {
-                tracing::warn!(upstream = %upstream.name, "marked down: {error}");
-            }
-            // No socket for this node means none for any other: answered at once.
-            let Some(unsent) = unsent.filter(|_| error != GatewayError::OutOfConnections) else {
-                return Err(error);
-            };
-            match self
-                .again(route, known, refused, &mut retry, settings)
-                .await
-            {
-                Some(next) => (route, request) = (next, unsent),
-                None => return Err(error),
-            }
-        }
-    }
-
-    /// Where a request goes after an attempt that sent nothing (its connection
-    /// could not be opened), if anywhere.
-    async fn again(
-        &self,
-        route: Route,
-        known: Option<Known>,
-        refused: bool,
-        retry: &mut Retry,
-        settings: &Settings,
-    ) -> Option<Route> {
-        let shared = settings.store == SessionStore::Shared;
-        retry.attempts = retry.attempts.saturating_sub(1);
-        match route {
-            // A node that is unreachable rather than refusing, for a session or a
-            // SCORM file: answered as it is (502), never a reason to move or wait.
-            Route::Sticky(_) | Route::Moved(_) | Route::Data if !refused => None,
-            // A new visitor or a sessionless asset, with no body: the next node.
-            Route::Deal(node) if retry.movable && retry.attempts > 0 => {
-                self.deal(settings, Some(node)).map(Route::Deal)
-            }
-            Route::Spread(node) if retry.movable && retry.attempts > 0 => {
-                settings.upstreams.spread(Some(node)).map(Route::Spread)
-            }
-            Route::Deal(_) | Route::Spread(_) => None,
-            // A refused session with a shared store: any node can serve it, so it
-            // moves at once (a POST too: its body was never read), like a session
-            // whose node is down.
-            Route::Sticky(node) | Route::Moved(node) if shared && retry.attempts > 0 => {
-                let known = Known { node, ..known? };
-                self.move_session(known, MoveCause::Refused, settings)
-            }
-            Route::Sticky(_) | Route::Moved(_) if shared => None,
-            // A refused session only its node holds: nothing reached the node (its
-            // web server is restarting), so the same request tries it again, with
-            // a backoff, for up to `failover_hold`. A slow page, not a 502 or a
-            // logout. After the hold, the rule for a down node: moved if its
-            // refusals took it down, else the 502.
-            Route::Sticky(node) | Route::Moved(node) => {
-                let hold = retry.hold.get_or_insert_with(|| {
-                    tracing::info!(
-                        node,
-                        "connection refused: retrying the same node within failover_hold"
-                    );
-                    Hold::start(settings.failover_hold)
-                });
-                if hold.pause().await {
-                    return Some(Route::Sticky(node));
-                }
-                let down = settings
-                    .upstreams
-                    .get(node)
-                    .is_some_and(|n| !n.health.is_up());
-                let known = Known { node, ..known? };
-                down.then(|| self.move_session(known, MoveCause::Down, settings))?
-            }
-            // The data server has no other copy and no session to hold for.
-            Route::Data => None,
-        }
-    }
-
-    /// The learning rule: a node's `Set-Cookie` for the session cookie binds the id it
-    /// issued to that node; a new id on a request that carried a known one is a
-    /// rotation (login, logout, timeout) and replaces it on the same node in one step.
-    /// Returns the node the issued id is now bound to.
-    fn learn(
-        &self,
-        route: Route,
-        known: Option<Known>,
-        issued: IssuedSession<'_>,
-        sent: &Sent,
-        settings: &Settings,
-    ) -> Option<NodeId> {
-        let id = match issued {
-            IssuedSession::Id(id) => id,
-            IssuedSession::Cleared => {
-                known.map(|known| self.table.forget(known.key));
-                return None;
-            }
-        };
-        let new = self.table.key(id);
-        if known.is_some_and(|known| known.key == new) {
-            return None; // the node re-sent the same id: nothing changed
-        }
-        let state = if moodle::logged_in_after(sent.kind, sent.is_post, known.is_some()) {
-            SessionState::LoggedIn
-        } else {
-            SessionState::Anonymous
-        };
-        let node = match (route.node(), known) {
-            (Some(node), _) => node,
-            // The data server runs Moodle on the same shared sessions (it could not
-            // serve SCORM otherwise): its new id belongs with the student's node, or
-            // with a new visitor's dealt one.
-            (None, Some(known)) => known.node,
-            (None, None) => self.deal(settings, None)?,
-        };
-        match known {
-            Some(known) => {
-                self.detect_loss(route, known, sent, settings);
-                self.table.rotate(known.key, new, node, state);
-            }
-            None => {
-                self.table.bind(new, node, state);
-                if let Some(meters) = self.metrics.node(node) {
-                    meters.dealt();
-                }
-            }
-        }
-        Some(node)
-    }
-
-    /// The session-loss detector. A node that answers a logged-in student's request
-    /// with a new session id anywhere but at login and logout has logged the student
-    /// out: on Moodle 4.5 a `303 /login/index.php` with a fresh anonymous id, after a
-    /// session store failure, NFS lock trouble, a kill, or a request that reached
-    /// the wrong node. No other proxy sees this; it is counted per node and cause.
-    fn detect_loss(&self, route: Route, known: Known, sent: &Sent, settings: &Settings) {
-        if known.state != SessionState::LoggedIn || moodle::rotates_by_design(sent.kind) {
-            return;
-        }
-        let cause = if known.idle >= settings.sessiontimeout {
-            LossCause::Timeout
-        } else if matches!(route, Route::Moved(_)) {
-            LossCause::Moved
-        } else {
-            LossCause::Dropped
-        };
-        let upstream = settings.upstream(route);
-        let (id, name) = match upstream {
-            Some(upstream) => (upstream.id, upstream.name.as_str()),
-            None => return,
-        };
-        if let Some(meters) = self.metrics.node(id) {
-            meters.lost(cause);
-        }
-        let path = moodle::masked(&sent.uri);
-        if cause == LossCause::Timeout {
-            return tracing::info!(node = %name, %path, "a logged-in session timed out in Moodle");
-        }
-        if let Some(held_back) = LOSSES.allow() {
-            tracing::warn!(
-                node = %name,
-                %path,
-                cause = cause.as_str(),
-                idle = %humantime::format_duration(known.idle),
-                held_back,
-                "a logged-in student was logged out by the node"
-            );
-        }
-    }
-
-    /// The route cookie line for what was just learnt: a new one naming the node of
-    /// a newly bound id, or a deletion when Moodle cleared the session.
-    fn route_cookie_line(
-        &self,
-        bound: Option<NodeId>,
-        issued: IssuedSession<'_>,
-        secure: bool,
-        settings: &Settings,
-    ) -> Option<HeaderValue> {
-        let cookie = self.route_cookie.as_ref()?;
-        match (issued, bound) {
-            (IssuedSession::Cleared, _) => Some(cookie.clear(secure)),
-            (IssuedSession::Id(id), Some(node)) => {
-                let node = settings.upstreams.get(node)?;
-                Some(cookie.issue(&node.name, id, secure))
-            }
-            (IssuedSession::Id(_), None) => None,
-        }
-    }
-
     /// The node for a new session among those taking new sessions, other than `except`.
     fn deal(&self, settings: &Settings, except: Option<NodeId>) -> Option<NodeId> {
         settings
@@ -791,53 +531,6 @@ struct Sent {
 /// Refused requests are logged at most once every ten seconds: a scanner sends
 /// thousands, and the counts are in `/metrics`.
 static REFUSALS: Every = Every::new(Duration::from_secs(10));
-/// Session losses are each worth a warning, but an outage loses thousands at once.
-static LOSSES: Every = Every::new(Duration::from_secs(1));
-
-/// What one request may still do after a failed attempt that sent nothing.
-struct Retry {
-    /// No affinity and no body: it may go to the next node.
-    movable: bool,
-    /// Nodes it may still be tried on (new visitors, sessionless assets, moves).
-    attempts: usize,
-    /// The wait of a refused request for its own node, once it started.
-    hold: Option<Hold>,
-}
-
-/// The first pause after a refused connect: a web server restart takes about a
-/// second, so the first retries come quickly.
-const FIRST_PAUSE: Duration = Duration::from_millis(100);
-/// The longest pause between two tries: a node back after 3.1 s is tried by 4 s.
-const LONGEST_PAUSE: Duration = Duration::from_secs(1);
-
-/// A bound request's wait for its refusing node: pauses of 100 ms doubling to 1 s,
-/// until `failover_hold` after the first refusal.
-struct Hold {
-    until: tokio::time::Instant,
-    pause: Duration,
-}
-
-impl Hold {
-    fn start(hold: Duration) -> Self {
-        Self {
-            until: tokio::time::Instant::now() + hold,
-            pause: FIRST_PAUSE,
-        }
-    }
-
-    /// Waits before the next try; `false` (at once) once the hold is over.
-    async fn pause(&mut self) -> bool {
-        let left = self
-            .until
-            .saturating_duration_since(tokio::time::Instant::now());
-        if left.is_zero() {
-            return false;
-        }
-        tokio::time::sleep(self.pause.min(left)).await;
-        self.pause = (self.pause * 2).min(LONGEST_PAUSE);
-        true
-    }
-}
 
 /// One request's place under `max_in_flight`, given back when dropped.
 struct InFlight<'a>(&'a AtomicUsize);

@@ -1,0 +1,220 @@
+//! What a request does when its node cannot be reached: the forward loop, and the
+//! one rule of where an attempt that sent nothing may go next.
+//!
+//! Why here and not in `http::proxy`: whether a request may go to another node
+//! depends on its session (a node-local session only lives on its node) and on the
+//! store, which only the gateway knows; the proxy only reports whether anything of
+//! the request left.
+
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use super::{Gateway, Known, Route, Settings};
+use crate::cluster::health::Change;
+use crate::config::SessionStore;
+use crate::error::GatewayError;
+use crate::http::body::IdleLimited;
+use crate::http::proxy::{self, Failed, Peer, Target};
+use crate::http::tunnel;
+use crate::http::upload::Upload;
+use crate::metrics::MoveCause;
+
+impl Gateway {
+    /// Forwards to the route's upstream, recording the outcome in its health. Only
+    /// a request whose connection could not even be opened is ever sent again
+    /// (nothing of it reached the node, so nothing can happen twice; see
+    /// [`Gateway::again`] for where). Anything else is never replayed. Returns the
+    /// route taken, the response, and how long the answering node took to its head.
+    pub(super) async fn forward(
+        &self,
+        mut route: Route,
+        known: Option<Known>,
+        request: Request<Incoming>,
+        peer: Peer<'_>,
+        settings: &Settings,
+    ) -> Result<(Route, Response<IdleLimited>, Option<Duration>), GatewayError> {
+        if tunnel::is_upgrade(&request) {
+            let upstream = settings
+                .upstream(route)
+                .ok_or(GatewayError::NoNodeAvailable)?;
+            // An upgrade is never replayed, and gets a node connection of its own.
+            let target = Target {
+                name: &upstream.name,
+                authority: &upstream.authority,
+                conns: &upstream.conns,
+            };
+            let upgraded = tunnel::forward(target, request, peer, settings.bounds);
+            let upgraded = upgraded.await;
+            if upgraded.as_ref().is_err_and(|e| e.is_upstream_failure()) {
+                upstream.health.failure(settings.health.fall);
+            }
+            return upgraded.map(|response| (route, response, None));
+        }
+        // Only a request with no affinity and no body moves: nothing of it reached
+        // the first node, and no node holds its session.
+        let movable = matches!(route, Route::Deal(_) | Route::Spread(_))
+            && settings.upstreams.nodes().len() > 1
+            && http_body::Body::is_end_stream(request.body());
+        let mut request = request.map(|body| Upload::new(body, &settings.bounds));
+        let mut retry = Retry {
+            movable,
+            attempts: settings.upstreams.nodes().len(),
+            hold: None,
+        };
+        loop {
+            let upstream = settings
+                .upstream(route)
+                .ok_or(GatewayError::NoNodeAvailable)?;
+            let sent = Instant::now();
+            let target = Target {
+                name: &upstream.name,
+                authority: &upstream.authority,
+                conns: &upstream.conns,
+            };
+            let forwarded = proxy::forward(&self.pool, target, request, peer, settings.bounds);
+            let Failed {
+                error,
+                unsent,
+                refused,
+            } = match forwarded.await {
+                Ok(response) => {
+                    upstream.health.request_succeeded();
+                    let took = sent.elapsed();
+                    if let Some(meters) = self.metrics.node(upstream.id) {
+                        meters.answered(response.status().as_u16(), took);
+                    }
+                    return Ok((route, response, Some(took)));
+                }
+                Err(failed) => failed,
+            };
+            if error.is_upstream_error() {
+                self.metrics.upstream_error(&upstream.name, error.kind());
+            }
+            // The gateway's own lack of resources is not in here: it says nothing
+            // about the node (`GatewayError::is_upstream_failure`).
+            if error.is_upstream_failure()
+                && upstream.health.failure(settings.health.fall) == Change::Down
+            {
+                tracing::warn!(upstream = %upstream.name, "marked down: {error}");
+            }
+            // No socket for this node means none for any other: answered at once.
+            let Some(unsent) = unsent.filter(|_| error != GatewayError::OutOfConnections) else {
+                return Err(error);
+            };
+            match self
+                .again(route, known, refused, &mut retry, settings)
+                .await
+            {
+                Some(next) => (route, request) = (next, unsent),
+                None => return Err(error),
+            }
+        }
+    }
+
+    /// Where a request goes after an attempt that sent nothing (its connection
+    /// could not be opened), if anywhere.
+    async fn again(
+        &self,
+        route: Route,
+        known: Option<Known>,
+        refused: bool,
+        retry: &mut Retry,
+        settings: &Settings,
+    ) -> Option<Route> {
+        let shared = settings.store == SessionStore::Shared;
+        retry.attempts = retry.attempts.saturating_sub(1);
+        match route {
+            // A node that is unreachable rather than refusing, for a session or a
+            // SCORM file: answered as it is (502), never a reason to move or wait.
+            Route::Sticky(_) | Route::Moved(_) | Route::Data if !refused => None,
+            // A new visitor or a sessionless asset, with no body: the next node.
+            Route::Deal(node) if retry.movable && retry.attempts > 0 => {
+                self.deal(settings, Some(node)).map(Route::Deal)
+            }
+            Route::Spread(node) if retry.movable && retry.attempts > 0 => {
+                settings.upstreams.spread(Some(node)).map(Route::Spread)
+            }
+            Route::Deal(_) | Route::Spread(_) => None,
+            // A refused session with a shared store: any node can serve it, so it
+            // moves at once (a POST too: its body was never read), like a session
+            // whose node is down.
+            Route::Sticky(node) | Route::Moved(node) if shared && retry.attempts > 0 => {
+                let known = Known { node, ..known? };
+                self.move_session(known, MoveCause::Refused, settings)
+            }
+            Route::Sticky(_) | Route::Moved(_) if shared => None,
+            // A refused session only its node holds: nothing reached the node (its
+            // web server is restarting), so the same request tries it again, with
+            // a backoff, for up to `failover_hold`. A slow page, not a 502 or a
+            // logout. After the hold, the rule for a down node: moved if its
+            // refusals took it down, else the 502.
+            Route::Sticky(node) | Route::Moved(node) => {
+                let hold = retry.hold.get_or_insert_with(|| {
+                    tracing::info!(
+                        node,
+                        "connection refused: retrying the same node within failover_hold"
+                    );
+                    Hold::start(settings.failover_hold)
+                });
+                if hold.pause().await {
+                    return Some(Route::Sticky(node));
+                }
+                let down = settings
+                    .upstreams
+                    .get(node)
+                    .is_some_and(|n| !n.health.is_up());
+                let known = Known { node, ..known? };
+                down.then(|| self.move_session(known, MoveCause::Down, settings))?
+            }
+            // The data server has no other copy and no session to hold for.
+            Route::Data => None,
+        }
+    }
+}
+
+/// What one request may still do after a failed attempt that sent nothing.
+struct Retry {
+    /// No affinity and no body: it may go to the next node.
+    movable: bool,
+    /// Nodes it may still be tried on (new visitors, sessionless assets, moves).
+    attempts: usize,
+    /// The wait of a refused request for its own node, once it started.
+    hold: Option<Hold>,
+}
+
+/// The first pause after a refused connect: a web server restart takes about a
+/// second, so the first retries come quickly.
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// The longest pause between two tries: a node back after 3.1 s is tried by 4 s.
+const LONGEST_PAUSE: Duration = Duration::from_secs(1);
+
+/// A bound request's wait for its refusing node: pauses of 100 ms doubling to 1 s,
+/// until `failover_hold` after the first refusal.
+struct Hold {
+    until: tokio::time::Instant,
+    pause: Duration,
+}
+
+impl Hold {
+    fn start(hold: Duration) -> Self {
+        Self {
+            until: tokio::time::Instant::now() + hold,
+            pause: FIRST_PAUSE,
+        }
+    }
+
+    /// Waits before the next try; `false` (at once) once the hold is over.
+    async fn pause(&mut self) -> bool {
+        let left = self
+            .until
+            .saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        tokio::time::sleep(self.pause.min(left)).await;
+        self.pause = (self.pause * 2).min(LONGEST_PAUSE);
+        true
+    }
+}
