@@ -337,6 +337,7 @@ fn restart_needed(running: &Config, next: &Config) -> Vec<String> {
             "session.anonymous_idle",
             r.session.anonymous_idle != n.session.anonymous_idle,
         ),
+        ("[access_log]", r.access_log != n.access_log),
         ("timeouts.connect", r.timeouts.connect != n.timeouts.connect),
         (
             "timeouts.upstream_idle",

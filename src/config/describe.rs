@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::values::format_size;
-use super::{Config, NodeState, SessionStore, StatusRange};
+use super::{AccessLogFormat, AccessLogTo, Config, NodeState, SessionStore, StatusRange};
 
 fn d(d: Duration) -> String {
     humantime::format_duration(d).to_string()
@@ -167,7 +167,8 @@ impl Config {
             "session store: {store}\nshutdown: in-flight requests get {} to finish\n\
              health checks: GET {}{} every {}, timeout {}; an upstream is marked down after {} \
              in a row, up after {}; healthy statuses: {}\n\
-             snapshot: {snapshot}\nroute cookie: {route}\n",
+             snapshot: {snapshot}\nroute cookie: {route}\naccess log: {}\n\
+             session losses: a logged-in session Moodle replaces after {} idle timed out; sooner, it was lost\n",
             d(self.timeouts.shutdown),
             h.path,
             h.host
@@ -177,8 +178,24 @@ impl Config {
             d(h.timeout),
             count(h.fall, "failure", "failures"),
             count(h.rise, "success", "successes"),
-            statuses.join(", ")
+            statuses.join(", "),
+            self.describe_access_log(),
+            d(self.session.sessiontimeout),
         )
+    }
+
+    fn describe_access_log(&self) -> String {
+        let format = match self.access_log.format {
+            AccessLogFormat::Combined => "combined log format",
+            AccessLogFormat::Json => "JSON lines",
+        };
+        match &self.access_log.to {
+            AccessLogTo::Off => "off".to_owned(),
+            AccessLogTo::Stderr => format!("stderr, {format}"),
+            AccessLogTo::File(path) => {
+                format!("{}, {format}, reopened on SIGHUP", path.display())
+            }
+        }
     }
 
     /// The upstreams and which requests go where.

@@ -50,6 +50,8 @@ shutdown: in-flight requests get 30s to finish
 health checks: GET /theme/image.php?theme=boost&component=theme&image=favicon every 2s, timeout 1s; an upstream is marked down after 3 failures in a row, up after 2 successes; healthy statuses: 200
 snapshot: moodle-gateway.state (relative to the working directory), saved every 30s
 route cookie: none (no [route_cookie] section)
+access log: off
+session losses: a logged-in session Moodle replaces after 8h idle timed out; sooner, it was lost
 nodes:
   web1 http://192.168.1.1 weight 1
 data server: data http://192.168.1.5
@@ -116,6 +118,7 @@ balance = "least-sessions"
 max_sessions = 5_000
 logged_in_idle = "2h 30m"
 anonymous_idle = "15m"
+sessiontimeout = "2h"
 store = "shared"
 failover_hold = "45s"
 [timeouts]
@@ -151,6 +154,9 @@ save_every = "5m"
 [route_cookie]
 name = "GW"
 secret = "0123456789abcdef0123456789abcdef"
+[access_log]
+to = "/var/log/moodle-gateway/access.log"
+format = "json"
 [[nodes]]
 name = "web1"
 url = "http://192.168.1.1:8080/"
@@ -190,6 +196,8 @@ shutdown: in-flight requests get 2m to finish
 health checks: GET /moodle/admin/tool/heartbeat/?fail=1 (Host: moodle.example.edu) every 10s, timeout 10s; an upstream is marked down after 100 failures in a row, up after 1 success; healthy statuses: 200, 3xx, 500
 snapshot: /var/lib/moodle-gateway/table, saved every 5m
 route cookie: GW (secret: set, from route_cookie.secret)
+access log: /var/log/moodle-gateway/access.log, JSON lines, reopened on SIGHUP
+session losses: a logged-in session Moodle replaces after 2h idle timed out; sooner, it was lost
 nodes:
   web1 http://192.168.1.1:8080 weight 3
   web-2.b_c http://[fd00::2] weight 1 (draining: keeps its sessions, gets no new ones)

@@ -366,3 +366,20 @@ fn several_operations_problems_come_back_together() {
         "{errors}"
     );
 }
+
+#[test]
+fn access_log_mistakes_name_the_key_and_the_way_out() {
+    let text =
+        format!("[access_log]\nto = \"\"\nformat = \"apache\"\nrotate = true\n{NODES}{DATA}");
+    assert_eq!(
+        errors(&text),
+        "2: access_log.to: must not be empty: use \"off\", \"stderr\" or a file path\n\
+         3: access_log.format: \"apache\" is not a format: use \"combined\" or \"json\"\n\
+         4: access_log.rotate: unknown key (expected one of: to, format)"
+    );
+    let directory = format!("[access_log]\nto = \"/var/log/\"\n{NODES}{DATA}");
+    assert_eq!(
+        errors(&directory),
+        "2: access_log.to: \"/var/log/\" names a directory: name the file, like \"/var/log/access.log\""
+    );
+}
