@@ -18,19 +18,23 @@ use std::sync::Arc;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRef, Path, Query, State};
-use axum::http::header::CACHE_CONTROL;
+use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, COOKIE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
 
 use crate::cluster::upstreams::NodeId;
 use crate::gateway::{Gateway, Settings};
 use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
 
 mod guard;
+mod layers;
 mod nodes;
 
 pub use nodes::Reload;
@@ -70,9 +74,28 @@ pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
         })
         // After the fallbacks, so unknown paths are hidden behind the token too.
         .layer(middleware::from_fn_with_state(guard, guard::require_token));
+    // tower-http around every admin route, outermost first.
+    let http = tower::ServiceBuilder::new()
+        // The token travels in Authorization (or a cookie a proxy adds): marked
+        // sensitive first, so the trace below prints "Sensitive" in its place.
+        .layer(SetSensitiveRequestHeadersLayer::new([
+            AUTHORIZATION,
+            COOKIE,
+        ]))
+        // One debug span per request (RUST_LOG=tower_http=debug): method, path
+        // without the query (lookup's carries a raw session id), headers, status
+        // and latency. Inside the redaction, outside the timeout, so it sees both.
+        .layer(TraceLayer::new_for_http().make_span_with(layers::span))
+        // A handler stuck on a starved blocking pool answers 503 instead of
+        // holding the admin's connection open for ever.
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            layers::TIMEOUT,
+        ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(protected)
+        .layer(http)
         .layer(middleware::map_response(no_store))
         .with_state(AdminState { gateway, reload })
 }
