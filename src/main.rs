@@ -9,13 +9,14 @@ use clap::{Parser, Subcommand};
 use moodle_gateway::{app::Listeners, App, Config};
 use tokio::net::TcpListener;
 
-/// A session-sticky reverse proxy for a Moodle cluster.
-///
-/// Put it in front of your Moodle PHP servers and your data server: students keep one
-/// address (your wwwroot), every new Moodle session is dealt to the next PHP server in
-/// turn and stays there, and SCORM package files are always served by the data server.
+/// A session-sticky reverse proxy for a Moodle cluster: students keep one address (your
+/// wwwroot), each new Moodle session is dealt to the next PHP server in turn and stays
+/// there, and SCORM files come from the data server.
+// One paragraph, and no `about`/`long_about` of clap's own: `-h` and `--help` print
+// the same text. clap's built-in `help` takes only command names (`help --help` is an
+// error there), so `help` is a command of ours that hands over to `--help`.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+#[command(version, disable_help_subcommand = true)]
 struct Cli {
     #[command(flatten)]
     config: ConfigArg,
@@ -72,6 +73,11 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090", value_name = "ADDR")]
         admin_listen: std::net::SocketAddr,
     },
+    /// Print this help, or the help of the given command (the same as `COMMAND --help`).
+    Help {
+        /// The command to explain.
+        command: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -81,6 +87,7 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or_default() {
         Command::Check(arg) => check(&arg.or(&outer)),
         Command::Run(arg) => run(&arg.or(&outer)),
+        Command::Help { command } => help(command),
         Command::Demo {
             students,
             concurrency,
@@ -93,6 +100,17 @@ fn main() -> ExitCode {
             concurrency: concurrency.max(1),
         }),
     }
+}
+
+/// `help [COMMAND]`: clap prints `[COMMAND] --help` and exits 0, or names an unknown
+/// command and exits 2, exactly as `moodle-gateway nope --help` would.
+fn help(command: Option<String>) -> ExitCode {
+    let name = <Cli as clap::CommandFactory>::command()
+        .get_name()
+        .to_owned();
+    let args = [Some(name), command, Some("--help".to_owned())];
+    Cli::parse_from(args.into_iter().flatten());
+    ExitCode::SUCCESS
 }
 
 fn init_tracing() {
