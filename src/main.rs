@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use moodle_gateway::{app::Listeners, App, Config};
+use sd_notify::NotifyState;
 use tokio::net::TcpListener;
 
 /// A session-sticky reverse proxy for a Moodle cluster: students keep one address (your
@@ -240,13 +241,12 @@ async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
         app = app.with_tls(certificates);
     }
     tokio::spawn(reload_on_hangup(app.clone()));
-    tracing::info!(
-        listen = %public.local_addr().map_err(|e| e.to_string())?,
-        admin = ?admin_addr,
-        tls,
-        nodes,
-        "moodle-gateway ready"
-    );
+    let listen = public.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(%listen, admin = ?admin_addr, tls, nodes, "moodle-gateway ready");
+    // Every listener is bound and the table restored: systemd (Type=notify) may now
+    // start what depends on the gateway, and `systemctl start` returns.
+    let status = format!("students on {listen}");
+    notify_systemd(&[NotifyState::Ready, NotifyState::Status(&status)]);
     let listeners = Listeners {
         public,
         admin,
@@ -268,7 +268,13 @@ async fn reload_on_hangup(app: App) {
         };
         while hangups.recv().await.is_some() {
             let app = app.clone();
+            // systemd shows "reloading" meanwhile; MONOTONIC_USEC is what systemd 253+
+            // matches a reload by.
+            let mut reloading = vec![NotifyState::Reloading];
+            reloading.extend(NotifyState::monotonic_usec_now().ok());
+            notify_systemd(&reloading);
             let _ = tokio::task::spawn_blocking(move || app.reload_and_log()).await;
+            notify_systemd(&[NotifyState::Ready]);
         }
     }
     #[cfg(not(unix))]
@@ -294,5 +300,15 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = terminate => {}
+    }
+    notify_systemd(&[NotifyState::Stopping]);
+}
+
+/// Tells the service manager about a state change, when one listens (`NOTIFY_SOCKET`,
+/// set by systemd for `Type=notify`); without it this does nothing. A failure is
+/// logged, never fatal: the gateway serves students whether or not systemd heard.
+fn notify_systemd(states: &[NotifyState]) {
+    if let Err(error) = sd_notify::notify(states) {
+        tracing::warn!("cannot notify systemd: {error}");
     }
 }

@@ -16,6 +16,7 @@ mod sessions;
 mod signals;
 mod slowloris;
 mod support;
+mod systemd;
 mod tls;
 mod tunnels;
 mod uploads;
