@@ -18,5 +18,6 @@ mod slowloris;
 mod support;
 mod systemd;
 mod tls;
+mod toolchain;
 mod tunnels;
 mod uploads;
