@@ -139,12 +139,26 @@ pub(super) async fn set_state(
     }
     let node = settings.upstreams.by_name(&name);
     let node = node.ok_or_else(|| not_found(format!("no node named {name}")))?;
+    change(&settings.upstreams, node, state, force, &action)?;
+    Ok(Json(row(&gateway, node, true, true)).into_response())
+}
+
+/// Moves `node` to `state` unless that takes out the last active node without
+/// `force`; logs what happened either way.
+fn change(
+    upstreams: &Upstreams,
+    node: &Upstream,
+    state: NodeState,
+    force: bool,
+    action: &str,
+) -> Result<(), ApiError> {
+    let name = &node.name;
     let guard = STATE_CHANGES.lock().unwrap_or_else(|e| e.into_inner());
-    let last = leaves_none_active(&settings.upstreams, node, state);
+    let last = leaves_none_active(upstreams, node, state);
     if last && !force {
         drop(guard);
         tracing::warn!(node = %name, ?state, "admin refused: the last active node");
-        return Err(last_active(&name, &action));
+        return Err(last_active(name, action));
     }
     let previous = node.set_state(state);
     drop(guard);
@@ -153,7 +167,7 @@ pub(super) async fn set_state(
     } else {
         tracing::warn!(node = %name, ?previous, ?state, "admin changed a node's state");
     }
-    Ok(Json(row(&gateway, node, true, true)).into_response())
+    Ok(())
 }
 
 /// Whether moving `node` to `state` leaves no active node: it is active now, goes
