@@ -9,6 +9,27 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
+/// The one literal behind [`RETRY_AFTER_SECS`]: a macro, because `concat!` (which
+/// builds the 503 pages at compile time) takes literals, not constants.
+macro_rules! retry_after_secs {
+    () => {
+        "10"
+    };
+}
+pub(crate) use retry_after_secs;
+
+/// The last words of every 503 page: when to come back, exactly as `Retry-After` says.
+macro_rules! come_back {
+    () => {
+        concat!(
+            "please try again in ",
+            $crate::error::retry_after_secs!(),
+            " seconds\n"
+        )
+    };
+}
+pub(crate) use come_back;
+
 /// A request the gateway answers itself because it could not be proxied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GatewayError {
@@ -101,12 +122,16 @@ impl GatewayError {
             Self::UpstreamBroken => "bad gateway: the moodle server closed the connection\n",
             Self::UpstreamTimeout => "gateway timeout: the moodle server did not answer in time\n",
             Self::NoNodeAvailable => {
-                "service unavailable: no moodle server can take this request right now; \
-                 please try again in a minute\n"
+                concat!(
+                    "service unavailable: no moodle server can take this request right now; ",
+                    come_back!()
+                )
             }
             Self::DataServerDown => {
-                "service unavailable: the server with the course content is down; \
-                 please try again in a minute\n"
+                concat!(
+                    "service unavailable: the server with the course content is down; ",
+                    come_back!()
+                )
             }
             Self::MalformedRequest => "bad request\n",
             Self::UnknownHost => "misdirected request: this server does not serve that host\n",
@@ -114,8 +139,10 @@ impl GatewayError {
             Self::UriTooLong => "uri too long\n",
             Self::PayloadTooLarge => "payload too large\n",
             Self::Overloaded => {
-                "service unavailable: too many requests right now; \
-                 please try again in a minute\n"
+                concat!(
+                    "service unavailable: too many requests right now; ",
+                    come_back!()
+                )
             }
             Self::FileExportUnreachable => {
                 "bad gateway: the data server's file export could not be reached\n"
@@ -129,8 +156,10 @@ impl GatewayError {
                 "bad gateway: the moodle server named a file the gateway may not fetch\n"
             }
             Self::OutOfConnections => {
-                "service unavailable: the gateway is out of connections; \
-                 please try again in a minute\n"
+                concat!(
+                    "service unavailable: the gateway is out of connections; ",
+                    come_back!()
+                )
             }
         }
     }
@@ -164,8 +193,10 @@ impl GatewayError {
 }
 
 /// Seconds a client is told to wait after a 503: long enough for a probe round or a
-/// restart, short enough that a student retrying soon gets in.
-const RETRY_AFTER_SECS: &str = "10";
+/// restart, short enough that a student retrying soon gets in. The header and the
+/// page text are both built from this one literal, so the page never says "in a
+/// minute" beside a header that says 10 seconds.
+pub(crate) const RETRY_AFTER_SECS: &str = retry_after_secs!();
 
 impl GatewayError {
     /// The error page: plain text, never cached.
@@ -321,8 +352,18 @@ mod tests {
 
     #[test]
     fn unavailable_pages_say_when_to_come_back() {
-        let response = GatewayError::NoNodeAvailable.response();
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(response.headers()[header::RETRY_AFTER], RETRY_AFTER_SECS);
+        let unavailable = [
+            GatewayError::NoNodeAvailable,
+            GatewayError::DataServerDown,
+            GatewayError::Overloaded,
+            GatewayError::OutOfConnections,
+        ];
+        for error in unavailable {
+            let response = error.response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(response.headers()[header::RETRY_AFTER], "10");
+            let page = error.message();
+            assert!(page.ends_with("please try again in 10 seconds\n"), "{page}");
+        }
     }
 }

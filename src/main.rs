@@ -7,15 +7,17 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use moodle_gateway::{app::Listeners, App, Config};
+use sd_notify::NotifyState;
 use tokio::net::TcpListener;
 
-/// A session-sticky reverse proxy for a Moodle cluster.
-///
-/// Put it in front of your Moodle PHP servers and your data server: students keep one
-/// address (your wwwroot), every new Moodle session is dealt to the next PHP server in
-/// turn and stays there, and SCORM package files are always served by the data server.
+/// A session-sticky reverse proxy for a Moodle cluster: students keep one address (your
+/// wwwroot), each new Moodle session is dealt to the next PHP server in turn and stays
+/// there, and SCORM files come from the data server.
+// One paragraph, and no `about`/`long_about` of clap's own: `-h` and `--help` print
+// the same text. clap's built-in `help` takes only command names (`help --help` is an
+// error there), so `help` is a command of ours that hands over to `--help`.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about)]
+#[command(version, disable_help_subcommand = true)]
 struct Cli {
     #[command(flatten)]
     config: ConfigArg,
@@ -72,6 +74,11 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090", value_name = "ADDR")]
         admin_listen: std::net::SocketAddr,
     },
+    /// Print this help, or the help of the given command (the same as `COMMAND --help`).
+    Help {
+        /// The command to explain.
+        command: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -81,6 +88,7 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or_default() {
         Command::Check(arg) => check(&arg.or(&outer)),
         Command::Run(arg) => run(&arg.or(&outer)),
+        Command::Help { command } => help(command),
         Command::Demo {
             students,
             concurrency,
@@ -93,6 +101,17 @@ fn main() -> ExitCode {
             concurrency: concurrency.max(1),
         }),
     }
+}
+
+/// `help [COMMAND]`: clap prints `[COMMAND] --help` and exits 0, or names an unknown
+/// command and exits 2, exactly as `moodle-gateway nope --help` would.
+fn help(command: Option<String>) -> ExitCode {
+    let name = <Cli as clap::CommandFactory>::command()
+        .get_name()
+        .to_owned();
+    let args = [Some(name), command, Some("--help".to_owned())];
+    Cli::parse_from(args.into_iter().flatten());
+    ExitCode::SUCCESS
 }
 
 fn init_tracing() {
@@ -222,13 +241,13 @@ async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
         app = app.with_tls(certificates);
     }
     tokio::spawn(reload_on_hangup(app.clone()));
-    tracing::info!(
-        listen = %public.local_addr().map_err(|e| e.to_string())?,
-        admin = %admin_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
-        tls,
-        nodes,
-        "moodle-gateway ready"
-    );
+    let listen = public.local_addr().map_err(|e| e.to_string())?;
+    let admin_at = admin_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    tracing::info!(%listen, admin = %admin_at, tls, nodes, "moodle-gateway ready");
+    // Every listener is bound and the table restored: systemd (Type=notify) may now
+    // start what depends on the gateway, and `systemctl start` returns.
+    let status = format!("students on {listen}");
+    notify_systemd(&[NotifyState::Ready, NotifyState::Status(&status)]);
     let listeners = Listeners {
         public,
         admin,
@@ -250,7 +269,13 @@ async fn reload_on_hangup(app: App) {
         };
         while hangups.recv().await.is_some() {
             let app = app.clone();
+            // systemd shows "reloading" meanwhile; MONOTONIC_USEC is what systemd 253+
+            // matches a reload by.
+            let mut reloading = vec![NotifyState::Reloading];
+            reloading.extend(NotifyState::monotonic_usec_now().ok());
+            notify_systemd(&reloading);
             let _ = tokio::task::spawn_blocking(move || app.reload_and_log()).await;
+            notify_systemd(&[NotifyState::Ready]);
         }
     }
     #[cfg(not(unix))]
@@ -276,5 +301,15 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = terminate => {}
+    }
+    notify_systemd(&[NotifyState::Stopping]);
+}
+
+/// Tells the service manager about a state change, when one listens (`NOTIFY_SOCKET`,
+/// set by systemd for `Type=notify`); without it this does nothing. A failure is
+/// logged, never fatal: the gateway serves students whether or not systemd heard.
+fn notify_systemd(states: &[NotifyState]) {
+    if let Err(error) = sd_notify::notify(states) {
+        tracing::warn!("cannot notify systemd: {error}");
     }
 }

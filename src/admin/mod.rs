@@ -18,19 +18,23 @@ use std::sync::Arc;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRef, Path, Query, State};
-use axum::http::header::CACHE_CONTROL;
+use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, COOKIE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
 
 use crate::cluster::upstreams::NodeId;
 use crate::gateway::{Gateway, Settings};
 use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
 
 mod guard;
+mod layers;
 mod metrics;
 mod nodes;
 
@@ -72,9 +76,28 @@ pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
         })
         // After the fallbacks, so unknown paths are hidden behind the token too.
         .layer(middleware::from_fn_with_state(guard, guard::require_token));
+    // tower-http around every admin route, outermost first.
+    let http = tower::ServiceBuilder::new()
+        // The token travels in Authorization (or a cookie a proxy adds): marked
+        // sensitive first, so the trace below prints "Sensitive" in its place.
+        .layer(SetSensitiveRequestHeadersLayer::new([
+            AUTHORIZATION,
+            COOKIE,
+        ]))
+        // One debug span per request (RUST_LOG=tower_http=debug): method, path
+        // without the query (lookup's carries a raw session id), headers, status
+        // and latency. Inside the redaction, outside the timeout, so it sees both.
+        .layer(TraceLayer::new_for_http().make_span_with(layers::span))
+        // A handler stuck on a starved blocking pool answers 503 instead of
+        // holding the admin's connection open for ever.
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            layers::TIMEOUT,
+        ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(protected)
+        .layer(http)
         .layer(middleware::map_response(no_store))
         .with_state(AdminState { gateway, reload })
 }
@@ -174,7 +197,8 @@ fn page_request(gateway: &Gateway, query: PageQuery) -> Result<PageRequest, ApiE
     let given = |v: Option<String>| v.filter(|v| !v.is_empty());
     let limit = given(query.limit).map_or(Some(DEFAULT_LIMIT), |raw| raw.parse().ok());
     let limit = limit.filter(|n| (1..=MAX_LIMIT).contains(n));
-    let limit = limit.ok_or_else(|| bad_request("limit must be 1..=1000"))?;
+    let limit =
+        limit.ok_or_else(|| bad_request(&format!("limit must be between 1 and {MAX_LIMIT}")))?;
     let bad_cursor = || bad_request("cursor must be 16 hex digits");
     let after = given(query.cursor).map(|raw| parse_key(&raw).ok_or_else(bad_cursor));
     let node = given(query.node).map(|name| {
@@ -478,7 +502,10 @@ mod tests {
         for limit in ["0", "1001", "-1", "ten"] {
             let answer = admin.get(&format!("/affinity?limit={limit}")).await;
             assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{limit}");
-            assert_eq!(answer.body, r#"{"error":"limit must be 1..=1000"}"#);
+            assert_eq!(
+                answer.body,
+                r#"{"error":"limit must be between 1 and 1000"}"#
+            );
         }
         for cursor in ["xyz", "+123456789abcdef", "0123456789abcdef0"] {
             let uri = format!("/affinity?cursor={cursor}");

@@ -1,6 +1,15 @@
 //! The upstreams as an admin sees and steers them: `GET /nodes` (state, health and
-//! sessions of each), `POST /nodes/{name}/drain|undrain|disable`, and
+//! sessions of each), `POST /nodes/{name}/drain|undrain|enable|disable`, and
 //! `POST /reload`.
+//!
+//! Why the last active node is guarded: draining or disabling it leaves no node to
+//! deal new students to, so every newcomer (and with node-local sessions every
+//! student whose node goes) gets a 503. That is one mistyped name away, so it is
+//! refused with 409 unless the admin says `?force=true`, and logged either way.
+//! "Able to take students" means the admin state `active`, not health: health
+//! changes by itself (a node restarting comes back without anyone's help), while a
+//! drained node stays out until an admin brings it back; and it is the rule the
+//! config file keeps too (at least one node must be active).
 //!
 //! Why draining shows `drained`: the point of draining is to patch a node without
 //! logging anyone out, and the admin needs to know when that moment has come: the
@@ -11,15 +20,16 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{bad_request, counts, not_found, ApiError, Counts};
 use crate::cluster::upstreams::Upstream;
+use crate::cluster::upstreams::Upstreams;
 use crate::config::NodeState;
 use crate::gateway::{Gateway, Settings};
 
@@ -90,19 +100,36 @@ pub(super) async fn list(State(gateway): State<Arc<Gateway>>) -> Response {
     Json(NodesBody { nodes, data }).into_response()
 }
 
-/// `POST /nodes/{name}/drain|undrain|disable`: changes what a node may receive, at
-/// once and until the next change (a reload keeps it unless the file's `state` for
-/// that node changes). Answers the node's row.
+/// Every action `POST /nodes/{name}/{action}` knows, as its errors name them.
+const ACTIONS: &str = "drain, undrain, enable or disable";
+
+/// `?force=true`: take the last active node out anyway.
+#[derive(Debug, Deserialize)]
+pub(super) struct Force {
+    force: Option<bool>,
+}
+
+/// Serialises state changes, so two admins disabling the last two active nodes at
+/// once cannot both pass the last-node check. Held for a check and a store only.
+static STATE_CHANGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `POST /nodes/{name}/drain|undrain|enable|disable[?force=true]`: changes what a
+/// node may receive, at once and until the next change (a reload keeps it unless the
+/// file's `state` for that node changes). Answers the node's row; 409 for the last
+/// active node without `force`.
 pub(super) async fn set_state(
     State(gateway): State<Arc<Gateway>>,
     path: Result<Path<(String, String)>, PathRejection>,
+    force: Result<Query<Force>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let (name, action) = path.map_err(|_| bad_request("malformed path"))?.0;
+    let force = force.map_err(|_| bad_request("force must be true or false"))?;
+    let force = force.0.force.unwrap_or(false);
     let state = match action.as_str() {
         "drain" => NodeState::Draining,
         "undrain" | "enable" => NodeState::Active,
         "disable" => NodeState::Disabled,
-        _ => return Err(not_found("no such action: use drain, undrain or disable")),
+        _ => return Err(bad_request(&format!("no such action: use {ACTIONS}"))),
     };
     let settings = gateway.settings();
     if settings.upstreams.data().name == name {
@@ -112,9 +139,54 @@ pub(super) async fn set_state(
     }
     let node = settings.upstreams.by_name(&name);
     let node = node.ok_or_else(|| not_found(format!("no node named {name}")))?;
-    let previous = node.set_state(state);
-    tracing::warn!(node = %name, ?previous, ?state, "admin changed a node's state");
+    change(&settings.upstreams, node, state, force, &action)?;
     Ok(Json(row(&gateway, node, true, true)).into_response())
+}
+
+/// Moves `node` to `state` unless that takes out the last active node without
+/// `force`; logs what happened either way.
+fn change(
+    upstreams: &Upstreams,
+    node: &Upstream,
+    state: NodeState,
+    force: bool,
+    action: &str,
+) -> Result<(), ApiError> {
+    let name = &node.name;
+    let guard = STATE_CHANGES.lock().unwrap_or_else(|e| e.into_inner());
+    let last = leaves_none_active(upstreams, node, state);
+    if last && !force {
+        drop(guard);
+        tracing::warn!(node = %name, ?state, "admin refused: the last active node");
+        return Err(last_active(name, action));
+    }
+    let previous = node.set_state(state);
+    drop(guard);
+    if last {
+        tracing::warn!(node = %name, ?previous, ?state, "admin forced the last active node out: new students get 503");
+    } else {
+        tracing::warn!(node = %name, ?previous, ?state, "admin changed a node's state");
+    }
+    Ok(())
+}
+
+/// Whether moving `node` to `state` leaves no active node: it is active now, goes
+/// out, and no other node is active.
+fn leaves_none_active(upstreams: &Upstreams, node: &Upstream, state: NodeState) -> bool {
+    let active = |n: &Upstream| n.state() == NodeState::Active;
+    let others = upstreams.nodes().iter().filter(|n| n.id != node.id);
+    state != NodeState::Active && active(node) && !others.map(|n| &**n).any(active)
+}
+
+/// 409: what would happen, and how to do it anyway.
+fn last_active(name: &str, action: &str) -> ApiError {
+    ApiError(
+        StatusCode::CONFLICT,
+        format!(
+            "{name} is the last active node: after {action} no node takes new students \
+             and they get 503; make another node active first, or repeat with ?force=true"
+        ),
+    )
 }
 
 #[derive(Debug, Serialize)]

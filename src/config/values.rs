@@ -378,7 +378,9 @@ pub(super) fn format_size(n: u64) -> String {
         ("MB", 1_000_000),
         ("KB", 1_000),
     ];
-    let exact = units.iter().find(|(_, scale)| n != 0 && n % scale == 0);
+    let exact = units
+        .iter()
+        .find(|(_, scale)| n != 0 && n.is_multiple_of(*scale));
     exact.map_or_else(
         || format!("{n}B"),
         |(unit, scale)| format!("{}{unit}", n / scale),

@@ -70,8 +70,8 @@ impl DemoOutcome {
 /// Runs the cluster and the gateway; with `students`, drives them and reports.
 pub async fn run(options: DemoOptions) -> Result<DemoOutcome, Box<dyn Error>> {
     let cluster = Cluster::spawn(DEMO_NODES, "", DEFAULT_COOKIE)?;
-    let public = TcpListener::bind(options.listen).await?;
-    let admin = TcpListener::bind(options.admin_listen).await?;
+    let public = bind(options.listen, "students", "--listen").await?;
+    let admin = bind(options.admin_listen, "the admin API", "--admin-listen").await?;
     let (public_addr, admin_addr) = (public.local_addr()?, admin.local_addr()?);
     let token = random_token()?;
     let admin_settings = Some((admin_addr.to_string(), token.clone()));
@@ -102,6 +102,17 @@ pub async fn run(options: DemoOptions) -> Result<DemoOutcome, Box<dyn Error>> {
     Ok(DemoOutcome {
         report,
         lost_sessions,
+    })
+}
+
+/// A listener on `addr`, or an error that names the address and the `flag` that
+/// moves it: the defaults (8080, 9090) are ports another program often holds.
+async fn bind(addr: SocketAddr, whom: &str, flag: &str) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|error| {
+        let hint = format!(
+            "cannot listen for {whom} on {addr}: {error}; choose another address with {flag} ADDR"
+        );
+        std::io::Error::new(error.kind(), hint)
     })
 }
 

@@ -175,20 +175,32 @@ async fn serve_until_closed<C, T, E>(
 /// Connections past `max_connections` answered at the same time; more are closed.
 const TURN_AWAY_AT_ONCE: usize = 256;
 
+/// The page a connection over `max_connections` gets; it says when to come back as
+/// the other 503s do, in the words of their `Retry-After`.
+const TURNED_AWAY: &str = concat!(
+    "service unavailable: too many connections; ",
+    crate::error::come_back!()
+);
+
 /// What a connection over `max_connections` gets: a 503 that tells the browser when
 /// to come back, then the close. Written by hand, without parsing the request:
-/// the point is to spend as little as possible on it.
+/// the point is to spend as little as possible on it (the bytes are made once).
 async fn turn_away(mut stream: TcpStream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    const ANSWER: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 10\r\n\
-        Content-Type: text/plain; charset=utf-8\r\nCache-Control: no-store\r\n\
-        Connection: close\r\nContent-Length: 71\r\n\r\n\
-        service unavailable: too many connections; please try again in a bit\n";
+    static ANSWER: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "HTTP/1.1 503 Service Unavailable\r\nRetry-After: {}\r\n\
+             Content-Type: text/plain; charset=utf-8\r\nCache-Control: no-store\r\n\
+             Connection: close\r\nContent-Length: {}\r\n\r\n{TURNED_AWAY}",
+            crate::error::RETRY_AFTER_SECS,
+            TURNED_AWAY.len()
+        )
+    });
     // Read what has arrived, so closing does not reset the connection before the
     // client has read the answer.
     let mut scratch = [0u8; 4096];
     let _ = tokio::time::timeout(Duration::from_millis(100), stream.read(&mut scratch)).await;
-    let _ = stream.write_all(ANSWER).await;
+    let _ = stream.write_all(ANSWER.as_bytes()).await;
     let _ = stream.shutdown().await;
 }
 

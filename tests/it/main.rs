@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod check_cli;
+mod cli;
 mod faults;
 mod half_close;
 mod memory;
@@ -16,6 +17,8 @@ mod sessions;
 mod signals;
 mod slowloris;
 mod support;
+mod systemd;
 mod tls;
+mod toolchain;
 mod tunnels;
 mod uploads;

@@ -150,7 +150,9 @@ async fn with_every_node_down_students_get_a_quick_503_not_a_hang() {
     let reply = answered.expect("an answer, not a hang");
     assert_eq!(reply.status, 503);
     assert_eq!(reply.header("retry-after"), "10");
-    assert!(reply.text().contains("try again"), "{}", reply.text());
+    // One story: the page tells the student the wait the header tells the browser.
+    let page = reply.text();
+    assert!(page.contains("please try again in 10 seconds"), "{page}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,6 +228,39 @@ async fn a_drained_node_keeps_its_students_gets_no_new_ones_and_says_when_it_is_
     assert_eq!(status, 400, "the data server cannot be drained");
     let (status, _) = admin(&gateway, "POST", "/nodes/web9/drain").await;
     assert_eq!(status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_active_node_is_not_taken_out_without_force_and_every_action_is_named() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster, "").await;
+    let (status, _) = admin(&gateway, "POST", "/nodes/web1/disable").await;
+    assert_eq!(status, 200, "another node is still active");
+    for action in ["disable", "drain"] {
+        let (status, body) = admin(&gateway, "POST", &format!("/nodes/web2/{action}")).await;
+        assert_eq!(status, 409, "{action}: {body}");
+        let error = body["error"].as_str().unwrap();
+        assert!(error.contains("web2 is the last active node"), "{error}");
+        assert!(error.contains("?force=true"), "{error}");
+    }
+    assert_eq!(node_row(&gateway, "web2").await["state"], "active");
+    assert_eq!(
+        new_visitor(&gateway).await.upstream(),
+        "web2",
+        "still served"
+    );
+    // A node that is already out may move between draining and disabled.
+    let (status, _) = admin(&gateway, "POST", "/nodes/web1/drain").await;
+    assert_eq!(status, 200);
+    let (status, body) = admin(&gateway, "POST", "/nodes/web2/disable?force=true").await;
+    assert_eq!((status, &body["state"]), (200, &Value::from("disabled")));
+    assert_eq!(new_visitor(&gateway).await.status, 503, "what force risks");
+    let (status, body) = admin(&gateway, "POST", "/nodes/web2/restart").await;
+    let every = "no such action: use drain, undrain, enable or disable";
+    assert_eq!((status, &body["error"]), (400, &Value::from(every)));
+    let (status, _) = admin(&gateway, "POST", "/nodes/web2/enable").await;
+    assert_eq!(status, 200);
+    assert_eq!(new_visitor(&gateway).await.status, 200);
 }
 
 /// A config file in its own directory, for reload tests.

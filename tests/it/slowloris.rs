@@ -118,7 +118,10 @@ async fn one_connection_over_max_connections_gets_503_with_retry_after() {
         .await
         .expect("a 503, not a bare close");
     assert_eq!(refused.status, 503);
-    assert!(refused.header("retry-after").is_some(), "{}", refused.head);
+    // One story: the page says what Retry-After says.
+    let wait = refused.header("retry-after").expect("Retry-After");
+    let page = String::from_utf8_lossy(&refused.body);
+    assert!(page.contains(&format!("in {wait} seconds")), "{page}");
     assert_eq!(
         over.afterwards(Duration::from_secs(1)).await,
         AfterwardsRaw::Closed

@@ -305,6 +305,14 @@ pub fn start_binary(config: &str) -> GatewayProcess {
     start_command(Command::new(env!("CARGO_BIN_EXE_moodle-gateway")), config)
 }
 
+/// [`start_binary`] with `NOTIFY_SOCKET` naming `socket`, as systemd starts a
+/// `Type=notify` unit.
+pub fn start_binary_notifying(config: &str, socket: &Path) -> GatewayProcess {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"));
+    command.env("NOTIFY_SOCKET", socket);
+    start_command(command, config)
+}
+
 /// [`start_binary`] under `prlimit --nofile=LIMIT:LIMIT` (util-linux): soft and hard
 /// limit alike, so the gateway cannot raise it. `prlimit` execs the gateway, so the
 /// child's pid is the gateway's.

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The Debian package as an admin meets it: `cargo deb` builds it, `dpkg -i`
+# installs it, the installed binary checks the installed config (also as the
+# service's own user, who must be able to read the token), systemd-analyze
+# verifies the unit and scores its hardening, `dpkg -r` removes the program but
+# keeps the admin's files, and `dpkg --purge` removes those too.
+#
+# Needs root and dpkg (Debian or Ubuntu); installs cargo-deb from crates.io when
+# missing. systemd need not be running: the unit is verified, not started (README
+# "Running it for real" has the manual test under systemd). Run by .ci/run after
+# the tests; by hand: sudo tests/package.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PKG=moodle-gateway
+UNIT=/usr/lib/systemd/system/$PKG.service
+CONFIG=/etc/$PKG/config.toml
+TOKEN=/etc/$PKG/admin.token
+# The most systemd-analyze security may score the unit (0 = fully sandboxed,
+# 10 = not at all); README states today's figure.
+MAX_EXPOSURE=2.0
+
+fail() { echo "tests/package.sh: FAILED: $*" >&2; exit 1; }
+step() { echo "-- $*"; }
+
+[ "$(id -u)" = 0 ] || fail "needs root (dpkg -i)"
+if dpkg-query -W -f='${Status}' "$PKG" 2>/dev/null | grep -q installed; then
+    fail "$PKG is installed on this machine already; not touching it"
+fi
+# Whatever happens below, leave the machine as it was.
+trap 'dpkg --purge "$PKG" >/dev/null 2>&1 || true' EXIT
+
+if ! cargo deb --version >/dev/null 2>&1; then
+    step "cargo install --locked cargo-deb"
+    cargo install --locked cargo-deb
+fi
+
+step "cargo deb --locked"
+rm -rf target/debian
+cargo deb --locked --output target/debian/
+deb=$(ls target/debian/${PKG}_*.deb)
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
+[[ "$deb" == *"_${version}-"* ]] || fail "$deb is not version $version"
+
+step "dpkg -i $deb"
+dpkg -i "$deb"
+[ -x /usr/bin/$PKG ] || fail "no /usr/bin/$PKG"
+/usr/bin/$PKG --version | grep -qx "$PKG $version" || fail "the binary is not $version"
+dpkg-query -W -f='${Conffiles}\n' "$PKG" | grep -q " $CONFIG " || fail "$CONFIG is not a conffile"
+uid=$(id -u $PKG) || fail "no user $PKG"
+[ "$uid" -lt 1000 ] || fail "user $PKG is not a system user (uid $uid)"
+[ "$(stat -c '%a %U' $TOKEN)" = "600 $PKG" ] || fail "$TOKEN is $(stat -c '%a %U' $TOKEN)"
+[ "$(head -1 $TOKEN | tr -d ' \n' | wc -c)" -ge 32 ] || fail "$TOKEN is shorter than 32 characters"
+
+step "$PKG check on the installed config, as root and as $PKG"
+/usr/bin/$PKG check --config $CONFIG
+runuser -u $PKG -- /usr/bin/$PKG check --config $CONFIG >/dev/null ||
+    fail "the service user cannot check $CONFIG"
+
+# The unit's LimitNOFILE is the hard limit the gateway may raise itself to: it
+# must cover what the shipped config needs, as check counts it.
+limit=$(sed -n 's/^LimitNOFILE=//p' "$UNIT")
+needed=$(/usr/bin/$PKG check --config $CONFIG | sed -n 's/^open files: \([0-9]*\) needed.*/\1/p')
+echo "open files: the shipped config needs ${needed:-?}, the unit allows $limit"
+[ -n "$needed" ] && [ "$needed" -le "$limit" ] ||
+    fail "LimitNOFILE=$limit in $UNIT is below what $CONFIG needs (${needed:-unknown})"
+
+if command -v systemd-analyze >/dev/null; then
+    step "systemd-analyze verify $UNIT"
+    systemd-analyze verify "$UNIT"
+    step "systemd-analyze security --offline=true $UNIT"
+    exposure=$(systemd-analyze security --offline=true --no-pager "$UNIT" |
+        sed -n 's/.*Overall exposure level for .*: \([0-9.]*\).*/\1/p')
+    echo "exposure: $exposure (at most $MAX_EXPOSURE)"
+    awk -v e="$exposure" -v m="$MAX_EXPOSURE" 'BEGIN { exit !(e != "" && e <= m) }' ||
+        fail "the unit's exposure ${exposure:-unknown} is above $MAX_EXPOSURE"
+else
+    echo "-- no systemd-analyze here: the unit is not verified"
+fi
+
+step "dpkg -r $PKG: the program goes, the admin's config, token and state stay"
+mkdir -p /var/lib/$PKG && echo state >/var/lib/$PKG/$PKG.state
+dpkg -r "$PKG"
+[ ! -e /usr/bin/$PKG ] || fail "/usr/bin/$PKG is still there"
+[ ! -e "$UNIT" ] || fail "$UNIT is still there"
+[ -f $CONFIG ] || fail "dpkg -r removed the conffile $CONFIG"
+[ -f $TOKEN ] || fail "dpkg -r removed $TOKEN"
+[ -f /var/lib/$PKG/$PKG.state ] || fail "dpkg -r removed the state"
+dpkg-query -W -f='${Status}\n' "$PKG" | grep -q "config-files" || fail "not in config-files state"
+
+step "dpkg --purge $PKG: nothing of it is left"
+dpkg --purge "$PKG"
+for gone in $CONFIG $TOKEN /etc/$PKG /var/lib/$PKG; do
+    [ ! -e "$gone" ] || fail "$gone survived the purge"
+done
+
+echo "tests/package.sh: ok ($deb installs, checks, verifies, removes and purges)"
