@@ -98,7 +98,14 @@ pub(super) async fn set_state(
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let (name, action) = path.map_err(|_| bad_request("malformed path"))?.0;
-    let state = match action.as_str() {
+    Ok(Json(change(&gateway, &name, &action)?).into_response())
+}
+
+/// Applies an admin's `action` (drain, undrain, enable, disable) to node `name` and
+/// answers its row: the one place these rules live, for the JSON API and the
+/// dashboard's buttons alike.
+pub(super) fn change(gateway: &Gateway, name: &str, action: &str) -> Result<Node, ApiError> {
+    let state = match action {
         "drain" => NodeState::Draining,
         "undrain" | "enable" => NodeState::Active,
         "disable" => NodeState::Disabled,
@@ -110,11 +117,11 @@ pub(super) async fn set_state(
             "the data server cannot be drained: it is the only home of SCORM files",
         ));
     }
-    let node = settings.upstreams.by_name(&name);
+    let node = settings.upstreams.by_name(name);
     let node = node.ok_or_else(|| not_found(format!("no node named {name}")))?;
     let previous = node.set_state(state);
     tracing::warn!(node = %name, ?previous, ?state, "admin changed a node's state");
-    Ok(Json(row(&gateway, node, true, true)).into_response())
+    Ok(row(gateway, node, true, true))
 }
 
 #[derive(Debug, Serialize)]

@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod check_cli;
+mod dashboard;
 mod faults;
 mod half_close;
 mod memory;
