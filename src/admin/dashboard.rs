@@ -182,11 +182,7 @@ async fn session_page(
 ) -> (Filters, Vec<Row>, Option<String>) {
     let node = given(&query.node).and_then(|n| settings.upstreams.by_name(n));
     let node = node.filter(|n| n.id != settings.upstreams.data().id);
-    let state = given(&query.state).and_then(|s| match s {
-        "logged-in" => Some(SessionState::LoggedIn),
-        "anonymous" => Some(SessionState::Anonymous),
-        _ => None,
-    });
+    let state = given(&query.state).and_then(state_param);
     let prefix = given(&query.q).map(str::to_ascii_lowercase);
     let range = prefix.as_deref().and_then(SessionKey::prefix_range);
     let cursor = given(&query.after).and_then(parse_key);
@@ -207,19 +203,27 @@ async fn session_page(
         .map(|e| e.key.to_string());
     let filters = Filters {
         node: node.map(|n| n.name.clone()).unwrap_or_default(),
-        state: state
-            .map_or("", |s| {
-                if s == SessionState::LoggedIn {
-                    "logged-in"
-                } else {
-                    "anonymous"
-                }
-            })
-            .into(),
+        state: state.map_or("", state_value).into(),
         prefix: range.and(prefix).unwrap_or_default(),
     };
     let rows = page.iter().map(|v| row(settings, v, now)).collect();
     (filters, rows, next)
+}
+
+/// A session state as the table's filter spells it.
+fn state_param(value: &str) -> Option<SessionState> {
+    match value {
+        "logged-in" => Some(SessionState::LoggedIn),
+        "anonymous" => Some(SessionState::Anonymous),
+        _ => None,
+    }
+}
+
+fn state_value(state: SessionState) -> &'static str {
+    match state {
+        SessionState::LoggedIn => "logged-in",
+        SessionState::Anonymous => "anonymous",
+    }
 }
 
 /// A query value that says something: trimmed, not empty.

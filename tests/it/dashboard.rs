@@ -300,3 +300,75 @@ fn b64(text: &str) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(text)
 }
+
+/// The session rows of a dashboard page: (hash, node, state).
+fn rows(html: &str) -> Vec<(String, String, String)> {
+    let body = html
+        .split("<tbody>")
+        .nth(1)
+        .map_or("", |b| b.split("</tbody>").next().unwrap());
+    let cells = |row: &str| -> Vec<String> {
+        let cells = row.split("<td>").skip(1);
+        cells
+            .map(|c| {
+                c.split("</td>")
+                    .next()
+                    .unwrap()
+                    .replace("<code>", "")
+                    .replace("</code>", "")
+            })
+            .collect()
+    };
+    let rows = body.split("<tr>").skip(1).map(cells);
+    rows.map(|c| (c[0].clone(), c[1].clone(), c[2].clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_table_filters_by_node_state_and_hash_prefix() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster).await;
+    let mut students = Vec::new();
+    for n in 0..4 {
+        students.push(logged_in(&gateway, n).await);
+    }
+    let mut visitor = moodle_gateway::demo::Browser::new(gateway.addr, "", "MoodleSession");
+    let visited = visitor
+        .get("/login/index.php")
+        .await
+        .unwrap()
+        .upstream()
+        .to_owned();
+    let cookie = log_in(&gateway).await;
+    let all = rows(&page(&gateway, "/", &cookie).await.text());
+    assert_eq!(all.len(), 5);
+    let anonymous = rows(&page(&gateway, "/?state=anonymous", &cookie).await.text());
+    assert_eq!(anonymous.len(), 1);
+    assert_eq!(
+        (anonymous[0].1.as_str(), anonymous[0].2.as_str()),
+        (visited.as_str(), "anonymous")
+    );
+    let web2 = rows(
+        &page(&gateway, "/?node=web2&state=logged-in", &cookie)
+            .await
+            .text(),
+    );
+    let on_web2 = students.iter().filter(|(_, node)| node == "web2").count();
+    assert_eq!(web2.len(), on_web2);
+    assert!(web2
+        .iter()
+        .all(|(_, node, state)| node == "web2" && state == "logged in"));
+    let hash = &all[2].0;
+    let found = rows(
+        &page(&gateway, &format!("/?q={}", &hash[..6]), &cookie)
+            .await
+            .text(),
+    );
+    assert_eq!(found.iter().map(|r| &r.0).collect::<Vec<_>>(), [hash]);
+    let nonsense = page(&gateway, "/?q=not-hex&node=nobody&state=%3Cb%3E", &cookie).await;
+    assert_eq!(
+        rows(&nonsense.text()).len(),
+        5,
+        "filters that mean nothing are ignored"
+    );
+}
