@@ -262,7 +262,7 @@ async fn act(
     let Ok(Path((name, action))) = path else {
         return back_with(&dash, "/", "That button names no node.");
     };
-    let flash = match nodes::change(&dash.gateway, &name, &action) {
+    let flash = match nodes::apply(&dash.gateway, &name, &action) {
         Ok(_) => {
             let settings = dash.gateway.settings();
             let state = settings.upstreams.by_name(&name).map(|n| n.state());

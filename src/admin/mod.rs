@@ -31,16 +31,18 @@ use crate::cluster::upstreams::NodeId;
 use crate::gateway::{Gateway, Settings};
 use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
 
-mod dashboard;
 mod guard;
-mod html;
-mod login;
 mod metrics;
 mod nodes;
-mod page;
-mod rates;
 
 pub use nodes::Reload;
+
+// The dashboard at `/`: routes, the page, its login, escaping, rates.
+mod dashboard;
+mod html;
+mod login;
+mod page;
+mod rates;
 
 /// Default page size of `GET /affinity`.
 const DEFAULT_LIMIT: usize = 100;
@@ -82,9 +84,9 @@ pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
         .layer(middleware::from_fn_with_state(guard, guard::require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .merge(protected)
         // Outside the token layer: the dashboard lets people in by cookie too (`login`).
         .merge(dashboard)
+        .merge(protected)
         .layer(middleware::map_response(no_store))
         .with_state(AdminState { gateway, reload })
 }

@@ -98,13 +98,13 @@ pub(super) async fn set_state(
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let (name, action) = path.map_err(|_| bad_request("malformed path"))?.0;
-    Ok(Json(change(&gateway, &name, &action)?).into_response())
+    Ok(Json(apply(&gateway, &name, &action)?).into_response())
 }
 
 /// Applies an admin's `action` (drain, undrain, enable, disable) to node `name` and
 /// answers its row: the one place these rules live, for the JSON API and the
 /// dashboard's buttons alike.
-pub(super) fn change(gateway: &Gateway, name: &str, action: &str) -> Result<Node, ApiError> {
+pub(super) fn apply(gateway: &Gateway, name: &str, action: &str) -> Result<Node, ApiError> {
     let state = match action {
         "drain" => NodeState::Draining,
         "undrain" | "enable" => NodeState::Active,
