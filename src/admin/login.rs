@@ -36,6 +36,7 @@ use sha2::Sha256;
 use super::dashboard::Dash;
 use super::guard::{self, Guard};
 use super::html::{self, Esc};
+use crate::logs::Every;
 
 /// The login cookie's name.
 pub(super) const COOKIE_NAME: &str = "moodle-gateway-admin";
@@ -45,6 +46,10 @@ const LIFETIME: Duration = Duration::from_secs(12 * 3600);
 const MAX_REVOKED: usize = 1024;
 
 type HmacSha256 = Hmac<Sha256>;
+
+/// Refused dashboard forms are logged at most once a minute: a page elsewhere that
+/// posts in a loop must not flood the log.
+static REFUSED_LOG: Every = Every::new(Duration::from_secs(60));
 
 /// The keys behind login cookies, CSRF tokens and flash messages.
 pub(super) struct Keys {
@@ -136,6 +141,8 @@ impl Keys {
     fn csrf_mac(&self, login: Login) -> HmacSha256 {
         match login {
             Login::Cookie { nonce, .. } => self.mac(b"csrf", &[&nonce]),
+            // Basic or bearer: no login to tie it to, so one per process; still
+            // found only in a page read from this listener.
             Login::Header => self.mac(b"csrf-header", &[]),
         }
     }
@@ -233,7 +240,9 @@ fn admit(parts: &Parts, dash: &Dash) -> Result<Login, Response> {
     }
     if parts.method != Method::GET && parts.method != Method::HEAD {
         if let Some(refusal) = guard::from_elsewhere(&parts.headers) {
-            tracing::warn!(%peer, "admin dashboard: cross-site form refused");
+            if let Some(held_back) = REFUSED_LOG.allow() {
+                tracing::warn!(%peer, held_back, "admin dashboard: cross-site form refused");
+            }
             return Err(refusal.into_response());
         }
     }
@@ -362,7 +371,12 @@ pub(super) async fn logout(
 
 /// A form without this login's CSRF token: forged, or from before a restart.
 pub(super) fn stale_form() -> Response {
-    tracing::warn!("admin dashboard: a form without a valid CSRF token was refused");
+    if let Some(held_back) = REFUSED_LOG.allow() {
+        tracing::warn!(
+            held_back,
+            "admin dashboard: a form without a valid CSRF token refused"
+        );
+    }
     let text = "This form was not sent by this dashboard page (or the page is older than \
                 your login): reload the dashboard and try again.";
     message(StatusCode::FORBIDDEN, text)
