@@ -42,6 +42,7 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
 use super::ApiError;
+use crate::logs::Every;
 
 /// The challenge that makes a browser ask for the token.
 pub(super) const CHALLENGE: &str = r#"Basic realm="moodle-gateway admin""#;
@@ -167,18 +168,8 @@ fn changes_state(method: &Method) -> bool {
 /// Why a state-changing request looks like one a browser sent for another site.
 fn cross_site(headers: &HeaderMap, credential: &Credential) -> Option<ApiError> {
     let forbidden = |why: &str| Some(ApiError(StatusCode::FORBIDDEN, why.into()));
-    // `none`: typed or bookmarked by the user, not sent by a page.
-    let site = headers.get(SEC_FETCH_SITE).map(HeaderValue::as_bytes);
-    if site.is_some_and(|s| !s.eq_ignore_ascii_case(b"same-origin") && s != b"none") {
-        return forbidden("cross-site request refused");
-    }
-    if let Some(origin) = headers.get(ORIGIN) {
-        if !same_origin(
-            origin.as_bytes(),
-            headers.get(HOST).map(HeaderValue::as_bytes),
-        ) {
-            return forbidden("cross-origin request refused");
-        }
+    if let Some(refusal) = from_elsewhere(headers) {
+        return Some(refusal);
     }
     if headers.get(CONTENT_TYPE).is_some_and(is_form) {
         let why = "form content types are refused: send json or no body";
@@ -189,6 +180,22 @@ fn cross_site(headers: &HeaderMap, credential: &Credential) -> Option<ApiError> 
         return forbidden("basic credentials change nothing without an x-requested-by header");
     }
     None
+}
+
+/// Why a request was sent by a page of another origin, if `Sec-Fetch-Site` or
+/// `Origin` says so. Also the first check of the dashboard's own forms, which are
+/// same-origin by construction.
+pub(super) fn from_elsewhere(headers: &HeaderMap) -> Option<ApiError> {
+    let forbidden = |why: &str| Some(ApiError(StatusCode::FORBIDDEN, why.into()));
+    // `none`: typed or bookmarked by the user, not sent by a page.
+    let site = headers.get(SEC_FETCH_SITE).map(HeaderValue::as_bytes);
+    if site.is_some_and(|s| !s.eq_ignore_ascii_case(b"same-origin") && s != b"none") {
+        return forbidden("cross-site request refused");
+    }
+    let origin = headers.get(ORIGIN)?;
+    let host = headers.get(HOST).map(HeaderValue::as_bytes);
+    (!same_origin(origin.as_bytes(), host))
+        .then(|| ApiError(StatusCode::FORBIDDEN, "cross-origin request refused".into()))
 }
 
 /// Whether `origin` (`http://host:port`) names the admin listener as the request's
@@ -314,8 +321,13 @@ fn bucket(ip: IpAddr) -> IpAddr {
 
 /// The client address the admin listener saw (none in tests that call the router
 /// directly: they count as one unspecified address).
-fn peer_of(request: &Request) -> IpAddr {
-    let info = request.extensions().get::<ConnectInfo<SocketAddr>>();
+pub(super) fn peer_of(request: &Request) -> IpAddr {
+    peer_in(request.extensions())
+}
+
+/// [`peer_of`] for an extractor, which sees the request's extensions only.
+pub(super) fn peer_in(extensions: &axum::http::Extensions) -> IpAddr {
+    let info = extensions.get::<ConnectInfo<SocketAddr>>();
     info.map_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |c| c.0.ip())
 }
 
@@ -344,23 +356,58 @@ pub(super) async fn require_token(
         Credential::Bearer(secret) | Credential::Basic(secret) => Some(secret.as_slice()),
         Credential::Unusable => None,
     };
-    if presented.is_some_and(|secret| guard.token.matches(secret)) {
-        guard.failures.forgive(peer);
+    if guard.try_token(peer, presented) {
         return next.run(request).await;
-    }
-    let (failures, delay) = guard.failures.fail(peer, now);
-    let total = guard.failures.total.load(Ordering::Relaxed);
-    match delay {
-        None => tracing::warn!(%peer, failures, total, "admin: wrong token"),
-        Some(delay) => tracing::warn!(
-            %peer, failures, total,
-            "admin: wrong token; this address waits {delay:?} before its next try"
-        ),
     }
     unauthorized()
 }
 
-fn unauthorized() -> Response {
+// What the dashboard's login (`login.rs`) shares with the API: one brake, one count
+// of failures and one log line for every way of presenting the token.
+
+/// Failed admin logins are logged at most once a minute, with the count held back:
+/// a guesser must not be able to flood the log.
+static WRONG_TOKEN_LOG: Every = Every::new(Duration::from_secs(60));
+
+impl Guard {
+    /// `429` while `peer` must still wait after its wrong tokens.
+    pub(super) fn held_back(&self, peer: IpAddr) -> Option<Response> {
+        self.failures.wait(peer, Instant::now()).map(too_many)
+    }
+
+    /// Whether `presented` (`None`: an unusable credential) is the token. The right
+    /// token forgives `peer`; anything else counts as a guess and is logged (at most
+    /// once a minute), never with what was presented.
+    pub(super) fn try_token(&self, peer: IpAddr, presented: Option<&[u8]>) -> bool {
+        if presented.is_some_and(|secret| self.token.matches(secret)) {
+            self.failures.forgive(peer);
+            return true;
+        }
+        let (failures, delay) = self.failures.fail(peer, Instant::now());
+        let total = self.failures.total.load(Ordering::Relaxed);
+        let Some(held_back) = WRONG_TOKEN_LOG.allow() else {
+            return false;
+        };
+        let wait = delay.map_or_else(|| "none".into(), |d| format!("{}s", d.as_secs()));
+        tracing::warn!(
+            %peer, failures, total, %wait, held_back,
+            "admin: wrong token (this line at most once a minute)"
+        );
+        false
+    }
+
+    /// The token a request's `Authorization` presents: `Ok(None)` for none at all,
+    /// `Err(())` for an unusable one (which counts as a wrong token).
+    pub(super) fn presented(headers: &HeaderMap) -> Result<Option<Vec<u8>>, ()> {
+        match Credential::of(headers) {
+            Credential::Absent => Ok(None),
+            Credential::Bearer(secret) | Credential::Basic(secret) => Ok(Some(secret)),
+            Credential::Unusable => Err(()),
+        }
+    }
+}
+
+pub(super) fn unauthorized() -> Response {
     let mut response = ApiError(StatusCode::UNAUTHORIZED, "unauthorized".into()).into_response();
     let challenge = HeaderValue::from_static(CHALLENGE);
     response.headers_mut().insert(WWW_AUTHENTICATE, challenge);

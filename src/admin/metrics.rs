@@ -12,7 +12,6 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 
 use crate::cluster::upstreams::Upstream;
-use crate::config::NodeState;
 use crate::gateway::Gateway;
 use crate::metrics::{Snapshot, UpstreamNow};
 
@@ -45,21 +44,12 @@ fn now(gateway: &Gateway, upstream: &Upstream, node: bool) -> UpstreamNow {
         name: upstream.name.clone(),
         node,
         up: upstream.health.is_up(),
-        state: state_name(upstream.state()),
+        state: upstream.state().as_str(),
         live: if node { table.live(upstream.id) } else { 0 },
         logged_in: if node {
             table.logged_in(upstream.id)
         } else {
             0
         },
-    }
-}
-
-/// An admin state as config and metrics spell it.
-pub(super) fn state_name(state: NodeState) -> &'static str {
-    match state {
-        NodeState::Active => "active",
-        NodeState::Draining => "draining",
-        NodeState::Disabled => "disabled",
     }
 }

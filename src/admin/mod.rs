@@ -12,7 +12,8 @@
 //! echoes it; nothing here logs a query string.
 //!
 //! Who may call it (the token, the cross-site rules, the brake on guessing) is
-//! `guard`'s.
+//! `guard`'s. The dashboard (`dashboard`, `page`, `login`) serves `/`, `/login` and
+//! its forms beside the API, with its own login under the same brake.
 
 use std::sync::Arc;
 
@@ -40,6 +41,13 @@ mod nodes;
 
 pub use nodes::Reload;
 
+// The dashboard at `/`: routes, the page, its login, escaping, rates.
+mod dashboard;
+mod html;
+mod login;
+mod page;
+mod rates;
+
 /// Default page size of `GET /affinity`.
 const DEFAULT_LIMIT: usize = 100;
 /// Largest page: a million-entry table never becomes one response.
@@ -58,10 +66,12 @@ impl FromRef<AdminState> for Arc<Gateway> {
     }
 }
 
-/// The admin router. Every route but `GET /healthz` requires `token`, as a bearer
-/// token or as a Basic password, under the rules of `guard`. `reload` re-reads the config file (`POST /reload`).
+/// The admin router. Every API route but `GET /healthz` requires `token`, as a bearer
+/// token or as a Basic password, under the rules of `guard`; the dashboard's routes
+/// also take the login cookie (`login`). `reload` re-reads the config file (`POST /reload`).
 pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
     let guard = Arc::new(guard::Guard::new(&token));
+    let dashboard = dashboard::router(gateway.clone(), guard.clone(), &token);
     let protected = Router::new()
         .route("/affinity", get(affinity))
         .route("/affinity/lookup", get(lookup))
@@ -96,6 +106,8 @@ pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
         ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        // Outside the token layer: the dashboard lets people in by cookie too (`login`).
+        .merge(dashboard)
         .merge(protected)
         .layer(http)
         .layer(middleware::map_response(no_store))

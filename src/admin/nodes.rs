@@ -125,7 +125,19 @@ pub(super) async fn set_state(
     let (name, action) = path.map_err(|_| bad_request("malformed path"))?.0;
     let force = force.map_err(|_| bad_request("force must be true or false"))?;
     let force = force.0.force.unwrap_or(false);
-    let state = match action.as_str() {
+    Ok(Json(apply(&gateway, &name, &action, force)?).into_response())
+}
+
+/// Applies an admin's `action` (drain, undrain, enable, disable) to node `name` and
+/// answers its row: the one place these rules live, for the JSON API and the
+/// dashboard's buttons alike (which never force: the 409 is their message).
+pub(super) fn apply(
+    gateway: &Gateway,
+    name: &str,
+    action: &str,
+    force: bool,
+) -> Result<Node, ApiError> {
+    let state = match action {
         "drain" => NodeState::Draining,
         "undrain" | "enable" => NodeState::Active,
         "disable" => NodeState::Disabled,
@@ -137,10 +149,10 @@ pub(super) async fn set_state(
             "the data server cannot be drained: it is the only home of SCORM files",
         ));
     }
-    let node = settings.upstreams.by_name(&name);
+    let node = settings.upstreams.by_name(name);
     let node = node.ok_or_else(|| not_found(format!("no node named {name}")))?;
-    change(&settings.upstreams, node, state, force, &action)?;
-    Ok(Json(row(&gateway, node, true, true)).into_response())
+    change(&settings.upstreams, node, state, force, action)?;
+    Ok(row(gateway, node, true, true))
 }
 
 /// Moves `node` to `state` unless that takes out the last active node without
@@ -157,15 +169,15 @@ fn change(
     let last = leaves_none_active(upstreams, node, state);
     if last && !force {
         drop(guard);
-        tracing::warn!(node = %name, ?state, "admin refused: the last active node");
+        tracing::warn!(node = %name, %state, "admin refused: the last active node");
         return Err(last_active(name, action));
     }
     let previous = node.set_state(state);
     drop(guard);
     if last {
-        tracing::warn!(node = %name, ?previous, ?state, "admin forced the last active node out: new students get 503");
+        tracing::warn!(node = %name, %previous, %state, "admin forced the last active node out: new students get 503");
     } else {
-        tracing::warn!(node = %name, ?previous, ?state, "admin changed a node's state");
+        tracing::info!(node = %name, %previous, %state, "admin changed a node's state");
     }
     Ok(())
 }

@@ -20,9 +20,11 @@
 //!
 //! The state is one `AtomicU64` per upstream (up bit, streak, last change), so the
 //! request path reads it without a lock and only writes it when something changed.
+//! What the last probe saw is kept as text for the dashboard's "why": written only
+//! by the probe task, once per probe, behind a mutex the request path never takes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -53,6 +55,17 @@ pub struct Health {
     maintenance: AtomicBool,
     /// Wakes requests waiting for this upstream to come back.
     came_up: Notify,
+    /// What the last probe saw, and when.
+    last_probe: Mutex<Option<LastProbe>>,
+}
+
+/// What one probe saw, in words, for the dashboard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastProbe {
+    /// When it was recorded, Unix seconds.
+    pub at: u64,
+    /// What the upstream answered (`answered 200 OK`) or why there was no answer.
+    pub said: String,
 }
 
 impl Default for Health {
@@ -62,6 +75,7 @@ impl Default for Health {
             since: AtomicU64::new(unix_now()),
             maintenance: AtomicBool::new(false),
             came_up: Notify::new(),
+            last_probe: Mutex::new(None),
         }
     }
 }
@@ -91,6 +105,28 @@ impl Health {
     /// Whether the last probe was answered with Moodle's maintenance page.
     pub fn in_maintenance(&self) -> bool {
         self.maintenance.load(Ordering::Relaxed)
+    }
+
+    /// What the last probe saw; `None` before the first one.
+    pub fn last_probe(&self) -> Option<LastProbe> {
+        self.last_probe
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn note_probe(&self, probe: &Probe) {
+        let said = match probe {
+            Probe::Healthy(status) => format!("answered {status}"),
+            Probe::Maintenance => "answered 503 with Retry-After: Moodle's maintenance page".into(),
+            Probe::Failed(reason) => reason.clone(),
+            Probe::NoVerdict(reason) => format!("not sent: {reason}"),
+        };
+        let note = LastProbe {
+            at: unix_now(),
+            said,
+        };
+        *self.last_probe.lock().unwrap_or_else(|e| e.into_inner()) = Some(note);
     }
 
     /// A probe or a request succeeded: resets the failure streak of an up upstream,
@@ -188,7 +224,7 @@ pub fn probe_client() -> ProbeClient {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Probe {
     /// An accepted status.
-    Healthy,
+    Healthy(StatusCode),
     /// Moodle's maintenance answer: alive, and the site is closed on purpose.
     Maintenance,
     /// Why the upstream is not healthy.
@@ -240,7 +276,7 @@ pub async fn probe(client: &ProbeClient, authority: &str, health: &HealthConfig)
             {
                 Probe::Maintenance
             } else if health.accepts(status.as_u16()) {
-                Probe::Healthy
+                Probe::Healthy(status)
             } else {
                 Probe::Failed(answered(status, response.headers()))
             }
@@ -258,33 +294,32 @@ fn answered(status: StatusCode, headers: &http::HeaderMap) -> String {
     }
 }
 
-/// Applies one probe's result to `health`, logging a change of state.
+/// Applies one probe's result to `health`, logging a change of state: coming back
+/// is good news (INFO), trouble is WARN.
 pub fn record(name: &str, health: &Health, probe: &Probe, config: &HealthConfig) {
+    health.note_probe(probe);
     if let Probe::NoVerdict(reason) = probe {
-        return tracing::warn!(upstream = name, "probe not sent, not counted: {reason}");
+        return tracing::warn!(upstream = %name, "probe not sent, not counted: {reason}");
     }
     let maintenance = *probe == Probe::Maintenance;
     if health.maintenance.swap(maintenance, Ordering::Relaxed) != maintenance && maintenance {
-        tracing::warn!(upstream = name, "Moodle answers with its maintenance page");
+        tracing::warn!(upstream = %name, "Moodle answers with its maintenance page");
     }
     match probe {
-        Probe::Healthy | Probe::Maintenance => {
+        Probe::Healthy(_) | Probe::Maintenance => {
             if health.success(config.rise) == Change::Up {
-                tracing::warn!(
-                    upstream = name,
-                    "marked up after {} good probes",
-                    config.rise
-                );
+                let rise = config.rise;
+                tracing::info!(upstream = %name, "marked up after {rise} good probes");
             }
         }
         Probe::NoVerdict(_) => {}
         Probe::Failed(reason) => {
             if health.is_up() {
                 // At most `fall` lines before the mark: enough to see why it fell.
-                tracing::info!(upstream = name, "probe failed: {reason}");
+                tracing::info!(upstream = %name, "probe failed: {reason}");
             }
             if health.failure(config.fall) == Change::Down {
-                tracing::warn!(upstream = name, "marked down: {reason}");
+                tracing::warn!(upstream = %name, "marked down: {reason}");
             }
         }
     }
@@ -432,7 +467,8 @@ mod tests {
         .await;
         assert_eq!(own_address, Probe::Failed("answered 303 See Other".into()));
         let wwwroot = settings("/admin/tool/heartbeat/", Some("moodle.example.edu"));
-        assert_eq!(probe(&client, &upstream, &wwwroot).await, Probe::Healthy);
+        let healthy = Probe::Healthy(StatusCode::OK);
+        assert_eq!(probe(&client, &upstream, &wwwroot).await, healthy);
         let closed = probe(&client, &upstream, &settings("/maintenance", None)).await;
         assert_eq!(closed, Probe::Maintenance);
         let nobody = probe(&client, "127.0.0.1:1", &settings("/", None)).await;
@@ -487,5 +523,20 @@ mod tests {
             answered(StatusCode::SEE_OTHER, &headers),
             "answered 303 See Other with Location: https://moodle.example.edu/"
         );
+    }
+
+    #[test]
+    fn the_last_probe_is_kept_in_words_for_the_dashboard() {
+        let (health, config) = (Health::default(), settings("/", None));
+        assert_eq!(health.last_probe(), None, "no probe yet");
+        let moved = "answered 303 See Other with Location: https://moodle.example.edu/";
+        record("web1", &health, &Probe::Failed(moved.into()), &config);
+        assert_eq!(health.last_probe().unwrap().said, moved);
+        record("web1", &health, &Probe::Healthy(StatusCode::OK), &config);
+        let last = health.last_probe().unwrap();
+        assert_eq!(last.said, "answered 200 OK");
+        assert!(last.at > 1_600_000_000, "unix seconds");
+        record("web1", &health, &Probe::Maintenance, &config);
+        assert!(health.last_probe().unwrap().said.contains("maintenance"));
     }
 }

@@ -6,6 +6,7 @@
 //! affinity table filling evenly, and the stand-ins reporting zero requests for a
 //! session held by another node. Tests reuse [`simulate_students`] and [`Browser`].
 
+mod arrivals;
 mod browser;
 pub mod standin;
 mod students;
@@ -88,8 +89,16 @@ pub async fn run(options: DemoOptions) -> Result<DemoOutcome, Box<dyn Error>> {
     print_banner(&cluster, public_addr, admin_addr, &token);
     let report = match options.students {
         None => {
-            println!("Serving until Ctrl-C.");
+            let (site, cookie) = (cluster.site_path().to_owned(), cluster.cookie().to_owned());
+            let arriving = tokio::spawn(arrivals::arrive(public_addr, site, cookie));
+            println!(
+                "A simulated student logs in every {}s (at most {} stay); watch them on the \
+                 dashboard. Serving until Ctrl-C.",
+                arrivals::EVERY.as_secs(),
+                arrivals::STAY
+            );
             tokio::signal::ctrl_c().await?;
+            arriving.abort();
             None
         }
         Some(count) => {
@@ -136,10 +145,11 @@ fn print_banner(cluster: &Cluster, public: SocketAddr, admin: SocketAddr, token:
         cluster.data().addr()
     );
     println!(
-        "  students: http://{public}{}/login/index.php",
+        "  students:  http://{public}{}/login/index.php",
         cluster.site_path()
     );
-    println!("  admin:    http://{admin}/affinity   token {token}");
+    println!("  dashboard: http://{admin}/   log in with the admin token below");
+    println!("  admin API: http://{admin}/affinity   token {token}");
     println!("  curl -H 'Authorization: Bearer {token}' http://{admin}/affinity");
 }
 

@@ -43,6 +43,31 @@ use crate::sessions::snapshot::SnapshotEntry;
 pub struct SessionKey(u64);
 
 impl SessionKey {
+    /// The first and last key whose hex form starts with `prefix` (1 to 16 hex
+    /// digits), for a search by the first digits a person copied.
+    pub fn prefix_range(prefix: &str) -> Option<(SessionKey, SessionKey)> {
+        let hex = prefix.bytes().all(|b| b.is_ascii_hexdigit());
+        if !hex || !(1..=16).contains(&prefix.len()) {
+            return None;
+        }
+        let value = u64::from_str_radix(prefix, 16).ok()?;
+        // The bits the missing digits stand for: anything from all 0s to all 1s.
+        let free = 4 * (16 - prefix.len() as u32);
+        let rest = if free == 0 {
+            0
+        } else {
+            u64::MAX >> (64 - free)
+        };
+        let low = value << free;
+        Some((SessionKey(low), SessionKey(low | rest)))
+    }
+
+    /// The key just below this one (`None` for the first key), for paging that must
+    /// include this key.
+    pub fn before(self) -> Option<SessionKey> {
+        self.0.checked_sub(1).map(SessionKey)
+    }
+
     /// Parses the 16-hex-digit form the admin API shows.
     pub fn from_hex(text: &str) -> Option<Self> {
         if text.len() != 16 {
@@ -337,11 +362,26 @@ impl AffinityTable {
         limit: usize,
         node: Option<NodeId>,
     ) -> Vec<EntryView> {
+        self.page_where((after, None), limit, |n, _| {
+            node.is_none_or(|node| n == node)
+        })
+    }
+
+    /// Like [`page`](Self::page), with the entries `wanted(node, state)` chooses and
+    /// keys up to `last` only (the end of a hash-prefix search), for the dashboard's
+    /// filters: one scan however few entries match.
+    pub fn page_where(
+        &self,
+        (after, last): (Option<SessionKey>, Option<SessionKey>),
+        limit: usize,
+        wanted: impl Fn(NodeId, SessionState) -> bool,
+    ) -> Vec<EntryView> {
         let mut smallest: BinaryHeap<SessionKey> = BinaryHeap::with_capacity(limit + 1);
         for item in self.map.iter() {
             let key = *item.key();
-            let wanted =
-                after.is_none_or(|a| key > a) && node.is_none_or(|n| usize::from(item.node) == n);
+            let wanted = after.is_none_or(|a| key > a)
+                && last.is_none_or(|l| key <= l)
+                && wanted(usize::from(item.node), item.state);
             if wanted && (smallest.len() < limit || smallest.peek().is_some_and(|&max| key < max)) {
                 smallest.push(key);
                 if smallest.len() > limit {
@@ -624,6 +664,62 @@ mod tests {
         );
         assert_eq!(t.live(0) + t.live(1) + t.live(2), t.len() as u64);
         assert_eq!(t.shed(), 0, "under the bound nothing more goes");
+    }
+
+    #[test]
+    fn a_hash_prefix_names_the_range_of_keys_that_start_with_it() {
+        let range =
+            |p: &str| SessionKey::prefix_range(p).map(|(l, h)| (l.to_string(), h.to_string()));
+        let pair = |l: &str, h: &str| Some((l.to_owned(), h.to_owned()));
+        assert_eq!(range("ab"), pair("ab00000000000000", "abffffffffffffff"));
+        assert_eq!(
+            range("0123456789abcdef"),
+            pair("0123456789abcdef", "0123456789abcdef")
+        );
+        for bad in ["", "+1", "xyz", "0123456789abcdef0"] {
+            assert_eq!(range(bad), None, "{bad:?}");
+        }
+        assert_eq!(SessionKey(0).before(), None);
+        assert_eq!(SessionKey(5).before(), Some(SessionKey(4)));
+    }
+
+    #[test]
+    fn a_filtered_page_holds_only_what_matches_within_the_range() {
+        let table = table(100);
+        for i in 0..40u64 {
+            let state = if i % 4 == 0 {
+                SessionState::LoggedIn
+            } else {
+                SessionState::Anonymous
+            };
+            table.bind(SessionKey(i << 56), (i % 2) as usize, state);
+        }
+        let logged_in = table.page_where((None, None), 100, |_, s| s == SessionState::LoggedIn);
+        assert_eq!(logged_in.len(), 10);
+        let (low, high) = SessionKey::prefix_range("1").unwrap();
+        let prefixed = table.page_where((low.before(), Some(high)), 100, |_, _| true);
+        let keys: Vec<_> = prefixed.iter().map(|v| v.key.to_string()).collect();
+        assert_eq!(
+            keys,
+            [
+                "1000000000000000",
+                "1100000000000000",
+                "1200000000000000",
+                "1300000000000000",
+                "1400000000000000",
+                "1500000000000000",
+                "1600000000000000",
+                "1700000000000000",
+                "1800000000000000",
+                "1900000000000000",
+                "1a00000000000000",
+                "1b00000000000000",
+                "1c00000000000000",
+                "1d00000000000000",
+                "1e00000000000000",
+                "1f00000000000000"
+            ]
+        );
     }
 
     #[test]

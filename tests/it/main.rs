@@ -3,6 +3,7 @@
 mod bad_input;
 mod check_cli;
 mod cli;
+mod dashboard;
 mod faults;
 mod half_close;
 mod memory;

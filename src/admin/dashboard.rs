@@ -1,0 +1,317 @@
+//! The admin dashboard at `/` on the admin listener: what the JSON API shows, for a
+//! person with a browser, and the buttons that drain and enable nodes.
+//!
+//! Why server-rendered: the admin network may have no internet and nobody wants a
+//! JavaScript build for two pages; HTML forms work with JavaScript off and from a
+//! phone. The figures are read when the page is (a handful of viewers, every few
+//! seconds), never kept up to date on the request path. A session-table page scans
+//! the table on a blocking thread, as `GET /affinity` does.
+//!
+//! Why the raw session id goes in by `POST` only: a query string lands in browser
+//! history, proxy logs and the `Referer`; a form body does not. The id is hashed at
+//! once and the answer is a redirect to the entry's hash: it is never shown, kept or
+//! logged.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::rejection::{FormRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::header::SET_COOKIE;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Form, Router};
+use serde::Deserialize;
+
+use super::guard::Guard;
+use super::html;
+use super::login::{self, CsrfForm, Keys, Viewer};
+use super::page::{self, Card, Filters, Row, View};
+use super::rates::Rates;
+use super::{nodes, parse_key};
+use crate::cluster::upstreams::{NodeId, Upstream};
+use crate::config::NodeState;
+use crate::gateway::{Gateway, Settings};
+use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
+
+/// Rows per page of the session table.
+const PAGE: usize = 50;
+/// The cookie that carries a one-line flash across the redirect after a form.
+const FLASH: &str = "moodle-gateway-flash";
+/// A flash not shown within this long is dropped.
+const FLASH_LIFETIME: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What the dashboard's handlers share.
+#[derive(Clone)]
+pub(super) struct Dash {
+    pub(super) gateway: Arc<Gateway>,
+    pub(super) guard: Arc<Guard>,
+    pub(super) keys: Arc<Keys>,
+    rates: Arc<Rates>,
+}
+
+/// The dashboard's routes, each deciding for itself who may see it (`login`).
+pub(super) fn router<S>(gateway: Arc<Gateway>, guard: Arc<Guard>, token: &str) -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    let dash = Dash {
+        gateway,
+        guard,
+        keys: Arc::new(Keys::new(token)),
+        rates: Arc::default(),
+    };
+    // A first reading at start: the first view shows rates since start, not "measuring".
+    let (now, settings) = (Instant::now(), dash.gateway.settings());
+    for upstream in upstreams(&settings) {
+        let totals = dash.gateway.metrics().node(upstream.id).map(|m| m.totals());
+        dash.rates
+            .read(upstream.id, totals.unwrap_or_default(), now);
+    }
+    Router::new()
+        .route("/", get(show))
+        .route("/login", get(login::form).post(login::submit))
+        .route("/logout", post(login::logout))
+        .route("/ui/nodes/{name}/{action}", post(act))
+        .route("/ui/find", post(find))
+        .with_state(dash)
+}
+
+fn upstreams(settings: &Settings) -> impl Iterator<Item = &Arc<Upstream>> {
+    let upstreams = &settings.upstreams;
+    upstreams.nodes().iter().chain([upstreams.data()])
+}
+
+/// `GET /` parameters, taken raw: a bad value is ignored, never an error page.
+#[derive(Debug, Default, Deserialize)]
+struct ShowQuery {
+    node: Option<String>,
+    state: Option<String>,
+    q: Option<String>,
+    after: Option<String>,
+    found: Option<String>,
+}
+
+/// `GET /`: the cards, the find box and one page of the session table.
+async fn show(
+    State(dash): State<Dash>,
+    viewer: Viewer,
+    headers: HeaderMap,
+    query: Result<Query<ShowQuery>, QueryRejection>,
+) -> Response {
+    let query = query.map(|Query(q)| q).unwrap_or_default();
+    let gateway = &dash.gateway;
+    // An owned `Arc`, not the swap's guard: it lives across the table scan's `.await`.
+    let settings: Arc<Settings> = arc_swap::Guard::into_inner(gateway.settings());
+    let now = login::unix_now();
+    let flash = login::cookie(&headers, FLASH).and_then(|v| dash.keys.unseal(v));
+    let (filters, rows, next) = session_page(gateway, &settings, &query, now).await;
+    let found = query
+        .found
+        .as_deref()
+        .map(|hash| found(gateway, &settings, hash, now));
+    let (table, data) = (gateway.table(), settings.upstreams.data().id);
+    let view = View {
+        now,
+        can_log_out: matches!(viewer.login, login::Login::Cookie { .. }),
+        csrf: viewer.csrf,
+        flash: flash.clone(),
+        cards: upstreams(&settings).map(|u| card(&dash, u, data)).collect(),
+        totals: (table.len() as u64, table.logged_in_total()),
+        found,
+        paged: query.after.is_some(),
+        filters,
+        rows,
+        next,
+    };
+    let document = html::document("moodle-gateway", &page::body(&view), true);
+    let mut response = html::page(StatusCode::OK, document);
+    if flash.is_some() {
+        let clear = login::set_cookie(FLASH, None, FLASH_LIFETIME);
+        response.headers_mut().insert(SET_COOKIE, clear);
+    }
+    response
+}
+
+fn card(dash: &Dash, upstream: &Upstream, data: NodeId) -> Card {
+    let node = upstream.id != data;
+    let table = dash.gateway.table();
+    let meters = dash.gateway.metrics().node(upstream.id);
+    let totals = meters.map(|m| m.totals()).unwrap_or_default();
+    let rate = dash.rates.read(upstream.id, totals, Instant::now());
+    Card {
+        name: upstream.name.clone(),
+        node,
+        url: upstream.url(),
+        weight: upstream.weight,
+        state: upstream.state(),
+        up: upstream.health.is_up(),
+        since: upstream.health.since(),
+        maintenance: upstream.health.in_maintenance(),
+        probe: upstream.health.last_probe(),
+        live: if node { table.live(upstream.id) } else { 0 },
+        logged_in: if node {
+            table.logged_in(upstream.id)
+        } else {
+            0
+        },
+        rate,
+        losses: totals.losses,
+    }
+}
+
+fn row(settings: &Settings, view: &EntryView, now: u64) -> Row {
+    let node = settings.upstreams.get(view.node);
+    Row {
+        hash: view.key.to_string(),
+        // A node removed by a reload keeps its sessions until their next request.
+        node: node.map_or("(removed)".into(), |n| n.name.clone()),
+        state: view.state,
+        age: now.saturating_sub(view.created),
+        idle: now.saturating_sub(view.last_seen),
+        requests: view.requests,
+    }
+}
+
+/// The filters that were valid, one page of rows, and the next page's cursor.
+async fn session_page(
+    gateway: &Gateway,
+    settings: &Settings,
+    query: &ShowQuery,
+    now: u64,
+) -> (Filters, Vec<Row>, Option<String>) {
+    let node = given(&query.node).and_then(|n| settings.upstreams.by_name(n));
+    let node = node.filter(|n| n.id != settings.upstreams.data().id);
+    let state = given(&query.state).and_then(state_param);
+    let prefix = given(&query.q).map(str::to_ascii_lowercase);
+    let range = prefix.as_deref().and_then(SessionKey::prefix_range);
+    let cursor = given(&query.after).and_then(parse_key);
+    // Start after the cursor or just before the prefix's first key, whichever is later.
+    let after = cursor.max(range.and_then(|(low, _)| low.before()));
+    let last = range.map(|(_, high)| high);
+    let node_id = node.map(|n| n.id);
+    let table = gateway.table().clone();
+    let page = tokio::task::spawn_blocking(move || {
+        table.page_where((after, last), PAGE, |n, s| {
+            node_id.is_none_or(|id| id == n) && state.is_none_or(|want| want == s)
+        })
+    });
+    let page = page.await.unwrap_or_default();
+    let next = page
+        .last()
+        .filter(|_| page.len() == PAGE)
+        .map(|e| e.key.to_string());
+    let filters = Filters {
+        node: node.map(|n| n.name.clone()).unwrap_or_default(),
+        state: state.map_or("", state_value).into(),
+        prefix: range.and(prefix).unwrap_or_default(),
+    };
+    let rows = page.iter().map(|v| row(settings, v, now)).collect();
+    (filters, rows, next)
+}
+
+/// A session state as the table's filter spells it.
+fn state_param(value: &str) -> Option<SessionState> {
+    match value {
+        "logged-in" => Some(SessionState::LoggedIn),
+        "anonymous" => Some(SessionState::Anonymous),
+        _ => None,
+    }
+}
+
+fn state_value(state: SessionState) -> &'static str {
+    match state {
+        SessionState::LoggedIn => "logged-in",
+        SessionState::Anonymous => "anonymous",
+    }
+}
+
+/// A query value that says something: trimmed, not empty.
+fn given(value: &Option<String>) -> Option<&str> {
+    value.as_deref().map(str::trim).filter(|v| !v.is_empty())
+}
+
+/// The entry a find led to, by its hash; or why there is none.
+fn found(gateway: &Gateway, settings: &Settings, hash: &str, now: u64) -> Result<Row, String> {
+    let key = parse_key(hash).ok_or("That is not a session hash.")?;
+    let view = gateway.table().view(key);
+    let view = view.ok_or("That session is no longer bound (it expired or was forgotten).")?;
+    Ok(row(settings, &view, now))
+}
+
+/// A redirect to the dashboard with `flash` shown once there.
+fn back_with(dash: &Dash, to: &str, flash: &str) -> Response {
+    let mut response = login::see_other(to);
+    let sealed = dash.keys.seal(flash);
+    let cookie = login::set_cookie(FLASH, Some(&sealed), FLASH_LIFETIME);
+    response.headers_mut().insert(SET_COOKIE, cookie);
+    response
+}
+
+/// `POST /ui/nodes/{name}/{action}`: a card's button, by the same rules as
+/// `POST /nodes/{name}/{action}`.
+async fn act(
+    State(dash): State<Dash>,
+    viewer: Viewer,
+    path: Result<Path<(String, String)>, PathRejection>,
+    form: Result<Form<CsrfForm>, FormRejection>,
+) -> Response {
+    if !form.is_ok_and(|Form(f)| dash.keys.csrf_ok(viewer.login, &f.csrf)) {
+        return login::stale_form();
+    }
+    let Ok(Path((name, action))) = path else {
+        return back_with(&dash, "/", "That button names no node.");
+    };
+    let flash = match nodes::apply(&dash.gateway, &name, &action, false) {
+        Ok(_) => {
+            let settings = dash.gateway.settings();
+            let state = settings.upstreams.by_name(&name).map(|n| n.state());
+            let state = state.map_or("changed", NodeState::as_str);
+            format!("{name} is now {state}.")
+        }
+        Err(refusal) => format!("{name}: not changed: {}.", refusal.1),
+    };
+    back_with(&dash, "/", &flash)
+}
+
+#[derive(Deserialize)]
+struct FindForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    session: String,
+}
+
+/// `POST /ui/find`: a raw session id in, a redirect to its hash out.
+async fn find(
+    State(dash): State<Dash>,
+    viewer: Viewer,
+    form: Result<Form<FindForm>, FormRejection>,
+) -> Response {
+    let Ok(Form(form)) = form else {
+        return login::stale_form();
+    };
+    if !dash.keys.csrf_ok(viewer.login, &form.csrf) {
+        return login::stale_form();
+    }
+    let id = form.session.trim();
+    if id.is_empty() {
+        return back_with(
+            &dash,
+            "/#find",
+            "Paste the student's MoodleSession cookie value.",
+        );
+    }
+    let table = dash.gateway.table();
+    let key = table.key(id);
+    match table.view(key) {
+        Some(_) => login::see_other(&format!("/?found={key}#find")),
+        None => back_with(
+            &dash,
+            "/#find",
+            "No bound session has that id: it expired, was never seen by this gateway, \
+             or was copied from another site's cookie.",
+        ),
+    }
+}

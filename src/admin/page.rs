@@ -1,0 +1,420 @@
+//! The dashboard page itself: a card per upstream, the find box and the session
+//! table, written from figures `dashboard` gathered.
+//!
+//! Why every action is a plain `<form method="post">`: the page must work with
+//! JavaScript off. Each form carries the login's CSRF token; the answer is a
+//! redirect back here with a one-line flash (Post/Redirect/Get), so a reload never
+//! repeats an action.
+
+use std::fmt::Write as _;
+
+use super::html::{duration, Esc};
+use super::rates::Rate;
+use crate::cluster::health::LastProbe;
+use crate::config::NodeState;
+use crate::sessions::affinity::SessionState;
+
+/// One upstream's card.
+pub(super) struct Card {
+    pub(super) name: String,
+    /// A PHP node (sessions, weight, buttons), not the data server.
+    pub(super) node: bool,
+    pub(super) url: String,
+    pub(super) weight: u32,
+    pub(super) state: NodeState,
+    pub(super) up: bool,
+    /// Unix seconds of the last up/down change.
+    pub(super) since: u64,
+    pub(super) maintenance: bool,
+    pub(super) probe: Option<LastProbe>,
+    pub(super) live: u64,
+    pub(super) logged_in: u64,
+    pub(super) rate: Option<Rate>,
+    pub(super) losses: u64,
+}
+
+/// One row of the session table.
+pub(super) struct Row {
+    pub(super) hash: String,
+    pub(super) node: String,
+    pub(super) state: SessionState,
+    pub(super) age: u64,
+    pub(super) idle: u64,
+    pub(super) requests: u32,
+}
+
+/// The table's filters as the form holds them (already validated).
+#[derive(Default)]
+pub(super) struct Filters {
+    pub(super) node: String,
+    pub(super) state: String,
+    pub(super) prefix: String,
+}
+
+/// Everything the page shows.
+pub(super) struct View {
+    pub(super) now: u64,
+    pub(super) csrf: String,
+    pub(super) can_log_out: bool,
+    pub(super) flash: Option<String>,
+    pub(super) cards: Vec<Card>,
+    pub(super) totals: (u64, u64),
+    pub(super) found: Option<Result<Row, String>>,
+    pub(super) filters: Filters,
+    pub(super) rows: Vec<Row>,
+    /// The cursor of the next page, when this one is full.
+    pub(super) next: Option<String>,
+    pub(super) paged: bool,
+}
+
+/// The page's `<body>` content.
+pub(super) fn body(view: &View) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    header(&mut out, view);
+    out.push_str("<main><section class=\"cards\" aria-label=\"Upstreams\">");
+    for card in &view.cards {
+        write_card(&mut out, card, view);
+    }
+    out.push_str("</section>");
+    find(&mut out, view);
+    sessions(&mut out, view);
+    out.push_str(
+        "</main><footer>Refreshes every 5 s while no field has the focus. Sessions: live \
+         entries in the gateway's table (learned from each node's Set-Cookie). Requests/s \
+         and errors: response heads from the node over the window shown. Lost: logged-in \
+         sessions the node replaced outside login and logout, since start.</footer>",
+    );
+    out
+}
+
+fn header(out: &mut String, view: &View) {
+    let (live, logged_in) = view.totals;
+    let anonymous = live.saturating_sub(logged_in);
+    let _ = write!(
+        out,
+        "<header><h1>moodle-gateway</h1><p class=\"totals\" id=\"totals\">{live} live sessions \
+         · {logged_in} logged in · {anonymous} anonymous</p>"
+    );
+    if view.can_log_out {
+        let _ = write!(
+            out,
+            "<form class=\"inline\" method=\"post\" action=\"/logout\">{}\
+             <button type=\"submit\">Log out</button></form>",
+            csrf_field(&view.csrf)
+        );
+    }
+    out.push_str("</header>");
+    if let Some(flash) = &view.flash {
+        let _ = write!(
+            out,
+            "<p class=\"flash\" id=\"flash\" role=\"status\">{}</p>",
+            Esc(flash)
+        );
+    }
+}
+
+fn csrf_field(csrf: &str) -> String {
+    format!(
+        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
+        Esc(csrf)
+    )
+}
+
+fn write_card(out: &mut String, card: &Card, view: &View) {
+    let health = if card.up { "up" } else { "down" };
+    let state = card.state.as_str();
+    let _ = write!(
+        out,
+        "<article class=\"card is-{health} is-{state}\" id=\"node-{name}\"><h2>{name}\
+         <span class=\"badge health {health}\">{health}</span>",
+        name = Esc(&card.name)
+    );
+    if card.node {
+        let _ = write!(
+            out,
+            "<span class=\"badge state state-{state}\">{state}</span>"
+        );
+    } else {
+        out.push_str("<span class=\"badge\">data server</span>");
+    }
+    if card.maintenance {
+        out.push_str("<span class=\"badge\">Moodle maintenance</span>");
+    }
+    let drained = card.node && card.state != NodeState::Active && card.logged_in == 0;
+    if drained {
+        out.push_str("<span class=\"badge\" title=\"no logged-in student left\">drained</span>");
+    }
+    let since = duration(view.now.saturating_sub(card.since));
+    let _ = write!(
+        out,
+        "</h2><p class=\"why\">{} · {health} for {since}<br>",
+        Esc(&card.url)
+    );
+    match &card.probe {
+        Some(probe) => {
+            let ago = duration(view.now.saturating_sub(probe.at));
+            let _ = write!(out, "Last probe {ago} ago: {}", Esc(&probe.said));
+        }
+        None => out.push_str("No probe yet (the first comes one interval after start)"),
+    }
+    out.push_str("</p><dl>");
+    figures(out, card);
+    out.push_str("</dl>");
+    if card.node {
+        buttons(out, card, &view.csrf);
+    }
+    out.push_str("</article>");
+}
+
+fn figures(out: &mut String, card: &Card) {
+    let mut figure = |label: &str, key: &str, value: String| {
+        let _ = write!(
+            out,
+            "<dt>{label}</dt><dd data-figure=\"{key}\">{value}</dd>"
+        );
+    };
+    if card.node {
+        let anonymous = card.live.saturating_sub(card.logged_in);
+        figure("Live sessions", "live", card.live.to_string());
+        figure("Logged in", "logged-in", card.logged_in.to_string());
+        figure("Anonymous", "anonymous", anonymous.to_string());
+        figure("Weight", "weight", card.weight.to_string());
+    }
+    let (per_second, errors) = match card.rate {
+        Some(rate) => (
+            format!(
+                "{:.1} <small>over {}</small>",
+                rate.per_second,
+                duration(rate.window.as_secs())
+            ),
+            rate.errors
+                .map_or("none asked".into(), |e| format!("{:.1} %", e * 100.0)),
+        ),
+        None => ("measuring…".into(), "measuring…".into()),
+    };
+    figure("Requests/s", "rate", per_second);
+    figure("Errors (5xx)", "errors", errors);
+    if card.node {
+        figure("Sessions lost", "losses", card.losses.to_string());
+    }
+}
+
+/// The two actions that make sense from the node's state: drain and disable an
+/// active node, undrain or disable a draining one, enable or drain a disabled one.
+fn buttons(out: &mut String, card: &Card, csrf: &str) {
+    let actions: [(&str, &str); 2] = match card.state {
+        NodeState::Active => [("drain", "Drain"), ("disable", "Disable")],
+        NodeState::Draining => [("undrain", "Undrain"), ("disable", "Disable")],
+        NodeState::Disabled => [("enable", "Enable"), ("drain", "Drain")],
+    };
+    out.push_str("<div class=\"actions\">");
+    for (action, label) in actions {
+        let _ = write!(
+            out,
+            "<form method=\"post\" action=\"/ui/nodes/{}/{action}\">{}\
+             <button type=\"submit\" data-action=\"{action}\">{label}</button></form>",
+            Esc(&card.name),
+            csrf_field(csrf)
+        );
+    }
+    out.push_str("</div>");
+}
+
+fn find(out: &mut String, view: &View) {
+    let _ = write!(
+        out,
+        "<section id=\"find\"><h2>Find a student's session</h2>\
+         <form class=\"search\" method=\"post\" action=\"/ui/find\">{}\
+         <label>Session id (the student's MoodleSession cookie; never shown or kept)\
+         <input name=\"session\" autocomplete=\"off\" spellcheck=\"false\" required></label>\
+         <button type=\"submit\">Find</button></form>",
+        csrf_field(&view.csrf)
+    );
+    match &view.found {
+        Some(Ok(row)) => {
+            let _ = write!(
+                out,
+                "<p class=\"found\" id=\"found\">Session <code>{}</code> is on \
+                 <b data-found=\"node\">{}</b>, {}, {} old, idle {}, {} requests.</p>",
+                Esc(&row.hash),
+                Esc(&row.node),
+                state_label(row.state),
+                duration(row.age),
+                duration(row.idle),
+                row.requests
+            );
+        }
+        Some(Err(why)) => {
+            let _ = write!(out, "<p class=\"flash\" id=\"found\">{}</p>", Esc(why));
+        }
+        None => {}
+    }
+    out.push_str("</section>");
+}
+
+fn state_label(state: SessionState) -> &'static str {
+    match state {
+        SessionState::LoggedIn => "logged in",
+        SessionState::Anonymous => "anonymous",
+    }
+}
+
+fn sessions(out: &mut String, view: &View) {
+    let f = &view.filters;
+    out.push_str("<section id=\"sessions\"><h2>Sessions</h2>");
+    out.push_str(
+        "<form class=\"search\" method=\"get\" action=\"/\"><label>Node<select name=\"node\">",
+    );
+    option(out, "", "every node", &f.node);
+    for card in view.cards.iter().filter(|c| c.node) {
+        option(out, &card.name, &card.name, &f.node);
+    }
+    out.push_str("</select></label><label>State<select name=\"state\">");
+    option(out, "", "any", &f.state);
+    option(out, "logged-in", "logged in", &f.state);
+    option(out, "anonymous", "anonymous", &f.state);
+    let _ = write!(
+        out,
+        "</select></label><label>Hash starts with<input name=\"q\" value=\"{}\" \
+         maxlength=\"16\" autocomplete=\"off\" spellcheck=\"false\"></label>\
+         <button type=\"submit\">Show</button></form>",
+        Esc(&f.prefix)
+    );
+    table(out, &view.rows);
+    out.push_str("<p>");
+    if view.paged {
+        let _ = write!(out, "<a href=\"{}\">First page</a> ", Esc(&link(f, None)));
+    }
+    if let Some(next) = &view.next {
+        let _ = write!(
+            out,
+            "<a href=\"{}\">Next page</a>",
+            Esc(&link(f, Some(next)))
+        );
+    }
+    out.push_str("</p></section>");
+}
+
+fn option(out: &mut String, value: &str, label: &str, chosen: &str) {
+    let selected = if value == chosen { " selected" } else { "" };
+    let _ = write!(
+        out,
+        "<option value=\"{}\"{selected}>{}</option>",
+        Esc(value),
+        Esc(label)
+    );
+}
+
+fn table(out: &mut String, rows: &[Row]) {
+    if rows.is_empty() {
+        out.push_str("<p>No session matches.</p>");
+        return;
+    }
+    out.push_str(
+        "<div class=\"scroll\"><table><thead><tr><th>Session (keyed hash)</th><th>Node</th>\
+         <th>State</th><th>Age</th><th>Idle</th><th>Requests</th></tr></thead><tbody>",
+    );
+    for row in rows {
+        let _ = write!(
+            out,
+            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            Esc(&row.hash),
+            Esc(&row.node),
+            state_label(row.state),
+            duration(row.age),
+            duration(row.idle),
+            row.requests
+        );
+    }
+    out.push_str("</tbody></table></div>");
+}
+
+/// `/?node=…&state=…&q=…&after=…#sessions`, values percent-encoded.
+fn link(filters: &Filters, after: Option<&str>) -> String {
+    let encode = |v: &str| {
+        percent_encoding::utf8_percent_encode(v, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    let mut url = format!(
+        "/?node={}&state={}&q={}",
+        encode(&filters.node),
+        encode(&filters.state),
+        encode(&filters.prefix)
+    );
+    if let Some(after) = after {
+        let _ = write!(url, "&after={}", encode(after));
+    }
+    url.push_str("#sessions");
+    url
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn card(name: &str, said: &str) -> Card {
+        Card {
+            name: name.into(),
+            node: true,
+            url: "http://10.0.0.1".into(),
+            weight: 1,
+            state: NodeState::Draining,
+            up: false,
+            since: 1_700_000_000,
+            maintenance: false,
+            probe: Some(LastProbe {
+                at: 1_700_000_000,
+                said: said.into(),
+            }),
+            live: 3,
+            logged_in: 0,
+            rate: None,
+            losses: 1,
+        }
+    }
+
+    fn view(cards: Vec<Card>) -> View {
+        View {
+            now: 1_700_000_100,
+            csrf: "c5rf".into(),
+            can_log_out: true,
+            flash: Some("<i>flash</i>".into()),
+            cards,
+            totals: (3, 0),
+            found: None,
+            filters: Filters::default(),
+            rows: Vec::new(),
+            next: None,
+            paged: false,
+        }
+    }
+
+    #[test]
+    fn a_hostile_node_name_and_probe_answer_are_shown_as_text() {
+        let hostile = "web1\"><script>alert(1)</script>";
+        let html = body(&view(vec![card(
+            hostile,
+            "answered 303 <img src=x onerror=alert(2)>",
+        )]));
+        assert!(!html.contains("<script>") && !html.contains("<img") && !html.contains("<i>"));
+        assert!(html.contains("web1&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(html.contains("answered 303 &lt;img src=x onerror=alert(2)&gt;"));
+        assert!(html.contains("&lt;i&gt;flash&lt;/i&gt;"));
+    }
+
+    #[test]
+    fn a_card_offers_the_actions_that_fit_its_state_each_with_the_csrf_token() {
+        let html = body(&view(vec![card("web1", "answered 200 OK")]));
+        assert!(html.contains("action=\"/ui/nodes/web1/undrain\""));
+        assert!(html.contains("action=\"/ui/nodes/web1/disable\""));
+        assert!(!html.contains("/ui/nodes/web1/drain\""));
+        let forms = html.matches("<form").count();
+        let tokens = html.matches("name=\"csrf\" value=\"c5rf\"").count();
+        assert_eq!(
+            forms - 1,
+            tokens,
+            "every post form but the table's GET filter"
+        );
+        assert!(html.contains(">drained<"), "draining with nobody logged in");
+        assert!(html.contains("Last probe 1m ago: answered 200 OK"));
+    }
+}

@@ -1,0 +1,374 @@
+//! The admin dashboard over real sockets, in front of stand-in nodes: the login and
+//! its brake, the cookie's attributes, the CSRF token on every button, the find box
+//! that never echoes a session id, and escaping of what nodes say.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use http::Response;
+use moodle_gateway::demo::standin::Cluster;
+
+use crate::support::{self, logged_in, Seen, TestGateway};
+
+const TOKEN: &str = "dashboard-admin-token-0123456789";
+const FORM: (&str, &str) = ("content-type", "application/x-www-form-urlencoded");
+
+async fn start(cluster: &Cluster) -> TestGateway {
+    let extra = "health.interval = \"100ms\"\nhealth.timeout = \"100ms\"\n";
+    let config = cluster.config_toml("127.0.0.1:0", Some(("127.0.0.1:0", TOKEN)), extra);
+    TestGateway::start(&config).await
+}
+
+fn admin_url(gateway: &TestGateway, path: &str) -> String {
+    format!("http://{}{path}", gateway.admin_addr.unwrap())
+}
+
+fn header<'a>(seen: &'a Seen, name: &str) -> &'a str {
+    seen.headers.get(name).map_or("", |v| v.to_str().unwrap())
+}
+
+/// `POST` of a form body, as a browser on the dashboard's own page sends it.
+async fn post_form(gateway: &TestGateway, path: &str, cookie: &str, body: &str) -> Seen {
+    let host = gateway.admin_addr.unwrap().to_string();
+    let origin = format!("http://{host}");
+    let headers = [
+        FORM,
+        ("cookie", cookie),
+        ("host", &host),
+        ("origin", &origin),
+        ("sec-fetch-site", "same-origin"),
+    ];
+    support::send(&admin_url(gateway, path), "POST", &headers, body.to_owned()).await
+}
+
+/// Logs in through the form; the `Cookie` line that carries the login.
+async fn log_in(gateway: &TestGateway) -> String {
+    let seen = post_form(gateway, "/login", "", &format!("token={TOKEN}")).await;
+    assert_eq!(seen.status, 303, "{}", seen.text());
+    let set = header(&seen, "set-cookie");
+    set.split(';').next().unwrap().to_owned()
+}
+
+async fn page(gateway: &TestGateway, path: &str, cookie: &str) -> Seen {
+    let headers = [("cookie", cookie)];
+    support::send(&admin_url(gateway, path), "GET", &headers, Body::empty()).await
+}
+
+/// The CSRF token in a page's forms.
+fn csrf(html: &str) -> String {
+    let field = html
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .expect("a form with a csrf field");
+    field.split('"').next().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_without_a_login_is_sent_to_the_form_and_basic_opens_the_page() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster).await;
+    let bare = support::get(&admin_url(&gateway, "/")).await;
+    assert_eq!(
+        (bare.status.as_u16(), header(&bare, "location")),
+        (303, "/login")
+    );
+    let form = support::get(&admin_url(&gateway, "/login")).await;
+    assert_eq!(form.status, 200);
+    assert!(form.text().contains("type=\"password\" name=\"token\""));
+    assert_eq!(header(&form, "cache-control"), "no-store");
+    // Basic, as a browser sends it after a challenge: any user, the token as password.
+    let basic = format!("Basic {}", b64(&format!("ops:{TOKEN}")));
+    let url = admin_url(&gateway, "/");
+    let seen = support::send(&url, "GET", &[("authorization", &basic)], Body::empty()).await;
+    assert_eq!(seen.status, 200);
+    assert!(seen.text().contains("id=\"node-web1\""));
+    let wrong = format!("Basic {}", b64("ops:not-the-token"));
+    let seen = support::send(&url, "GET", &[("authorization", &wrong)], Body::empty()).await;
+    assert_eq!(seen.status, 401);
+    assert!(header(&seen, "www-authenticate").starts_with("Basic realm="));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_in_the_form_are_refused_and_earn_the_address_a_wait() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster).await;
+    for _ in 0..5 {
+        let seen = post_form(&gateway, "/login", "", "token=not-the-token").await;
+        assert_eq!(seen.status, 401);
+        assert!(seen.text().contains("not the admin token"));
+        assert_eq!(
+            header(&seen, "set-cookie"),
+            "",
+            "no cookie for a wrong token"
+        );
+    }
+    // The same brake as the API's: now even the right token waits.
+    let held = post_form(&gateway, "/login", "", &format!("token={TOKEN}")).await;
+    assert_eq!(held.status, 429);
+    assert_eq!(header(&held, "retry-after"), "1");
+    let bearer = format!("Bearer {TOKEN}");
+    let api = admin_url(&gateway, "/nodes");
+    let seen = support::send(&api, "GET", &[("authorization", &bearer)], Body::empty()).await;
+    assert_eq!(seen.status, 429, "one count for the form and the API");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(log_in(&gateway).await.starts_with("moodle-gateway-admin="));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_login_cookie_is_http_only_same_site_strict_and_opens_cards_with_the_right_counts() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster).await;
+    let mut students = Vec::new();
+    for n in 0..5 {
+        students.push(logged_in(&gateway, n).await);
+    }
+    let seen = post_form(&gateway, "/login", "", &format!("token={TOKEN}")).await;
+    let set = header(&seen, "set-cookie");
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(
+            set.split("; ").any(|a| a == attribute),
+            "{attribute} in {set}"
+        );
+    }
+    assert!(!set.contains(TOKEN), "the cookie is not the token");
+    let cookie = set.split(';').next().unwrap();
+    let home = page(&gateway, "/", cookie).await;
+    assert_eq!(home.status, 200);
+    assert_eq!(header(&home, "content-type"), "text/html; charset=utf-8");
+    assert_eq!(header(&home, "x-frame-options"), "DENY");
+    let policy = header(&home, "content-security-policy");
+    assert!(policy.contains("frame-ancestors 'none'") && policy.contains("script-src 'sha256-"));
+    let html = home.text();
+    for node in ["web1", "web2"] {
+        let live = students.iter().filter(|(_, at)| at == node).count();
+        let card = html.split(&format!("id=\"node-{node}\"")).nth(1).unwrap();
+        let card = card.split("</article>").next().unwrap();
+        let figure = |key: &str| {
+            let value = card
+                .split(&format!("data-figure=\"{key}\">"))
+                .nth(1)
+                .unwrap();
+            value.split('<').next().unwrap().to_owned()
+        };
+        assert_eq!(figure("live"), live.to_string(), "{node}");
+        assert_eq!(figure("logged-in"), live.to_string(), "{node}");
+        assert_eq!(figure("anonymous"), "0", "{node}");
+    }
+    assert!(html.contains("5 live sessions · 5 logged in"), "{html}");
+    // Logging out ends that cookie here, not only in the browser.
+    let body = format!("csrf={}", csrf(&html));
+    let out = post_form(&gateway, "/logout", cookie, &body).await;
+    assert_eq!(
+        (out.status.as_u16(), header(&out, "location")),
+        (303, "/login")
+    );
+    assert!(header(&out, "set-cookie").contains("Max-Age=0"));
+    assert_eq!(page(&gateway, "/", cookie).await.status, 303);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_button_drains_only_with_the_pages_csrf_token_and_says_what_it_did() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster).await;
+    let cookie = log_in(&gateway).await;
+    let token = csrf(&page(&gateway, "/", &cookie).await.text());
+    let drain = "/ui/nodes/web1/drain";
+    for body in [String::new(), "csrf=00ff".into(), format!("csrf={token}x")] {
+        let refused = post_form(&gateway, drain, &cookie, &body).await;
+        assert_eq!(refused.status, 403, "{body}");
+    }
+    // Another origin's page that somehow knew the token: still refused.
+    let url = admin_url(&gateway, drain);
+    let body = format!("csrf={token}");
+    let forged = [
+        FORM,
+        ("cookie", cookie.as_str()),
+        ("origin", "http://127.0.0.1:1"),
+    ];
+    let seen = support::send(&url, "POST", &forged, body.clone()).await;
+    assert_eq!(seen.status, 403);
+    assert_eq!(node_state(&gateway).await, "active", "nothing changed yet");
+    let done = post_form(&gateway, drain, &cookie, &body).await;
+    assert_eq!(
+        (done.status.as_u16(), header(&done, "location")),
+        (303, "/")
+    );
+    assert_eq!(node_state(&gateway).await, "draining");
+    let flash = header(&done, "set-cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let after = page(&gateway, "/", &format!("{cookie}; {flash}"))
+        .await
+        .text();
+    assert!(after.contains("web1 is now draining."), "{after}");
+    assert!(after.contains("state-draining\">draining"));
+    // The API's own rules answer through the flash.
+    let data = post_form(&gateway, "/ui/nodes/data/disable", &cookie, &body).await;
+    let flash = header(&data, "set-cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let after = page(&gateway, "/", &format!("{cookie}; {flash}"))
+        .await
+        .text();
+    assert!(after.contains("data: not changed: the data server cannot be drained"));
+}
+
+async fn node_state(gateway: &TestGateway) -> String {
+    let bearer = format!("Bearer {TOKEN}");
+    let url = admin_url(gateway, "/nodes");
+    let seen = support::send(&url, "GET", &[("authorization", &bearer)], Body::empty()).await;
+    let nodes: serde_json::Value = serde_json::from_slice(&seen.body).unwrap();
+    nodes["nodes"][0]["state"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_find_box_shows_a_students_node_and_never_the_id() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster).await;
+    let (student, node) = logged_in(&gateway, 7).await;
+    let id = student.session().unwrap().to_owned();
+    let cookie = log_in(&gateway).await;
+    let token = csrf(&page(&gateway, "/", &cookie).await.text());
+    let body = format!("csrf={token}&session={id}");
+    let found = post_form(&gateway, "/ui/find", &cookie, &body).await;
+    assert_eq!(found.status, 303);
+    let location = header(&found, "location").to_owned();
+    assert!(
+        location.starts_with("/?found=") && !location.contains(&id),
+        "{location}"
+    );
+    let shown = page(&gateway, &location, &cookie).await.text();
+    assert!(
+        shown.contains(&format!("data-found=\"node\">{node}<")),
+        "{shown}"
+    );
+    let unknown = "not-a-session-this-gateway-has-seen";
+    let body = format!("csrf={token}&session={unknown}");
+    let missing = post_form(&gateway, "/ui/find", &cookie, &body).await;
+    let flash = header(&missing, "set-cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let shown_missing = page(&gateway, "/", &format!("{cookie}; {flash}"))
+        .await
+        .text();
+    assert!(shown_missing.contains("No bound session has that id"));
+    let everything = format!(
+        "{location}{shown}{shown_missing}{:?}{:?}",
+        found.headers, missing.headers
+    );
+    assert!(!everything.contains(&id) && !everything.contains(unknown));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_hostile_node_answers_its_probes_is_shown_escaped() {
+    let hostile = support::upstream(|_request| async {
+        Response::builder()
+            .status(303)
+            .header("location", "https://x/\"><script>alert(1)</script><b>")
+            .body(Body::empty())
+            .unwrap()
+    })
+    .await;
+    let data = support::named_upstream("data").await;
+    let extra = format!(
+        "health.interval = \"100ms\"\nhealth.timeout = \"100ms\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\""
+    );
+    let gateway = TestGateway::start(&support::config_for(&[hostile], data, &extra)).await;
+    let cookie = log_in(&gateway).await;
+    let mut html = String::new();
+    for _ in 0..50 {
+        html = page(&gateway, "/", &cookie).await.text();
+        if html.contains("answered 303") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        html.contains("&lt;script&gt;alert(1)&lt;/script&gt;&lt;b&gt;"),
+        "{html}"
+    );
+    assert!(!html.contains("<script>alert") && !html.contains("\"><b>"));
+}
+
+fn b64(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// The session rows of a dashboard page: (hash, node, state).
+fn rows(html: &str) -> Vec<(String, String, String)> {
+    let body = html
+        .split("<tbody>")
+        .nth(1)
+        .map_or("", |b| b.split("</tbody>").next().unwrap());
+    let cells = |row: &str| -> Vec<String> {
+        let cells = row.split("<td>").skip(1);
+        cells
+            .map(|c| {
+                c.split("</td>")
+                    .next()
+                    .unwrap()
+                    .replace("<code>", "")
+                    .replace("</code>", "")
+            })
+            .collect()
+    };
+    let rows = body.split("<tr>").skip(1).map(cells);
+    rows.map(|c| (c[0].clone(), c[1].clone(), c[2].clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_table_filters_by_node_state_and_hash_prefix() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster).await;
+    let mut students = Vec::new();
+    for n in 0..4 {
+        students.push(logged_in(&gateway, n).await);
+    }
+    let mut visitor = moodle_gateway::demo::Browser::new(gateway.addr, "", "MoodleSession");
+    let visited = visitor
+        .get("/login/index.php")
+        .await
+        .unwrap()
+        .upstream()
+        .to_owned();
+    let cookie = log_in(&gateway).await;
+    let all = rows(&page(&gateway, "/", &cookie).await.text());
+    assert_eq!(all.len(), 5);
+    let anonymous = rows(&page(&gateway, "/?state=anonymous", &cookie).await.text());
+    assert_eq!(anonymous.len(), 1);
+    assert_eq!(
+        (anonymous[0].1.as_str(), anonymous[0].2.as_str()),
+        (visited.as_str(), "anonymous")
+    );
+    let web2 = rows(
+        &page(&gateway, "/?node=web2&state=logged-in", &cookie)
+            .await
+            .text(),
+    );
+    let on_web2 = students.iter().filter(|(_, node)| node == "web2").count();
+    assert_eq!(web2.len(), on_web2);
+    assert!(web2
+        .iter()
+        .all(|(_, node, state)| node == "web2" && state == "logged in"));
+    let hash = &all[2].0;
+    let found = rows(
+        &page(&gateway, &format!("/?q={}", &hash[..6]), &cookie)
+            .await
+            .text(),
+    );
+    assert_eq!(found.iter().map(|r| &r.0).collect::<Vec<_>>(), [hash]);
+    let nonsense = page(&gateway, "/?q=not-hex&node=nobody&state=%3Cb%3E", &cookie).await;
+    assert_eq!(
+        rows(&nonsense.text()).len(),
+        5,
+        "filters that mean nothing are ignored"
+    );
+}
