@@ -38,8 +38,10 @@ use super::guard::{self, Guard};
 use super::html::{self, Esc};
 use crate::logs::Every;
 
-/// The login cookie's name.
-pub(super) const COOKIE_NAME: &str = "moodle-gateway-admin";
+/// The login cookie's name. Browsers do not keep cookies apart by port, so when
+/// the dashboard shares a host name with the Moodle site this cookie rides along
+/// with students' requests too: the gateway withholds it from every node.
+pub const COOKIE_NAME: &str = "moodle-gateway-admin";
 /// How long a login lasts: a working day.
 const LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// Logged-out logins remembered at most (each until it would have expired).

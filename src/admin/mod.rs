@@ -39,6 +39,7 @@ mod layers;
 mod metrics;
 mod nodes;
 
+pub use login::COOKIE_NAME as LOGIN_COOKIE;
 pub use nodes::Reload;
 
 // The dashboard at `/`: routes, the page, its login, escaping, rates.

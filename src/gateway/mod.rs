@@ -29,6 +29,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use ipnet::IpNet;
 
+use crate::admin::LOGIN_COOKIE;
 use crate::cluster::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
 use crate::config::{Config, HealthConfig, SessionStore};
 use crate::error::GatewayError;
@@ -265,6 +266,8 @@ impl Gateway {
         let Some(_slot) = InFlight::take(&self.in_flight, settings.max_in_flight) else {
             return self.refused(GatewayError::Overloaded, &request, client);
         };
+        // The dashboard's login is a credential for the admin listener, never for Moodle.
+        proxy::withhold_cookie(request.headers_mut(), LOGIN_COOKIE);
         let uri = request.uri();
         let kind = match self.site.classify(uri.path(), uri.query()) {
             Ok(kind) => kind,

@@ -487,6 +487,38 @@ fn drop_underscored(headers: &mut HeaderMap) {
     }
 }
 
+/// Removes cookie `name` from every `Cookie` line, dropping a line left empty: a
+/// cookie of the gateway's own that must never reach a node. A line without it
+/// (nearly every request) is only scanned.
+pub fn withhold_cookie(headers: &mut HeaderMap, name: &str) {
+    let carries = |line: &HeaderValue| {
+        let crumbs = line.to_str().unwrap_or("").split(';');
+        crumbs
+            .map(str::trim_start)
+            .any(|c| c.split('=').next() == Some(name))
+    };
+    if !headers.get_all(header::COOKIE).iter().any(carries) {
+        return;
+    }
+    let kept: Vec<HeaderValue> = (headers.get_all(header::COOKIE).iter())
+        .filter_map(|line| {
+            let Ok(text) = line.to_str() else {
+                return Some(line.clone());
+            };
+            let crumbs = text.split(';').map(str::trim_start);
+            let crumbs: Vec<&str> = crumbs
+                .filter(|c| c.split('=').next() != Some(name))
+                .collect();
+            let joined = crumbs.join("; ");
+            (!joined.trim().is_empty()).then(|| HeaderValue::from_str(&joined).ok())?
+        })
+        .collect();
+    headers.remove(header::COOKIE);
+    for line in kept {
+        headers.append(header::COOKIE, line);
+    }
+}
+
 /// Several `Cookie` lines become one joined by `"; "`. A web server in front of PHP
 /// joins repeated headers with `", "`, which PHP does not split, so PHP would read a
 /// different session than the one the gateway routed on.
@@ -521,6 +553,28 @@ fn ip_header_value(ip: IpAddr) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_admin_cookie_never_reaches_a_node_and_the_rest_is_kept() {
+        let mut headers = HeaderMap::new();
+        let line = |v: &'static str| HeaderValue::from_static(v);
+        headers.append(
+            header::COOKIE,
+            line("MoodleSession=abc; gw-admin=secret; theme=x"),
+        );
+        headers.append(header::COOKIE, line("gw-admin=again"));
+        headers.append(header::COOKIE, line("gw-administrator=not-ours"));
+        withhold_cookie(&mut headers, "gw-admin");
+        let left: Vec<_> = headers.get_all(header::COOKIE).iter().collect();
+        assert_eq!(
+            left,
+            ["MoodleSession=abc; theme=x", "gw-administrator=not-ours"]
+        );
+        let mut plain = HeaderMap::new();
+        plain.append(header::COOKIE, line("MoodleSession=abc"));
+        withhold_cookie(&mut plain, "gw-admin");
+        assert_eq!(plain[header::COOKIE], "MoodleSession=abc");
+    }
 
     fn peer(trusted: bool) -> Peer<'static> {
         let client = Box::leak(Box::new(Client::new("203.0.113.9".parse().unwrap(), false)));

@@ -372,3 +372,33 @@ async fn the_session_table_filters_by_node_state_and_hash_prefix() {
         "filters that mean nothing are ignored"
     );
 }
+
+/// Browsers do not keep cookies apart by port: with the dashboard on the site's own
+/// host name, its login cookie rides along with a student's requests. It is the
+/// admin listener's credential, and no node ever sees it.
+#[tokio::test]
+async fn the_dashboard_login_cookie_never_reaches_a_node() {
+    let (node, record) = support::recording_upstream().await;
+    let data = support::named_upstream("data").await;
+    let gateway = TestGateway::start(&support::config_for(&[node], data, "")).await;
+    let cookie = format!(
+        "MoodleSession=abc; {}=signed-login; theme=boost",
+        moodle_gateway::admin::LOGIN_COOKIE
+    );
+    let seen = support::send(
+        &gateway.url("/course/view.php?id=2"),
+        "GET",
+        &[("cookie", &cookie)],
+        "",
+    )
+    .await;
+    assert_eq!(seen.status, 200);
+    let received = record.lock().unwrap().clone();
+    let cookies: Vec<&str> = received[0]
+        .headers
+        .iter()
+        .filter(|(name, _)| name == "cookie")
+        .map(|(_, value)| value.as_str())
+        .collect();
+    assert_eq!(cookies, ["MoodleSession=abc; theme=boost"]);
+}
