@@ -342,25 +342,23 @@ struct Writer {
 }
 
 impl Writer {
-    /// Writes lines as they come, flushing when the queue runs dry, until every
-    /// handle is gone.
+    /// Writes lines in batches: when 32 KiB are waiting, and at least every
+    /// [`FLUSH_EVERY`] (a steady trickle of requests must not keep lines, or a
+    /// reopen, waiting), until every handle is gone.
     fn run(mut self, queued: Receiver<String>) {
         let mut buffer = Vec::with_capacity(64 * 1024);
+        let mut written = Instant::now();
         loop {
-            match queued.recv_timeout(FLUSH_EVERY) {
-                Ok(line) => {
-                    buffer.extend_from_slice(line.as_bytes());
-                    if buffer.len() < 32 * 1024 {
-                        continue;
-                    }
-                }
+            let wait = FLUSH_EVERY.saturating_sub(written.elapsed());
+            match queued.recv_timeout(wait) {
+                Ok(line) => buffer.extend_from_slice(line.as_bytes()),
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    self.write(&mut buffer);
-                    return;
-                }
+                Err(RecvTimeoutError::Disconnected) => return self.write(&mut buffer),
             }
-            self.write(&mut buffer);
+            if buffer.len() >= 32 * 1024 || written.elapsed() >= FLUSH_EVERY {
+                self.write(&mut buffer);
+                written = Instant::now();
+            }
         }
     }
 

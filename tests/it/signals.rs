@@ -96,3 +96,50 @@ async fn sighup_reloads_the_config_file() {
     }
     panic!("the gateway never sent a request to the node of the new config");
 }
+
+/// logrotate moves the access log away and sends SIGHUP: the old file keeps what was
+/// written before, and the lines after go to a new file at the configured path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reopens_the_access_log_that_logrotate_moved_away() {
+    let node = support::named_upstream("web1").await;
+    let data = support::named_upstream("data").await;
+    let extra = "[access_log]\nto = \"access.log\"\n";
+    let gateway = start_binary(&config_for(&[node], data, extra));
+    let (log, rotated) = (
+        gateway.dir().join("access.log"),
+        gateway.dir().join("access.log.1"),
+    );
+    let addr = gateway.addr;
+    let page = |path: &'static str| async move {
+        support::get(&format!("http://{addr}{path}")).await.status
+    };
+    assert_eq!(page("/before-rotation").await, 200);
+    lines_in(&log, 1).await;
+
+    std::fs::rename(&log, &rotated).unwrap();
+    gateway.signal("HUP");
+    // The reopen happens on the writer's next turn: a few requests make sure of it.
+    let mut attempts = 0;
+    while !log.exists() {
+        assert!(attempts < 100, "no new access.log after SIGHUP");
+        assert_eq!(page("/after-rotation").await, 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        attempts += 1;
+    }
+    let new = lines_in(&log, 1).await;
+    assert!(new.iter().all(|l| l.contains("/after-rotation")), "{new:?}");
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    assert!(old.contains("/before-rotation"), "{old}");
+}
+
+/// The lines of `path` once it has at least `count`.
+async fn lines_in(path: &std::path::Path, count: usize) -> Vec<String> {
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().count() >= count {
+            return text.lines().map(str::to_owned).collect();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("fewer than {count} lines in {}", path.display());
+}
