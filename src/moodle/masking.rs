@@ -3,25 +3,30 @@
 //!
 //! The mobile app's file URLs carry a web-service token in the path
 //! (`/tokenpluginfile.php/{token}/…`) or the query (`?token=`), web-service calls
-//! carry `wstoken`, every state-changing link carries `sesskey`, calendar and RSS
-//! exports a user `key`, and `/login/token.php` takes a `password` in the query.
-//! Each of these is as good as a login to whoever reads the log.
+//! carry `wstoken`, every state-changing link carries `sesskey`, RSS feeds a user's
+//! key in the path (`/rss/file.php/{ctx}/{token}/…`), the calendar export an
+//! `authtoken`, private-key links a `key` or `userkey`, and `/login/token.php` takes
+//! a `password` in the query. Each of these is as good as a login to whoever reads
+//! the log.
 
 use std::fmt;
 
 /// The query parameters whose values are credentials.
-const SECRET_PARAMS: [&str; 7] = [
+const SECRET_PARAMS: [&str; 9] = [
     "token",
     "wstoken",
     "sesskey",
     "key",
     "userkey",
+    "authtoken",
     "password",
+    "wspassword",
     "logintoken",
 ];
 
-/// The script whose first path segment after it is a token.
-const TOKEN_SCRIPT: &str = "/tokenpluginfile.php/";
+/// Scripts that carry a token in their path: the script, and which segment after
+/// it (counting from 0, empty segments skipped as PHP's `PARAM_PATH` collapses `//`).
+const PATH_TOKENS: [(&str, usize); 2] = [("/tokenpluginfile.php/", 0), ("/rss/file.php/", 1)];
 
 /// What a masked value is printed as.
 const MASK: &str = "***";
@@ -44,12 +49,12 @@ pub fn masked(uri: &http::Uri) -> Masked<'_> {
 
 impl fmt::Display for Masked<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.path.find(TOKEN_SCRIPT) {
-            Some(at) => {
-                let (script, rest) = self.path.split_at(at + TOKEN_SCRIPT.len());
-                let after = rest.find('/').map_or("", |slash| &rest[slash..]);
-                write!(f, "{script}{MASK}{after}")?;
-            }
+        let token = PATH_TOKENS.iter().find_map(|(script, index)| {
+            let at = self.path.find(script)? + script.len();
+            Some((at, *index))
+        });
+        match token {
+            Some((at, index)) => write_masked_segment(f, self.path, at, index)?,
             None => f.write_str(self.path)?,
         }
         let Some(query) = self.query else {
@@ -67,6 +72,27 @@ impl fmt::Display for Masked<'_> {
         }
         Ok(())
     }
+}
+
+/// Writes `path` with its `index`-th non-empty segment from byte `at` on replaced.
+fn write_masked_segment(
+    f: &mut fmt::Formatter<'_>,
+    path: &str,
+    at: usize,
+    index: usize,
+) -> fmt::Result {
+    let (head, rest) = path.split_at(at);
+    f.write_str(head)?;
+    let mut seen = 0;
+    for (i, segment) in rest.split('/').enumerate() {
+        if i > 0 {
+            f.write_str("/")?;
+        }
+        let secret = !segment.is_empty() && seen == index;
+        seen += usize::from(!segment.is_empty());
+        f.write_str(if secret { MASK } else { segment })?;
+    }
+    Ok(())
 }
 
 /// Whether a parameter name (as sent, perhaps percent-encoded) names a credential.
@@ -97,6 +123,15 @@ mod tests {
             shown("/moodle/tokenpluginfile.php/0123abcd"),
             "/moodle/tokenpluginfile.php/***"
         );
+        assert_eq!(
+            shown("/tokenpluginfile.php//0123abcd/12/f"),
+            "/tokenpluginfile.php//***/12/f",
+            "PHP collapses the empty segment: the token is the first real one"
+        );
+        assert_eq!(
+            shown("/rss/file.php/5/a1b2c3rsskey/mod_forum/2/rss.xml"),
+            "/rss/file.php/5/***/mod_forum/2/rss.xml"
+        );
     }
 
     #[test]
@@ -114,6 +149,10 @@ mod tests {
         assert_eq!(
             shown("/login/logout.php?sesskey=Xy12"),
             "/login/logout.php?sesskey=***"
+        );
+        assert_eq!(
+            shown("/calendar/export_execute.php?userid=7&authtoken=5ee1d&preset_what=all"),
+            "/calendar/export_execute.php?userid=7&authtoken=***&preset_what=all"
         );
         assert_eq!(
             shown("/login/token.php?username=ann&password=hunter2&service=moodle_mobile_app"),

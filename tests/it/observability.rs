@@ -228,12 +228,16 @@ async fn visit_with_secrets(gateway: &TestGateway) -> (Vec<String>, Vec<&'static
         "wst0kenSecret",
         "s3sskeyValue",
         "hunter2pass",
+        "rssK3yInPath",
+        "calAuthT0ken",
     ];
     for path in [
         "/tokenpluginfile.php/tok3nInPath77/12/user/icon/f1",
         "/webservice/rest/server.php?wstoken=wst0kenSecret&wsfunction=core_webservice_get_site_info",
         "/course/view.php?id=2&sesskey=s3sskeyValue",
         "/login/token.php?username=ann&password=hunter2pass&service=moodle_mobile_app",
+        "/rss/file.php/5/rssK3yInPath/mod_forum/2/rss.xml",
+        "/calendar/export_execute.php?userid=7&authtoken=calAuthT0ken&preset_what=all",
     ] {
         ann.get(path).await.unwrap();
     }
@@ -250,11 +254,11 @@ async fn the_access_log_has_one_combined_line_per_request_and_no_secret() {
     let extra = format!("[access_log]\nto = \"{}\"\n", file.display());
     let (_cluster, gateway) = cluster_and_gateway(2, &extra).await;
     let (ids, secrets, hash) = visit_with_secrets(&gateway).await;
-    let lines = lines_of(&file, 8).await;
+    let lines = lines_of(&file, 10).await;
     assert_eq!(
         lines.len(),
-        8,
-        "login form, login, dashboard, four URLs, logout"
+        10,
+        "login form, login, dashboard, six URLs, logout"
     );
     let combined = Regex::new(
         r#"^127\.0\.0\.1 - - \[\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} \+0000\] "(GET|POST) /\S* HTTP/1\.1" \d{3} \d+ "[^"]*" "[^"]*" upstream=web[12] upstream_time=\d+\.\d{3} request_time=\d+\.\d{3} session=[0-9a-f]{16}$"#,
@@ -298,7 +302,7 @@ async fn the_json_access_log_has_every_field_and_no_secret() {
     );
     let (_cluster, gateway) = cluster_and_gateway(2, &extra).await;
     let (ids, secrets, _) = visit_with_secrets(&gateway).await;
-    let lines = lines_of(&file, 8).await;
+    let lines = lines_of(&file, 10).await;
     for line in &lines {
         let entry: serde_json::Value = serde_json::from_str(line).expect(line);
         for field in [
