@@ -55,8 +55,11 @@ impl Gateway {
         };
         match known {
             Some(known) => {
-                self.detect_loss(route, known, sent, settings);
-                self.table.rotate(known.key, new, node, state);
+                // A student's parallel requests (AJAX, frames) each come back with
+                // their own new id after one loss: only the first rotation counts.
+                if self.table.rotate(known.key, new, node, state) {
+                    self.detect_loss(route, known, sent, settings);
+                }
             }
             None => {
                 self.table.bind(new, node, state);
@@ -74,7 +77,10 @@ impl Gateway {
     /// session store failure, NFS lock trouble, a kill, or a request that reached
     /// the wrong node. No other proxy sees this; it is counted per node and cause.
     fn detect_loss(&self, route: Route, known: Known, sent: &Sent, settings: &Settings) {
-        if known.state != SessionState::LoggedIn || moodle::rotates_by_design(sent.kind) {
+        // A session recovered from its route cookie is assumed logged in, its
+        // idleness unknown: Moodle replacing it says nothing the gateway can judge.
+        let judged = known.state == SessionState::LoggedIn && !known.recovered;
+        if !judged || moodle::rotates_by_design(sent.kind) {
             return;
         }
         let cause = if known.idle >= settings.sessiontimeout {

@@ -49,13 +49,15 @@ use crate::sessions::route_cookie::RouteCookie;
 pub type ProxyBody = Either<IdleLimited, Full<Bytes>>;
 
 /// A session the table knows: the key of its id, the node that holds it, and
-/// what the session-loss detector needs (logged in? idle since when?).
+/// what the session-loss detector needs (logged in? idle since when? or only just
+/// recovered from its route cookie, so neither is known?).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Known {
     key: SessionKey,
     node: NodeId,
     state: SessionState,
     idle: Duration,
+    recovered: bool,
 }
 
 /// Where one request goes, and why.
@@ -399,11 +401,13 @@ impl Gateway {
         let key = self.table.key(id);
         if let Some(found) = self.table.find(key) {
             let (node, state, idle) = (found.node, found.state, found.idle);
+            let recovered = false;
             return Some(Known {
                 key,
                 node,
                 state,
                 idle,
+                recovered,
             });
         }
         let node = upstreams.by_name(self.route_cookie.as_ref()?.node(headers, id)?)?;
@@ -412,12 +416,13 @@ impl Gateway {
         let state = SessionState::LoggedIn;
         self.table.bind(key, node.id, state);
         tracing::debug!(node = %node.name, "session recovered from its route cookie");
-        let idle = Duration::ZERO;
+        let (idle, recovered) = (Duration::ZERO, true);
         Some(Known {
             key,
             node: node.id,
             state,
             idle,
+            recovered,
         })
     }
 

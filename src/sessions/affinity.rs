@@ -294,10 +294,18 @@ impl AffinityTable {
 
     /// The node rotated a session id (login, logout, timeout): the new id lives on
     /// the same node. The new entry goes in before the old one leaves, so a request
-    /// still carrying the old id meanwhile finds its node either way.
-    pub fn rotate(&self, old: SessionKey, new: SessionKey, node: NodeId, state: SessionState) {
+    /// still carrying the old id meanwhile finds its node either way. `true` when
+    /// this call retired the old id (of concurrent requests that each saw the same
+    /// rotation, exactly one gets `true`).
+    pub fn rotate(
+        &self,
+        old: SessionKey,
+        new: SessionKey,
+        node: NodeId,
+        state: SessionState,
+    ) -> bool {
         self.bind(new, node, state);
-        self.forget(old);
+        self.forget(old)
     }
 
     /// Drops a session (the node cleared its cookie, or an admin evicted it).

@@ -169,6 +169,39 @@ async fn a_node_that_drops_a_bound_session_is_counted_once_per_event_and_logins_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_loss_is_one_count_however_many_requests_were_in_flight() {
+    let (cluster, gateway) = cluster_and_gateway(2, "").await;
+    let (ann, node) = logged_in(&gateway, 1).await;
+    let id = ann.session().unwrap().to_owned();
+    assert!(cluster.registry().kill(&id));
+    // Her page's frames and AJAX calls, all with the killed id, each answered with a
+    // new guest id by the node.
+    let tabs = (0..4).map(|_| {
+        let mut tab = Browser::new(gateway.addr, "", "MoodleSession");
+        tab.set_session(Some(id.clone()));
+        async move { tab.get("/my/").await.unwrap().sent_to_login() }
+    });
+    let answers = futures_join(tabs).await;
+    assert!(answers.iter().all(|sent| *sent), "{answers:?}");
+
+    let samples = scrape(&gateway).await;
+    let key = format!("moodle_gateway_session_losses_total{{cause=\"dropped\",node=\"{node}\"}}");
+    assert_eq!(value(&samples, &key), 1.0);
+}
+
+/// Runs `futures` at once; their outputs in order.
+async fn futures_join<F: std::future::Future<Output = bool> + Send + 'static>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<bool> {
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for handle in handles {
+        out.push(handle.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_moodle_timed_out_is_told_apart_from_a_lost_one() {
     let (cluster, gateway) = cluster_and_gateway(2, "session.sessiontimeout = \"2h\"").await;
     let (mut ann, node) = logged_in(&gateway, 1).await;
