@@ -191,6 +191,9 @@ pub struct Metrics {
     table_len: IntGauge,
     /// The gateway's own answers, by class.
     own: [IntCounter; 5],
+    /// One scrape at a time: a scrape resets and sets the gauges, and two
+    /// interleaved (a Prometheus pair) would each gather the other's half-set ones.
+    scraping: std::sync::Mutex<()>,
     nodes: Box<[OnceLock<NodeMeters>]>,
 }
 
@@ -293,6 +296,7 @@ impl Metrics {
             requests,
             latency,
             own,
+            scraping: std::sync::Mutex::new(()),
         }
         .with_zeroes()
     }
@@ -363,6 +367,7 @@ impl Metrics {
 
     /// The text exposition of every family, with the scrape-time gauges set from `now`.
     pub fn render(&self, now: &Snapshot) -> String {
+        let _one = self.scraping.lock().unwrap_or_else(|p| p.into_inner());
         self.in_flight.set(gauge_value(now.in_flight as u64));
         self.table_len.set(gauge_value(now.table_len as u64));
         // Gauges of a node that left the config must not linger at their last value.

@@ -31,6 +31,7 @@ impl Config {
             self.scorm_needs_the_session(),
             self.wwwroot_port_is_not_ours(),
             self.probe_starts_sessions(),
+            self.forgets_sessions_moodle_keeps(),
         ]
         .into_iter()
         .flatten()
@@ -58,6 +59,32 @@ impl Config {
                      only the bytes: an [offload] section naming the data server's file \
                      export, with $CFG->xsendfile = 'X-Accel-Redirect' on the nodes",
                     self.data.name
+                ),
+            )
+        })
+    }
+
+    /// A logged-in entry the gateway forgets while Moodle still honours the session
+    /// sends the student's next request to a freshly dealt node: with node-local
+    /// sessions, a logout the session-loss detector cannot even see (the id is
+    /// unknown by then).
+    fn forgets_sessions_moodle_keeps(&self) -> Option<ConfigError> {
+        let s = &self.session;
+        let short = s.store == SessionStore::NodeLocal && s.logged_in_idle < s.sessiontimeout;
+        short.then(|| {
+            let d = |d| humantime::format_duration(d).to_string();
+            error(
+                "session.logged_in_idle",
+                None,
+                format!(
+                    "{} is shorter than session.sessiontimeout ({}): the gateway would forget a \
+                     logged-in session Moodle still honours, and with node-local sessions the \
+                     student's next request after a long pause lands on another node and is \
+                     logged out. Set logged_in_idle to sessiontimeout plus some slack (like \
+                     \"{}\"), or sessiontimeout to $CFG->sessiontimeout if it is shorter",
+                    d(s.logged_in_idle),
+                    d(s.sessiontimeout),
+                    d(s.sessiontimeout + std::time::Duration::from_secs(1800)),
                 ),
             )
         })
