@@ -36,13 +36,22 @@ const QUEUE: usize = 16 * 1024;
 /// How long the writer keeps lines in its buffer when traffic is light.
 const FLUSH_EVERY: Duration = Duration::from_millis(500);
 
+/// What the writer thread is sent.
+#[derive(Debug)]
+enum Message {
+    /// One line, newline included.
+    Line(String),
+    /// Write out everything before this, then answer.
+    Flush(mpsc::Sender<()>),
+}
+
 /// The access log, cheap to clone; off when the config says so.
 #[derive(Debug, Clone, Default)]
 pub struct AccessLog(Option<Arc<Sink>>);
 
 #[derive(Debug)]
 struct Sink {
-    lines: SyncSender<String>,
+    lines: SyncSender<Message>,
     format: AccessLogFormat,
     reopen: Arc<AtomicBool>,
     dropped: AtomicU64,
@@ -77,6 +86,25 @@ impl AccessLog {
     /// Whether lines are written at all.
     pub fn is_on(&self) -> bool {
         self.0.is_some()
+    }
+
+    /// Writes out every line queued so far, waiting at most `wait` (at shutdown,
+    /// after the last request: the drain window's lines are the ones worth having).
+    pub fn flush(&self, wait: Duration) {
+        let Some(sink) = &self.0 else {
+            return;
+        };
+        let (done, flushed) = mpsc::channel();
+        if sink.lines.send_timeout_or_drop(Message::Flush(done)) {
+            let _ = flushed.recv_timeout(wait);
+        }
+        let dropped = sink.dropped.load(Ordering::Relaxed);
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                "access log lines dropped because the disk fell behind"
+            );
+        }
     }
 
     /// Reopens the file on the writer's next turn (logrotate moved it: `SIGHUP`).
@@ -196,7 +224,7 @@ impl<B> Drop for Logged<B> {
             AccessLogFormat::Combined => combined(&pending),
             AccessLogFormat::Json => json(&pending),
         };
-        match pending.sink.lines.try_send(line) {
+        match pending.sink.lines.try_send(Message::Line(line)) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 pending.sink.dropped.fetch_add(1, Ordering::Relaxed);
@@ -327,6 +355,27 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
     (year, month, day)
 }
 
+/// A bounded channel's send that gives up when the queue stays full.
+trait SendOrDrop {
+    fn send_timeout_or_drop(&self, message: Message) -> bool;
+}
+
+impl SendOrDrop for SyncSender<Message> {
+    /// Tries for a second: the writer drains the queue unless its disk is stuck.
+    fn send_timeout_or_drop(&self, message: Message) -> bool {
+        let mut message = message;
+        for _ in 0..100 {
+            match self.try_send(message) {
+                Ok(()) => return true,
+                Err(TrySendError::Full(back)) => message = back,
+                Err(TrySendError::Disconnected(_)) => return false,
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+}
+
 fn append(path: &PathBuf) -> io::Result<File> {
     OpenOptions::new().create(true).append(true).open(path)
 }
@@ -345,13 +394,17 @@ impl Writer {
     /// Writes lines in batches: when 32 KiB are waiting, and at least every
     /// [`FLUSH_EVERY`] (a steady trickle of requests must not keep lines, or a
     /// reopen, waiting), until every handle is gone.
-    fn run(mut self, queued: Receiver<String>) {
+    fn run(mut self, queued: Receiver<Message>) {
         let mut buffer = Vec::with_capacity(64 * 1024);
         let mut written = Instant::now();
         loop {
             let wait = FLUSH_EVERY.saturating_sub(written.elapsed());
             match queued.recv_timeout(wait) {
-                Ok(line) => buffer.extend_from_slice(line.as_bytes()),
+                Ok(Message::Line(line)) => buffer.extend_from_slice(line.as_bytes()),
+                Ok(Message::Flush(done)) => {
+                    self.write(&mut buffer);
+                    let _ = done.send(());
+                }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return self.write(&mut buffer),
             }

@@ -163,6 +163,26 @@ impl App {
         Ok(notes)
     }
 
+    /// Opens the access log the config names (once: later calls share it), so that
+    /// a file the service may not write stops the start before it reports ready.
+    pub fn open_access_log(&self) -> std::io::Result<AccessLog> {
+        if let Some(log) = self.access_log.get() {
+            return Ok(log.clone());
+        }
+        let config = self.config().access_log.clone();
+        let log = AccessLog::open(&config).map_err(|error| {
+            let to = match &config.to {
+                crate::config::AccessLogTo::File(path) => path.display().to_string(),
+                other => format!("{other:?}"),
+            };
+            std::io::Error::new(
+                error.kind(),
+                format!("cannot open access_log.to {to}: {error}"),
+            )
+        })?;
+        Ok(self.access_log.get_or_init(|| log).clone())
+    }
+
     /// Reloads and logs the outcome (for `SIGHUP`, which has nobody to answer), and
     /// reopens the access log file (logrotate sends `SIGHUP` after moving it).
     pub fn reload_and_log(&self) {
@@ -217,11 +237,8 @@ impl App {
             admin,
             redirect,
         } = listeners;
-        let access_log = AccessLog::open(&self.config().access_log).map_err(|error| {
-            let to = &self.config().access_log.to;
-            std::io::Error::new(error.kind(), format!("access_log.to {to:?}: {error}"))
-        })?;
-        let access_log = self.access_log.get_or_init(|| access_log).clone();
+        let access_log = self.open_access_log()?;
+        let access_log_for_flush = access_log.clone();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let (listening, save_every) = {
             let config = self.config();
@@ -288,6 +305,8 @@ impl App {
             let _ = task.await;
         }
         let _ = public_task.await;
+        let log = access_log_for_flush;
+        let _ = tokio::task::spawn_blocking(move || log.flush(Duration::from_secs(2))).await;
         let _ = stop_tx.send(true);
         background.shutdown().await;
         if let Some(file) = save_to {

@@ -241,6 +241,8 @@ async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
         app = app.with_tls(certificates);
     }
     tokio::spawn(reload_on_hangup(app.clone()));
+    // Before READY: a log file the service may not write must fail the start.
+    app.open_access_log().map_err(|error| error.to_string())?;
     let listen = public.local_addr().map_err(|e| e.to_string())?;
     let admin_at = admin_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
     tracing::info!(%listen, admin = %admin_at, tls, nodes, "moodle-gateway ready");
@@ -258,28 +260,33 @@ async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
         .map_err(|error| error.to_string())
 }
 
-/// Re-reads the config file on every `SIGHUP`, the way daemons are told to.
-async fn reload_on_hangup(app: App) {
+/// Re-reads the config file on every `SIGHUP`, the way daemons are told to. The
+/// handler is installed when this is called, not when its task first runs: a SIGHUP
+/// right after READY=1 (logrotate, a quick `systemctl reload`) must reload, and
+/// SIGHUP's default action would end the process.
+fn reload_on_hangup(app: App) -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot listen for SIGHUP: reload with POST /reload instead");
-            return;
-        };
-        while hangups.recv().await.is_some() {
-            let app = app.clone();
-            // systemd shows "reloading" meanwhile; MONOTONIC_USEC is what systemd 253+
-            // matches a reload by.
-            let mut reloading = vec![NotifyState::Reloading];
-            reloading.extend(NotifyState::monotonic_usec_now().ok());
-            notify_systemd(&reloading);
-            let _ = tokio::task::spawn_blocking(move || app.reload_and_log()).await;
-            notify_systemd(&[NotifyState::Ready]);
-        }
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    async move { watch_hangups(app, hangups).await }
+}
+
+/// Reloads (and reopens the access log) on each `SIGHUP`, telling systemd.
+#[cfg(unix)]
+async fn watch_hangups(app: App, hangups: std::io::Result<tokio::signal::unix::Signal>) {
+    let Ok(mut hangups) = hangups else {
+        tracing::warn!("cannot listen for SIGHUP: reload with POST /reload instead");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        let app = app.clone();
+        // systemd shows "reloading" meanwhile; MONOTONIC_USEC is what systemd 253+
+        // matches a reload by.
+        let mut reloading = vec![NotifyState::Reloading];
+        reloading.extend(NotifyState::monotonic_usec_now().ok());
+        notify_systemd(&reloading);
+        let _ = tokio::task::spawn_blocking(move || app.reload_and_log()).await;
+        notify_systemd(&[NotifyState::Ready]);
     }
-    #[cfg(not(unix))]
-    let _ = app;
 }
 
 /// Completes on Ctrl-C or SIGTERM (what systemd and the benchmark send).

@@ -31,8 +31,8 @@ fi
 trap 'dpkg --purge "$PKG" >/dev/null 2>&1 || true' EXIT
 
 if ! cargo deb --version >/dev/null 2>&1; then
-    step "cargo install --locked cargo-deb"
-    cargo install --locked cargo-deb
+    step "cargo install --locked cargo-deb@3.8.0"
+    cargo install --locked cargo-deb@3.8.0
 fi
 
 step "cargo deb --locked"
@@ -47,6 +47,8 @@ dpkg -i "$deb"
 [ -x /usr/bin/$PKG ] || fail "no /usr/bin/$PKG"
 /usr/bin/$PKG --version | grep -qx "$PKG $version" || fail "the binary is not $version"
 dpkg-query -W -f='${Conffiles}\n' "$PKG" | grep -q " $CONFIG " || fail "$CONFIG is not a conffile"
+dpkg-query -W -f='${Conffiles}\n' "$PKG" | grep -q " /etc/logrotate.d/$PKG " \
+    || fail "/etc/logrotate.d/$PKG is not a conffile"
 uid=$(id -u $PKG) || fail "no user $PKG"
 [ "$uid" -lt 1000 ] || fail "user $PKG is not a system user (uid $uid)"
 [ "$(stat -c '%a %U' $TOKEN)" = "600 $PKG" ] || fail "$TOKEN is $(stat -c '%a %U' $TOKEN)"
