@@ -240,11 +240,13 @@ impl App {
         let access_log = self.open_access_log()?;
         let access_log_for_flush = access_log.clone();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let (listening, save_every) = {
+        // Only the public listener's turn-aways and handshakes are the students'.
+        let (listening, public_listening, save_every) = {
             let config = self.config();
             let (turned_away, tls_failed) = self.gateway.metrics().listener_counters();
-            let listening = Listening::plain(&config).counting(turned_away, tls_failed);
-            (listening, config.state.save_every)
+            let listening = Listening::plain(&config);
+            let public = listening.clone().counting(turned_away, tls_failed);
+            (listening, public, config.state.save_every)
         };
         let save_to = self.save_to.as_deref().cloned();
         let mut background = tokio::task::JoinSet::new();
@@ -292,7 +294,7 @@ impl App {
         let gateway = self.gateway.clone();
         let public_task = tokio::spawn(serve_connections(
             public,
-            listening.with_tls(self.tls.as_ref().map(|t| t.acceptor.clone())),
+            public_listening.with_tls(self.tls.as_ref().map(|t| t.acceptor.clone())),
             drain(),
             move |peer, tls| public_service(gateway.clone(), access_log.clone(), peer, tls),
         ));

@@ -408,6 +408,11 @@ fn whole_file_problems() {
         &format!("{NODES}[data]\nname = \"web1\"\nurl = \"http://192.168.1.1/\""),
         want,
     );
+    let want = "2: nodes[0].name: \"gateway\" is reserved: /metrics counts the gateway's own answers under it";
+    bad(
+        &format!("[[nodes]]\nname = \"gateway\"\nurl = \"http://192.168.1.1\"\n{DATA}"),
+        want,
+    );
     let want = "1: invalid TOML: string values must be quoted, expected literal string";
     bad("listen = \n", want);
     bad(

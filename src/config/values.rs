@@ -234,6 +234,10 @@ pub(super) fn node_name(raw: &str) -> Result<String, String> {
         .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
     let why = || format!("{raw:?} may only contain letters, digits, \".\", \"_\" and \"-\"");
     ensure(plain, why)?;
+    // `/metrics` labels the gateway's own answers `upstream="gateway"`.
+    ensure(raw != "gateway", || {
+        "\"gateway\" is reserved: /metrics counts the gateway's own answers under it".to_owned()
+    })?;
     let long = || {
         format!(
             "must be at most {MAX_NODE_NAME} characters, got {}",

@@ -488,29 +488,26 @@ fn drop_underscored(headers: &mut HeaderMap) {
 }
 
 /// Removes cookie `name` from every `Cookie` line, dropping a line left empty: a
-/// cookie of the gateway's own that must never reach a node. A line without it
-/// (nearly every request) is only scanned.
+/// cookie of the gateway's own that must never reach a node. Lines are read as
+/// bytes, so a line with another site's non-ASCII cookie is cleaned too. A line
+/// without it (nearly every request) is only scanned.
 pub fn withhold_cookie(headers: &mut HeaderMap, name: &str) {
-    let carries = |line: &HeaderValue| {
-        let crumbs = line.to_str().unwrap_or("").split(';');
-        crumbs
-            .map(str::trim_start)
-            .any(|c| c.split('=').next() == Some(name))
-    };
+    let name = name.as_bytes();
+    let named = |crumb: &[u8]| crumb.trim_ascii_start().split(|&b| b == b'=').next() == Some(name);
+    let carries = |line: &HeaderValue| line.as_bytes().split(|&b| b == b';').any(named);
     if !headers.get_all(header::COOKIE).iter().any(carries) {
         return;
     }
     let kept: Vec<HeaderValue> = (headers.get_all(header::COOKIE).iter())
         .filter_map(|line| {
-            let Ok(text) = line.to_str() else {
-                return Some(line.clone());
-            };
-            let crumbs = text.split(';').map(str::trim_start);
-            let crumbs: Vec<&str> = crumbs
-                .filter(|c| c.split('=').next() != Some(name))
+            let crumbs = line.as_bytes().split(|&b| b == b';');
+            let crumbs: Vec<&[u8]> = crumbs
+                .map(<[u8]>::trim_ascii_start)
+                .filter(|c| !named(c))
                 .collect();
-            let joined = crumbs.join("; ");
-            (!joined.trim().is_empty()).then(|| HeaderValue::from_str(&joined).ok())?
+            let joined = crumbs.join(&b"; "[..]);
+            let empty = joined.trim_ascii().is_empty();
+            (!empty).then(|| HeaderValue::from_bytes(&joined).ok())?
         })
         .collect();
     headers.remove(header::COOKIE);
