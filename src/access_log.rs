@@ -116,7 +116,7 @@ impl AccessLog {
 
     /// What to note of `request` before it is handed on; `None` when off.
     pub fn begin<B>(&self, request: &Request<B>, client: IpAddr) -> Option<Begun> {
-        self.0.as_ref()?;
+        let sink = self.0.as_ref()?;
         Some(Begun {
             started: Instant::now(),
             at: SystemTime::now(),
@@ -124,6 +124,7 @@ impl AccessLog {
             request_line: request_line(request),
             referer: header(request.headers(), REFERER).map(masked_referer),
             user_agent: header(request.headers(), USER_AGENT).map(str::to_owned),
+            abandoned: Some(sink.clone()),
         })
     }
 
@@ -137,7 +138,7 @@ impl AccessLog {
         let status = response.status().as_u16();
         let pending = match (&self.0, begun) {
             (Some(sink), Some(begun)) => Some(Box::new(Pending {
-                begun,
+                begun: begun.answered(),
                 trail,
                 status,
                 bytes: 0,
@@ -170,6 +171,45 @@ pub struct Begun {
     request_line: String,
     referer: Option<String>,
     user_agent: Option<String>,
+    /// Set until the request is answered: a request the client gave up on before
+    /// its response head (a stream reset, a closed connection while the node was
+    /// slow) is logged as nginx logs it, status 499.
+    abandoned: Option<Arc<Sink>>,
+}
+
+impl Begun {
+    fn answered(mut self) -> Self {
+        self.abandoned = None;
+        self
+    }
+}
+
+/// The status nginx logs for a request whose client closed before the answer.
+const CLIENT_CLOSED: u16 = 499;
+
+impl Drop for Begun {
+    fn drop(&mut self) {
+        let Some(sink) = self.abandoned.take() else {
+            return;
+        };
+        let begun = Begun {
+            started: self.started,
+            at: self.at,
+            client: self.client,
+            request_line: std::mem::take(&mut self.request_line),
+            referer: self.referer.take(),
+            user_agent: self.user_agent.take(),
+            abandoned: None,
+        };
+        let trail = Trail::default();
+        send(&Pending {
+            begun,
+            trail,
+            status: CLIENT_CLOSED,
+            bytes: 0,
+            sink,
+        });
+    }
 }
 
 #[derive(Debug)]
@@ -217,20 +257,24 @@ impl<B: Body + Unpin> Body for Logged<B> {
 
 impl<B> Drop for Logged<B> {
     fn drop(&mut self) {
-        let Some(pending) = self.pending.take() else {
-            return;
-        };
-        let line = match pending.sink.format {
-            AccessLogFormat::Combined => combined(&pending),
-            AccessLogFormat::Json => json(&pending),
-        };
-        match pending.sink.lines.try_send(Message::Line(line)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                pending.sink.dropped.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(TrySendError::Disconnected(_)) => {}
+        if let Some(pending) = self.pending.take() {
+            send(&pending);
         }
+    }
+}
+
+/// Formats one line and queues it, counting it as dropped when the queue is full.
+fn send(pending: &Pending) {
+    let line = match pending.sink.format {
+        AccessLogFormat::Combined => combined(pending),
+        AccessLogFormat::Json => json(pending),
+    };
+    match pending.sink.lines.try_send(Message::Line(line)) {
+        Ok(()) => {}
+        Err(TrySendError::Full(_)) => {
+            pending.sink.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(TrySendError::Disconnected(_)) => {}
     }
 }
 
@@ -466,6 +510,39 @@ mod tests {
         assert_eq!(clf_time(UNIX_EPOCH), "01/Jan/1970:00:00:00 +0000");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(clf_time(leap), "29/Feb/2000:00:00:00 +0000");
+    }
+
+    fn file_log(name: &str) -> (AccessLog, PathBuf) {
+        let path = std::env::temp_dir().join(format!("mg-unit-{name}-{}.log", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let config = AccessLogConfig {
+            to: AccessLogTo::File(path.clone()),
+            format: AccessLogFormat::Combined,
+        };
+        (AccessLog::open(&config).expect("a writable temp dir"), path)
+    }
+
+    #[test]
+    fn a_request_given_up_before_its_answer_is_logged_as_499_and_an_answered_one_once() {
+        let (log, path) = file_log("abandoned");
+        let request = Request::get("/course/view.php?id=2&sesskey=s3cret")
+            .body(())
+            .unwrap();
+        drop(log.begin(&request, "192.0.2.9".parse().unwrap()));
+        let begun = log.begin(&request, "192.0.2.9".parse().unwrap());
+        let response = log.finish(begun, Trail::default(), Response::new(()));
+        drop(response);
+        log.flush(Duration::from_secs(5));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(
+            lines[0].contains("\"GET /course/view.php?id=2&sesskey=*** HTTP/1.1\" 499 0 "),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[1].contains("HTTP/1.1\" 200 0 "), "{}", lines[1]);
     }
 
     #[test]
