@@ -26,7 +26,7 @@ use serde::Deserialize;
 
 use super::guard::Guard;
 use super::html;
-use super::login::{self, CsrfForm, Keys, Viewer};
+use super::login::{self, Keys, Viewer};
 use super::page::{self, Card, Filters, Row, View};
 use super::rates::Rates;
 use super::{nodes, parse_key};
@@ -255,14 +255,25 @@ async fn act(
     State(dash): State<Dash>,
     viewer: Viewer,
     path: Result<Path<(String, String)>, PathRejection>,
-    form: Result<Form<CsrfForm>, FormRejection>,
+    form: Result<Form<ActForm>, FormRejection>,
 ) -> Response {
-    if !form.is_ok_and(|Form(f)| dash.keys.csrf_ok(viewer.login, &f.csrf)) {
+    let Ok(Form(form)) = form else {
+        return login::stale_form();
+    };
+    if !dash.keys.csrf_ok(viewer.login, &form.csrf) {
         return login::stale_form();
     }
     let Ok(Path((name, action))) = path else {
         return back_with(&dash, "/", "That button names no node.");
     };
+    if let Some(students) = unconfirmed_disable(&dash, &name, &action, &form) {
+        let flash = format!(
+            "{name}: not changed: disabling it moves its logged-in students ({students}) at once, \
+             and with node-local sessions each must log in again. Drain it instead, or tick \
+             the box beside Disable to confirm."
+        );
+        return back_with(&dash, "/", &flash);
+    }
     let flash = match nodes::apply(&dash.gateway, &name, &action, false) {
         Ok(_) => {
             let settings = dash.gateway.settings();
@@ -273,6 +284,28 @@ async fn act(
         Err(refusal) => format!("{name}: not changed: {}.", refusal.1),
     };
     back_with(&dash, "/", &flash)
+}
+
+/// A card's button: the CSRF token, and for Disable the admin's confirmation.
+#[derive(Deserialize)]
+struct ActForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    confirm: String,
+}
+
+/// Disabling a node that still holds logged-in students logs them out (with
+/// node-local sessions) in one click: it needs the confirm box ticked. Returns how
+/// many students it would move when unconfirmed.
+fn unconfirmed_disable(dash: &Dash, name: &str, action: &str, form: &ActForm) -> Option<u64> {
+    if action != "disable" || form.confirm == "yes" {
+        return None;
+    }
+    let settings = dash.gateway.settings();
+    let node = settings.upstreams.by_name(name)?;
+    let students = dash.gateway.table().logged_in(node.id);
+    (students > 0).then_some(students)
 }
 
 #[derive(Deserialize)]

@@ -209,9 +209,18 @@ fn buttons(out: &mut String, card: &Card, csrf: &str) {
     };
     out.push_str("<div class=\"actions\">");
     for (action, label) in actions {
+        // Disabling moves every logged-in student at once: a box to tick first.
+        let confirm = match action == "disable" && card.logged_in > 0 {
+            false => String::new(),
+            true => format!(
+                "<label class=\"confirm\"><input type=\"checkbox\" name=\"confirm\" \
+                 value=\"yes\" required> moves {} logged-in</label>",
+                card.logged_in
+            ),
+        };
         let _ = write!(
             out,
-            "<form method=\"post\" action=\"/ui/nodes/{}/{action}\">{}\
+            "<form method=\"post\" action=\"/ui/nodes/{}/{action}\">{}{confirm}\
              <button type=\"submit\" data-action=\"{action}\">{label}</button></form>",
             Esc(&card.name),
             csrf_field(csrf)

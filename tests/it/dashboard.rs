@@ -402,3 +402,42 @@ async fn the_dashboard_login_cookie_never_reaches_a_node() {
         .collect();
     assert_eq!(cookies, ["MoodleSession=abc; theme=boost"]);
 }
+
+/// Disable moves every logged-in student of the node at once (with node-local
+/// sessions, each must log in again): from the dashboard it needs its box ticked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disabling_a_node_with_logged_in_students_needs_the_box_ticked() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster).await;
+    let (_ann, node) = logged_in(&gateway, 1).await;
+    assert_eq!(node, "web1", "the first student is dealt web1");
+    let cookie = log_in(&gateway).await;
+    let html = page(&gateway, "/", &cookie).await.text();
+    assert!(
+        html.contains("moves 1 logged-in"),
+        "the card asks before disabling"
+    );
+    let token = csrf(&html);
+    let disable = "/ui/nodes/web1/disable";
+    let unticked = post_form(&gateway, disable, &cookie, &format!("csrf={token}")).await;
+    assert_eq!(unticked.status, 303);
+    assert_eq!(node_state(&gateway).await, "active", "nothing changed");
+    let flash = header(&unticked, "set-cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let after = page(&gateway, "/", &format!("{cookie}; {flash}"))
+        .await
+        .text();
+    assert!(
+        after.contains("moves its logged-in students (1) at once"),
+        "{after}"
+    );
+    let ticked = format!("csrf={token}&confirm=yes");
+    assert_eq!(
+        post_form(&gateway, disable, &cookie, &ticked).await.status,
+        303
+    );
+    assert_eq!(node_state(&gateway).await, "disabled");
+}
