@@ -13,15 +13,19 @@
 //! keeps a second copy up to date.
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
+
+mod node;
+
+use node::class;
+pub use node::{LossCause, MoveCause, NodeMeters, NodeTotals};
 
 /// Status classes by the first digit of a status: 1xx to 5xx.
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -37,110 +41,6 @@ pub const GATEWAY: &str = "gateway";
 const LATENCY_BUCKETS: [f64; 14] = [
     0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
-
-/// Why a student lost a logged-in session, as far as the gateway can tell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LossCause {
-    /// Idle at least Moodle's `sessiontimeout`: Moodle's own rule, not an incident.
-    Timeout,
-    /// The session had just moved to another node (its own was down, disabled or
-    /// removed): the price of failover with node-local sessions.
-    Moved,
-    /// Neither: the node lost it (a session store failure, NFS locks, a kill by an
-    /// admin, a changed password, or a request misrouted around the gateway).
-    Dropped,
-}
-
-impl LossCause {
-    const ALL: [LossCause; 3] = [LossCause::Timeout, LossCause::Moved, LossCause::Dropped];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LossCause::Timeout => "timeout",
-            LossCause::Moved => "moved",
-            LossCause::Dropped => "dropped",
-        }
-    }
-}
-
-/// Why a known session went to another node than its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MoveCause {
-    /// Its node was down (past `failover_hold` with node-local sessions).
-    Down,
-    /// Its node left the config.
-    Removed,
-    /// Its node was disabled by an admin.
-    Disabled,
-    /// Its node refused the connection and the store is shared.
-    Refused,
-}
-
-impl MoveCause {
-    const ALL: [MoveCause; 4] = [
-        MoveCause::Down,
-        MoveCause::Removed,
-        MoveCause::Disabled,
-        MoveCause::Refused,
-    ];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            MoveCause::Down => "down",
-            MoveCause::Removed => "removed",
-            MoveCause::Disabled => "disabled",
-            MoveCause::Refused => "refused",
-        }
-    }
-}
-
-/// One node's (or the data server's) counters, reached by its id on the request path.
-#[derive(Debug)]
-pub struct NodeMeters {
-    requests: [IntCounter; 5],
-    latency: Histogram,
-    dealt: IntCounter,
-    losses: [IntCounter; 3],
-}
-
-impl NodeMeters {
-    /// A response head from this upstream, `elapsed` after the request was sent.
-    pub fn answered(&self, status: u16, elapsed: Duration) {
-        self.requests[class(status)].inc();
-        self.latency.observe(elapsed.as_secs_f64());
-    }
-
-    /// A new session bound to this node.
-    pub fn dealt(&self) {
-        self.dealt.inc();
-    }
-
-    /// A logged-in session this node replaced by a new one outside login and logout.
-    pub fn lost(&self, cause: LossCause) {
-        self.losses[cause as usize].inc();
-    }
-
-    /// What the dashboard shows of this node.
-    pub fn totals(&self) -> NodeTotals {
-        NodeTotals {
-            requests: self.requests.iter().map(IntCounter::get).sum(),
-            server_errors: self.requests[4].get(),
-            losses: self.losses.iter().map(IntCounter::get).sum(),
-        }
-    }
-}
-
-/// A node's running totals since start.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NodeTotals {
-    /// Response heads received from it.
-    pub requests: u64,
-    /// Of those, 5xx.
-    pub server_errors: u64,
-    /// Logged-in sessions it lost, every cause.
-    pub losses: u64,
-}
 
 /// The figures read at scrape time from where they live.
 #[derive(Debug, Default)]
@@ -398,10 +298,6 @@ impl Metrics {
     }
 }
 
-fn class(status: u16) -> usize {
-    usize::from(status / 100).clamp(1, 5) - 1
-}
-
 fn gauge_value(count: u64) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
@@ -438,6 +334,8 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -493,7 +391,7 @@ mod tests {
             ..Snapshot::default()
         };
         let text = metrics.render(&now);
-        let dashboard = include_str!("../docs/grafana/moodle-gateway.json");
+        let dashboard = include_str!("../../docs/grafana/moodle-gateway.json");
         let mut queried = 0;
         for (at, _) in dashboard.match_indices("moodle_gateway_") {
             let name: String = dashboard[at..]
