@@ -11,11 +11,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::AccessLogTo;
+use crate::logs::Every;
 
 /// Lines waiting for the writer: about a second of a busy site's traffic.
 const QUEUE: usize = 16 * 1024;
 /// The longest the writer keeps lines in its buffer.
 const FLUSH_EVERY: Duration = Duration::from_millis(500);
+/// Failed writes, said at most once a minute.
+static WRITE_FAILURES: Every = Every::new(Duration::from_secs(60));
 
 /// What the writer thread is sent.
 #[derive(Debug)]
@@ -120,7 +123,10 @@ impl Writer {
             Out::File(file, _) => file.write_all(buffer),
         };
         if let Err(error) = written {
-            tracing::warn!("cannot write the access log: {error}");
+            // A full disk fails every batch: said once a minute.
+            if let Some(held_back) = WRITE_FAILURES.allow() {
+                tracing::warn!(held_back, "cannot write the access log: {error}; lines are lost");
+            }
         }
         buffer.clear();
     }
