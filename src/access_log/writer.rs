@@ -125,7 +125,10 @@ impl Writer {
         if let Err(error) = written {
             // A full disk fails every batch: said once a minute.
             if let Some(held_back) = WRITE_FAILURES.allow() {
-                tracing::warn!(held_back, "cannot write the access log: {error}; lines are lost");
+                tracing::warn!(
+                    held_back,
+                    "cannot write the access log: {error}; lines are lost"
+                );
             }
         }
         buffer.clear();

@@ -98,7 +98,10 @@ impl Gateway {
         if let Some(meters) = self.metrics.node(id) {
             meters.lost(cause);
         }
-        let path = moodle::masked(&sent.uri);
+        let Some(uri) = &sent.uri else {
+            return;
+        };
+        let path = moodle::masked(uri);
         if cause == LossCause::Timeout {
             return tracing::info!(node = %name, %path, "a logged-in session timed out in Moodle");
         }

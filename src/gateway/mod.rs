@@ -280,7 +280,10 @@ impl Gateway {
         let asked_for = Sent {
             kind,
             is_post: request.method() == Method::POST,
-            uri: request.uri().clone(),
+            // Only a logged-in student's request can be a loss worth a warning.
+            uri: known
+                .filter(|k| k.state == SessionState::LoggedIn)
+                .map(|_| request.uri().clone()),
         };
         let peer = client.peer(
             settings
@@ -532,8 +535,9 @@ pub struct Served {
 struct Sent {
     kind: RequestKind,
     is_post: bool,
-    /// Kept for the session-loss warning (a shared buffer: no copy).
-    uri: http::Uri,
+    /// Kept for the session-loss warning, for logged-in students only (a shared
+    /// buffer: no copy).
+    uri: Option<http::Uri>,
 }
 
 /// Refused requests are logged at most once every ten seconds: a scanner sends
