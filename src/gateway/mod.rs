@@ -37,7 +37,7 @@ use crate::http::body::IdleLimited;
 use crate::http::edge::EdgeRules;
 use crate::http::offload::{self, Asked, Offload};
 use crate::http::pool::Pool;
-use crate::http::proxy::{self, Bounds, Client, Peer};
+use crate::http::proxy::{self, Bounds, Client, Peer, Withheld};
 use crate::logs::Every;
 use crate::metrics::{Metrics, MoveCause};
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
@@ -153,6 +153,9 @@ pub struct Gateway {
     /// Requests between admission and their response head.
     in_flight: AtomicUsize,
     metrics: Metrics,
+    /// The dashboard's login cookie: a credential for the admin listener, which
+    /// browsers also send to the site when both share a host name.
+    withheld: Withheld,
 }
 
 impl Gateway {
@@ -184,6 +187,7 @@ impl Gateway {
             route_cookie,
             in_flight: AtomicUsize::new(0),
             metrics: Metrics::new(),
+            withheld: Withheld::new(LOGIN_COOKIE),
         }
         .registered()
     }
@@ -269,7 +273,7 @@ impl Gateway {
             return self.refused(GatewayError::Overloaded, &request, client);
         };
         // The dashboard's login is a credential for the admin listener, never for Moodle.
-        proxy::withhold_cookie(request.headers_mut(), LOGIN_COOKIE);
+        self.withheld.strip(request.headers_mut());
         let uri = request.uri();
         let kind = match self.site.classify(uri.path(), uri.query()) {
             Ok(kind) => kind,

@@ -115,16 +115,12 @@ impl Metrics {
             &["upstream", "class"],
         );
         let own = CLASSES.map(|c| requests.with_label_values(&[GATEWAY, c]));
-        let latency = HistogramVec::new(
-            HistogramOpts::new(
-                "upstream_response_seconds",
-                "Time from sending a request to an upstream to its response head.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["upstream"],
+        let latency = HistogramOpts::new(
+            "upstream_response_seconds",
+            "Time from sending a request to an upstream to its response head.",
         )
-        .expect("valid histogram");
-        register(&registry, latency.clone());
+        .buckets(LATENCY_BUCKETS.to_vec());
+        let latency = add(&registry, HistogramVec::new(latency, &["upstream"]));
         Self {
             dealt: counters(
                 &registry,
@@ -302,34 +298,30 @@ fn gauge_value(count: u64) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
 
-fn register(registry: &Registry, collector: impl Collector + 'static) {
+/// Registers a family just made, and hands back the handle that feeds it. The
+/// names and labels are constants of this file, so a failure is a bug here.
+fn add<C: Collector + Clone + 'static>(registry: &Registry, made: prometheus::Result<C>) -> C {
+    let collector = made.expect("a valid name, help and label set");
     registry
-        .register(Box::new(collector))
+        .register(Box::new(collector.clone()))
         .expect("each family registered once");
+    collector
 }
 
 fn counters(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let family = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
-    register(registry, family.clone());
-    family
+    add(registry, IntCounterVec::new(Opts::new(name, help), labels))
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let counter = IntCounter::new(name, help).expect("valid counter");
-    register(registry, counter.clone());
-    counter
+    add(registry, IntCounter::new(name, help))
 }
 
 fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let family = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
-    register(registry, family.clone());
-    family
+    add(registry, IntGaugeVec::new(Opts::new(name, help), labels))
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
-    let gauge = IntGauge::new(name, help).expect("valid gauge");
-    register(registry, gauge.clone());
-    gauge
+    add(registry, IntGauge::new(name, help))
 }
 
 #[cfg(test)]

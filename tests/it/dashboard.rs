@@ -54,6 +54,15 @@ async fn page(gateway: &TestGateway, path: &str, cookie: &str) -> Seen {
     support::send(&admin_url(gateway, path), "GET", &headers, Body::empty()).await
 }
 
+/// The dashboard as the browser shows it after a form's redirect: with the
+/// one-line flash the answer set.
+async fn page_after(gateway: &TestGateway, cookie: &str, answer: &Seen) -> String {
+    let flash = header(answer, "set-cookie").split(';').next().unwrap();
+    page(gateway, "/", &format!("{cookie}; {flash}"))
+        .await
+        .text()
+}
+
 /// The CSRF token in a page's forms.
 fn csrf(html: &str) -> String {
     let field = html
@@ -194,26 +203,12 @@ async fn a_node_button_drains_only_with_the_pages_csrf_token_and_says_what_it_di
         (303, "/")
     );
     assert_eq!(node_state(&gateway).await, "draining");
-    let flash = header(&done, "set-cookie")
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    let after = page(&gateway, "/", &format!("{cookie}; {flash}"))
-        .await
-        .text();
+    let after = page_after(&gateway, &cookie, &done).await;
     assert!(after.contains("web1 is now draining."), "{after}");
     assert!(after.contains("state-draining\">draining"));
     // The API's own rules answer through the flash.
     let data = post_form(&gateway, "/ui/nodes/data/disable", &cookie, &body).await;
-    let flash = header(&data, "set-cookie")
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    let after = page(&gateway, "/", &format!("{cookie}; {flash}"))
-        .await
-        .text();
+    let after = page_after(&gateway, &cookie, &data).await;
     assert!(after.contains("data: not changed: the data server cannot be drained"));
 }
 
@@ -249,14 +244,7 @@ async fn the_find_box_shows_a_students_node_and_never_the_id() {
     let unknown = "not-a-session-this-gateway-has-seen";
     let body = format!("csrf={token}&session={unknown}");
     let missing = post_form(&gateway, "/ui/find", &cookie, &body).await;
-    let flash = header(&missing, "set-cookie")
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    let shown_missing = page(&gateway, "/", &format!("{cookie}; {flash}"))
-        .await
-        .text();
+    let shown_missing = page_after(&gateway, &cookie, &missing).await;
     assert!(shown_missing.contains("No bound session has that id"));
     let everything = format!(
         "{location}{shown}{shown_missing}{:?}{:?}",
@@ -422,14 +410,7 @@ async fn disabling_a_node_with_logged_in_students_needs_the_box_ticked() {
     let unticked = post_form(&gateway, disable, &cookie, &format!("csrf={token}")).await;
     assert_eq!(unticked.status, 303);
     assert_eq!(node_state(&gateway).await, "active", "nothing changed");
-    let flash = header(&unticked, "set-cookie")
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    let after = page(&gateway, "/", &format!("{cookie}; {flash}"))
-        .await
-        .text();
+    let after = page_after(&gateway, &cookie, &unticked).await;
     assert!(
         after.contains("moves its logged-in students (1) at once"),
         "{after}"
