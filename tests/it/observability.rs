@@ -4,7 +4,6 @@
 //! format with no session id or token anywhere.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -237,18 +236,6 @@ async fn log_in_again(student: &mut Browser, n: usize) {
     );
 }
 
-/// The access log's lines once the writer has flushed `expected` of them.
-async fn lines_of(path: &Path, expected: usize) -> Vec<String> {
-    for _ in 0..100 {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.lines().count() >= expected {
-            return text.lines().map(str::to_owned).collect();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("fewer than {expected} lines in {}", path.display());
-}
-
 /// A student's visit with credentials in URLs: a web-service token in the path and
 /// the query, a sesskey, a password.
 /// Returns the session ids the student held, the secrets, and the admin API's hash
@@ -287,7 +274,7 @@ async fn the_access_log_has_one_combined_line_per_request_and_no_secret() {
     let extra = format!("[access_log]\nto = \"{}\"\n", file.display());
     let (_cluster, gateway) = cluster_and_gateway(2, &extra).await;
     let (ids, secrets, hash) = visit_with_secrets(&gateway).await;
-    let lines = lines_of(&file, 10).await;
+    let lines = support::lines_of(&file, 10).await;
     assert_eq!(
         lines.len(),
         10,
@@ -335,7 +322,7 @@ async fn the_json_access_log_has_every_field_and_no_secret() {
     );
     let (_cluster, gateway) = cluster_and_gateway(2, &extra).await;
     let (ids, secrets, _) = visit_with_secrets(&gateway).await;
-    let lines = lines_of(&file, 10).await;
+    let lines = support::lines_of(&file, 10).await;
     for line in &lines {
         let entry: serde_json::Value = serde_json::from_str(line).expect(line);
         for field in [

@@ -114,7 +114,7 @@ async fn sighup_reopens_the_access_log_that_logrotate_moved_away() {
         support::get(&format!("http://{addr}{path}")).await.status
     };
     assert_eq!(page("/before-rotation").await, 200);
-    lines_in(&log, 1).await;
+    support::lines_of(&log, 1).await;
 
     std::fs::rename(&log, &rotated).unwrap();
     gateway.signal("HUP");
@@ -126,20 +126,8 @@ async fn sighup_reopens_the_access_log_that_logrotate_moved_away() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         attempts += 1;
     }
-    let new = lines_in(&log, 1).await;
+    let new = support::lines_of(&log, 1).await;
     assert!(new.iter().all(|l| l.contains("/after-rotation")), "{new:?}");
     let old = std::fs::read_to_string(&rotated).unwrap();
     assert!(old.contains("/before-rotation"), "{old}");
-}
-
-/// The lines of `path` once it has at least `count`.
-async fn lines_in(path: &std::path::Path, count: usize) -> Vec<String> {
-    for _ in 0..100 {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.lines().count() >= count {
-            return text.lines().map(str::to_owned).collect();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("fewer than {count} lines in {}", path.display());
 }

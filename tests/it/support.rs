@@ -290,6 +290,19 @@ impl Drop for GatewayProcess {
     }
 }
 
+/// The lines of a file another process or thread writes (an access log) once it
+/// has at least `count`; waits up to 5 s.
+pub async fn lines_of(path: &Path, count: usize) -> Vec<String> {
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().count() >= count {
+            return text.lines().map(str::to_owned).collect();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("fewer than {count} lines in {}", path.display());
+}
+
 /// A directory removed, with everything in it, when dropped.
 pub struct TempDir(pub std::path::PathBuf);
 
