@@ -28,7 +28,7 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
 use crate::access_log::{AccessLog, Logged, Trail};
-use crate::config::Config;
+use crate::config::{Config, StoreConfig};
 use crate::gateway::{self, Gateway, ProxyBody, Served};
 use crate::http::listener::{serve_connections, Listening};
 use crate::http::proxy::Client;
@@ -91,7 +91,11 @@ impl App {
     /// Builds the gateway with a given clock (tests move it to expire sessions).
     pub fn with_clock(config: Config, clock: Clock) -> Self {
         let file = config.state.file.as_deref();
-        let opened = state::open(file, gateway::limits(&config), clock);
+        let shared_secret = match &config.store {
+            StoreConfig::Redis(redis) => Some(crate::store::table_secret(redis)),
+            StoreConfig::Memory => None,
+        };
+        let opened = state::open(file, gateway::limits(&config), clock, shared_secret);
         let gateway = Gateway::with_table(&config, opened.table);
         if let Some(snapshot) = opened.snapshot {
             let upstreams = &gateway.settings().upstreams;
@@ -251,6 +255,9 @@ impl App {
         let save_to = self.save_to.as_deref().cloned();
         let mut background = tokio::task::JoinSet::new();
         background.spawn(sweep(self.gateway.clone(), stop_rx.clone()));
+        let local: Arc<dyn crate::store::Local> = self.gateway.clone();
+        let store = self.gateway.store().clone();
+        background.spawn(store.run(local, stop_rx.clone()));
         let probed = self.gateway.clone();
         background.spawn(crate::cluster::health::run(
             move || probe_targets(&probed),
@@ -310,6 +317,10 @@ impl App {
         let log = access_log_for_flush;
         let _ = tokio::task::spawn_blocking(move || log.flush(Duration::from_secs(2))).await;
         let _ = stop_tx.send(true);
+        // Each task ends at the stop signal; the store's last writes (its final
+        // changes, taking its heartbeat off the roll) get a moment to land.
+        let ended = async { while background.join_next().await.is_some() {} };
+        let _ = tokio::time::timeout(Duration::from_secs(2), ended).await;
         background.shutdown().await;
         if let Some(file) = save_to {
             save_in_background(self.gateway.clone(), file).await;
@@ -373,6 +384,7 @@ fn restart_needed(running: &Config, next: &Config) -> Vec<String> {
             r.state.file != n.state.file || r.state.save_every != n.state.save_every,
         ),
         ("[route_cookie]", route(r) != route(n)),
+        ("[store]", r.store != n.store),
         ("[tls]", tls(r) != tls(n)),
         (
             "limits.max_connections, max_headers or http2_max_streams",
@@ -487,6 +499,10 @@ async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<boo
         let swept = gateway.clone();
         let pass = tokio::task::spawn_blocking(move || {
             let kept = swept.prune_connections();
+            if swept.store().is_shared() {
+                // The sessions used here live on in Redis and on the other gateways.
+                swept.store().used(table.take_used());
+            }
             (table.shed(), table.sweep(), table.len(), kept)
         });
         if let Ok((shed, expired, live, kept)) = pass.await {

@@ -38,6 +38,9 @@
 //!   - [`cluster::balancer`]: the lock-free deal of new sessions over weighted nodes.
 //!   - [`cluster::health`]: active probes and passive marks that take nodes down and bring
 //!     them back.
+//! - [`store`]: several gateways, one truth: the table, the deal and the admin state
+//!   shared through Redis (`[store] kind = "redis"`); nothing at all with the default
+//!   `memory`. Knows sessions and node names, never HTTP.
 //! - [`config`]: `config.toml` parsed into validated types; every error names its key.
 //! - [`admin`]: the token-protected admin API on its own listener, and `/metrics`.
 //! - [`metrics`]: what the gateway counts: per-node counters found by id on the request
@@ -65,6 +68,7 @@ pub mod metrics;
 pub mod moodle;
 pub mod open_files;
 pub mod sessions;
+pub mod store;
 
 pub use app::App;
 pub use config::Config;

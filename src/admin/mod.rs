@@ -34,6 +34,7 @@ use crate::cluster::upstreams::NodeId;
 use crate::gateway::{Gateway, Settings};
 use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
 
+mod cluster;
 mod guard;
 mod layers;
 mod metrics;
@@ -78,6 +79,7 @@ pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
         .route("/affinity/lookup", get(lookup))
         .route("/affinity/{hash}", delete(evict))
         .route("/nodes", get(nodes::list))
+        .route("/gateways", get(cluster::list))
         .route("/nodes/{name}/{action}", post(nodes::set_state))
         .route("/reload", post(nodes::reload))
         .route("/metrics", get(metrics::scrape))
@@ -266,7 +268,13 @@ async fn lookup(
     let table = gateway.table();
     let view = table.view(table.key(&id));
     let view = view.ok_or_else(|| not_found("session not bound"))?;
-    Ok(Json(entry(&gateway.settings(), &view)).into_response())
+    let bound_by = cluster::bound_by(&gateway, view.key).await;
+    let mut body = serde_json::to_value(entry(&gateway.settings(), &view)).unwrap_or_default();
+    if let (Some(by), Some(fields)) = (bound_by, body.as_object_mut()) {
+        // With a shared store: which gateway bound it.
+        fields.insert("bound_by".into(), by.into());
+    }
+    Ok(Json(body).into_response())
 }
 
 /// `DELETE /affinity/{hash}`: forgets a session; its next request gets a fresh deal.
@@ -276,7 +284,7 @@ async fn evict(
 ) -> Result<StatusCode, ApiError> {
     let key = hash.ok().and_then(|Path(raw)| parse_key(&raw));
     let key = key.ok_or_else(|| bad_request("session must be 16 hex digits"))?;
-    if !gateway.table().forget(key) {
+    if !gateway.evict(key) {
         return Err(not_found("session not bound"));
     }
     tracing::info!(session = %key, "admin evicted a session");

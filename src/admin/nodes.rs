@@ -152,6 +152,8 @@ pub(super) fn apply(
     let node = settings.upstreams.by_name(name);
     let node = node.ok_or_else(|| not_found(format!("no node named {name}")))?;
     change(&settings.upstreams, node, state, force, action)?;
+    // Every other gateway takes the same change (a drain on one is a drain on all).
+    gateway.store().node_state(name, state);
     Ok(row(gateway, node, true, true))
 }
 

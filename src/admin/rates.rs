@@ -96,6 +96,7 @@ mod tests {
             requests,
             server_errors,
             losses: 0,
+            dealt: 0,
         }
     }
 

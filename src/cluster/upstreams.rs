@@ -191,17 +191,38 @@ impl Upstreams {
     /// The node for a new session, per `[session] balance`, among the nodes that
     /// take new sessions, other than `except`; `live(id)` counts a node's sessions.
     pub fn deal(&self, live: impl Fn(NodeId) -> u64, except: Option<NodeId>) -> Option<NodeId> {
+        self.deal_from(None, live, except)
+    }
+
+    /// [`deal`](Self::deal), round robin starting from `shared`, a ticket of the
+    /// deal every gateway shares (`[store] kind = "redis"`). A ticket that lands on
+    /// a node that cannot take the session falls back to this gateway's own
+    /// counter, which passes the turn on evenly among the others.
+    pub fn deal_from(
+        &self,
+        shared: Option<usize>,
+        live: impl Fn(NodeId) -> u64,
+        except: Option<NodeId>,
+    ) -> Option<NodeId> {
         let eligible = |position: usize| {
             let node = &self.nodes[position];
             node.takes_new() && Some(node.id) != except
         };
         let position = match self.balance {
-            Balance::RoundRobin => self.next_eligible(|| self.balancer.deal_ticket(), eligible),
+            Balance::RoundRobin => shared
+                .map(|ticket| self.balancer.at(ticket))
+                .filter(|&position| eligible(position))
+                .or_else(|| self.next_eligible(|| self.balancer.deal_ticket(), eligible)),
             Balance::LeastSessions => self
                 .balancer
                 .least_sessions(|p| live(self.nodes[p].id), eligible),
         }?;
         Some(self.nodes[position].id)
+    }
+
+    /// How new sessions are dealt.
+    pub fn balance(&self) -> Balance {
+        self.balance
     }
 
     /// A node for a request that carries no session and starts none: the same

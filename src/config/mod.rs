@@ -40,10 +40,13 @@ mod edge;
 mod operations;
 mod refusals;
 mod secrets;
+mod store;
 #[cfg(test)]
 mod tests;
 mod upstreams;
 mod values;
+
+pub use store::{RedisConfig, RedisTarget, StoreConfig, STORE_SECRET_ENV};
 
 /// `listen` default: all interfaces, a port that needs no privileges.
 pub const DEFAULT_LISTEN: SocketAddr =
@@ -186,6 +189,8 @@ pub struct Config {
     pub offload: Option<OffloadConfig>,
     /// One line per request (`[access_log]`).
     pub access_log: AccessLogConfig,
+    /// Where the affinity table, the deal and the admin state live (`[store]`).
+    pub store: StoreConfig,
     /// Directory of the config file, for resolving relative paths.
     pub base_dir: PathBuf,
 }
@@ -487,6 +492,8 @@ pub struct ConfigEnv {
     pub admin_token: Option<String>,
     /// [`ROUTE_SECRET_ENV`]: overrides `route_cookie.secret` and `secret_file`.
     pub route_secret: Option<String>,
+    /// [`STORE_SECRET_ENV`]: overrides `store.secret` and `secret_file`.
+    pub store_secret: Option<String>,
 }
 
 impl ConfigEnv {
@@ -495,6 +502,7 @@ impl ConfigEnv {
         ConfigEnv {
             admin_token: std::env::var(ADMIN_TOKEN_ENV).ok(),
             route_secret: std::env::var(ROUTE_SECRET_ENV).ok(),
+            store_secret: std::env::var(STORE_SECRET_ENV).ok(),
         }
     }
 
@@ -505,6 +513,7 @@ impl ConfigEnv {
         ConfigEnv {
             admin_token: clean(self.admin_token),
             route_secret: clean(self.route_secret),
+            store_secret: clean(self.store_secret),
         }
     }
 }
@@ -515,6 +524,7 @@ impl fmt::Debug for ConfigEnv {
         f.debug_struct("ConfigEnv")
             .field("admin_token", &set(&self.admin_token))
             .field("route_secret", &set(&self.route_secret))
+            .field("store_secret", &set(&self.store_secret))
             .finish()
     }
 }
@@ -585,6 +595,13 @@ impl NodeState {
             NodeState::Draining => "draining",
             NodeState::Disabled => "disabled",
         }
+    }
+
+    /// The state [`as_str`](Self::as_str) spells `name`.
+    pub fn from_name(name: &str) -> Option<NodeState> {
+        [NodeState::Active, NodeState::Draining, NodeState::Disabled]
+            .into_iter()
+            .find(|state| state.as_str() == name)
     }
 }
 

@@ -17,11 +17,11 @@ const ADMIN_KEYS: &str = "listen token token_file";
 const ROUTE_COOKIE_KEYS: &str = "name secret secret_file";
 
 /// The three places one secret may be set, named as the messages name them.
-struct SecretKeys {
-    what: &'static str,
-    inline: &'static str,
-    file: &'static str,
-    env: &'static str,
+pub(super) struct SecretKeys {
+    pub(super) what: &'static str,
+    pub(super) inline: &'static str,
+    pub(super) file: &'static str,
+    pub(super) env: &'static str,
 }
 
 const ADMIN_TOKEN: SecretKeys = SecretKeys {
@@ -39,7 +39,7 @@ const ROUTE_SECRET: SecretKeys = SecretKeys {
 };
 
 /// Which of the three places won.
-enum Found {
+pub(super) enum Found {
     Env,
     Inline,
     File,
@@ -48,11 +48,11 @@ enum Found {
 /// A secret as found: the value, where, and the key (with its span) to blame
 /// when the value itself is bad. An environment value has no line; it is blamed
 /// on the inline key, the one it stands in for.
-struct Resolved {
-    value: String,
-    found: Found,
-    key: &'static str,
-    span: Option<Span>,
+pub(super) struct Resolved {
+    pub(super) value: String,
+    pub(super) found: Found,
+    pub(super) key: &'static str,
+    pub(super) span: Option<Span>,
 }
 
 impl Checker<'_> {
@@ -152,7 +152,12 @@ impl Checker<'_> {
     /// Precedence: `env`, then the inline key, then the file; the file is not read
     /// when something beats it. Giving both the inline key and the file is an error
     /// even then, as the file's owner cannot tell which one is live.
-    fn secret(&mut self, s: &Section, env: Option<String>, k: &SecretKeys) -> Option<Resolved> {
+    pub(super) fn secret(
+        &mut self,
+        s: &Section,
+        env: Option<String>,
+        k: &SecretKeys,
+    ) -> Option<Resolved> {
         let (inline, file) = (self.string(s, k.inline), self.string(s, k.file));
         if let (Some(_), Some((_, span))) = (&inline, &file) {
             let message = format!("set either {} or {}, not both", k.inline, k.file);

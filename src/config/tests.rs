@@ -15,6 +15,7 @@ fn parse(text: &str, env: Option<&str>) -> Result<Config, ConfigErrors> {
     let env = ConfigEnv {
         admin_token: env.map(String::from),
         route_secret: None,
+        store_secret: None,
     };
     Config::parse(text, Path::new("/nonexistent"), env)
 }
@@ -259,7 +260,7 @@ upstream_idle = "400 days""#;
 1: listen: "localhost:80" is not an ip:port address (like "0.0.0.0:8080")
 2: trusted_proxies[0]: "10.0.0.0/33" is not an IP address or CIDR (like "10.0.0.0/8")
 2: trusted_proxies[1]: expected a string, found integer
-3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, limits, tls, offload, access_log, nodes, data)
+3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, limits, tls, offload, access_log, store, nodes, data)
 5: site.path: "moodle" must start with "/" (like "/moodle")
 7: session.cookie: "Moodle Session" is not a valid cookie name
 8: session.cookie_path: "moodle/" must start with "/"
@@ -449,6 +450,7 @@ fn admin_token_precedence_is_env_then_token_then_file() {
         let env = ConfigEnv {
             admin_token: env.map(String::from),
             route_secret: None,
+            store_secret: None,
         };
         let a = Config::parse(&text, &dir, env).unwrap().admin.unwrap();
         (a.token, a.token_source)
@@ -602,6 +604,7 @@ fn a_short_admin_token_is_an_error_naming_where_it_came_from() {
         let env = ConfigEnv {
             admin_token: env.map(String::from),
             route_secret: None,
+            store_secret: None,
         };
         match Config::parse(&text, &dir, env) {
             Ok(_) => panic!("a short token passed: {keys}"),

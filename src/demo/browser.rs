@@ -102,6 +102,19 @@ impl Browser {
         }
     }
 
+    /// The same browser, jar and all, sent to another gateway of the site (a DNS
+    /// answer that changed, a floating address that moved).
+    pub fn at(&self, server: SocketAddr) -> Self {
+        let path = self
+            .base
+            .splitn(4, '/')
+            .nth(3)
+            .map_or(String::new(), |p| format!("/{p}"));
+        let mut moved = Self::with_client(self.client.clone(), server, &path, &self.cookie);
+        moved.session = self.session.clone();
+        moved
+    }
+
     /// The session id in the jar.
     pub fn session(&self) -> Option<&str> {
         self.session.as_deref()

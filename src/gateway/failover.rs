@@ -142,7 +142,7 @@ impl Gateway {
             // whose node is down.
             Route::Sticky(node) | Route::Moved(node) if shared && retry.attempts > 0 => {
                 let known = Known { node, ..known? };
-                self.move_session(known, MoveCause::Refused, settings)
+                self.move_session(known, MoveCause::Refused, settings).await
             }
             Route::Sticky(_) | Route::Moved(_) if shared => None,
             // A refused session only its node holds: nothing reached the node (its
@@ -166,7 +166,10 @@ impl Gateway {
                     .get(node)
                     .is_some_and(|n| !n.health.is_up());
                 let known = Known { node, ..known? };
-                down.then(|| self.move_session(known, MoveCause::Down, settings))?
+                match down {
+                    true => self.move_session(known, MoveCause::Down, settings).await,
+                    false => None,
+                }
             }
             // The data server has no other copy and no session to hold for.
             Route::Data => None,

@@ -20,8 +20,9 @@ impl Gateway {
     /// The learning rule: a node's `Set-Cookie` for the session cookie binds the id it
     /// issued to that node; a new id on a request that carried a known one is a
     /// rotation (login, logout, timeout) and replaces it on the same node in one step.
-    /// Returns the node the issued id is now bound to.
-    pub(super) fn learn(
+    /// Returns the node the issued id is now bound to. With a shared store, the new
+    /// binding is in Redis before the student has the id (see `peers`).
+    pub(super) async fn learn(
         &self,
         route: Route,
         known: Option<Known>,
@@ -32,7 +33,10 @@ impl Gateway {
         let id = match issued {
             IssuedSession::Id(id) => id,
             IssuedSession::Cleared => {
-                known.map(|known| self.table.forget(known.key));
+                if let Some(known) = known {
+                    self.table.forget(known.key);
+                    self.store.forgot(known.key);
+                }
                 return None;
             }
         };
@@ -57,12 +61,16 @@ impl Gateway {
             Some(known) => {
                 // A student's parallel requests (AJAX, frames) each come back with
                 // their own new id after one loss: only the first rotation counts.
-                if self.table.rotate(known.key, new, node, state) {
+                let retired = self.table.rotate(known.key, new, node, state);
+                self.tell_bound(new, state, node, &settings.upstreams).await;
+                if retired {
+                    self.store.forgot(known.key);
                     self.detect_loss(route, known, sent, settings);
                 }
             }
             None => {
                 self.table.bind(new, node, state);
+                self.tell_bound(new, state, node, &settings.upstreams).await;
                 if let Some(meters) = self.metrics.node(node) {
                     meters.dealt();
                 }

@@ -16,6 +16,7 @@
 
 mod failover;
 mod learning;
+mod peers;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -31,7 +32,7 @@ use ipnet::IpNet;
 
 use crate::admin::LOGIN_COOKIE;
 use crate::cluster::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
-use crate::config::{Config, HealthConfig, SessionStore};
+use crate::config::{Config, HealthConfig, SessionStore, StoreConfig};
 use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
 use crate::http::edge::EdgeRules;
@@ -44,6 +45,7 @@ use crate::moodle::{self, IssuedSession, RequestKind, Site};
 use crate::sessions::affinity::{AffinityTable, Limits, SessionKey, SessionState};
 use crate::sessions::clock::Clock;
 use crate::sessions::route_cookie::RouteCookie;
+use crate::store::Store;
 
 /// What a student receives: the node's streaming body, or the gateway's own short page.
 pub type ProxyBody = Either<IdleLimited, Full<Bytes>>;
@@ -156,6 +158,8 @@ pub struct Gateway {
     /// The dashboard's login cookie: a credential for the admin listener, which
     /// browsers also send to the site when both share a host name.
     withheld: Withheld,
+    /// The table, deal and admin state shared with other gateways, if any.
+    store: Store,
 }
 
 impl Gateway {
@@ -174,6 +178,13 @@ impl Gateway {
             .route_cookie
             .as_ref()
             .map(|c| RouteCookie::new(&c.name, &c.secret, &session.cookie_path));
+        let metrics = Metrics::new();
+        let store = match &config.store {
+            StoreConfig::Memory => Store::memory(),
+            StoreConfig::Redis(redis) => {
+                Store::redis(redis, limits(config), metrics.store().clone())
+            }
+        };
         Self {
             site: Site::new(&config.site.path, &session.cookie, &session.cookie_path),
             table: Arc::new(table),
@@ -186,8 +197,9 @@ impl Gateway {
             settings: ArcSwap::from_pointee(settings),
             route_cookie,
             in_flight: AtomicUsize::new(0),
-            metrics: Metrics::new(),
+            metrics,
             withheld: Withheld::new(LOGIN_COOKIE),
+            store,
         }
         .registered()
     }
@@ -279,7 +291,7 @@ impl Gateway {
             Ok(kind) => kind,
             Err(_) => return self.refused(GatewayError::AmbiguousPath, &request, client),
         };
-        let known = self.known_session(request.headers(), &settings.upstreams);
+        let known = (self.known_session(request.headers(), &settings.upstreams)).await;
         served.session = known.map(|k| k.key);
         let asked_for = Sent {
             kind,
@@ -313,7 +325,7 @@ impl Gateway {
                 if let IssuedSession::Id(id) = issued {
                     served.session.get_or_insert_with(|| self.table.key(id));
                 }
-                let bound = self.learn(route, known, issued, &asked_for, &settings);
+                let bound = (self.learn(route, known, issued, &asked_for, &settings)).await;
                 self.route_cookie_line(bound, issued, secure, &settings)
             }
             None => None,
@@ -401,9 +413,13 @@ impl Gateway {
     }
 
     /// The session the request carries, if one of our nodes issued it and it is live:
-    /// from the table, or else from a valid route cookie (after a restart without a
-    /// snapshot, or on another gateway), which binds it again.
-    fn known_session(&self, headers: &http::HeaderMap, upstreams: &Upstreams) -> Option<Known> {
+    /// from the table, else from the shared store, else from a valid route cookie
+    /// (after a restart without a snapshot, or on another gateway), which binds it again.
+    async fn known_session(
+        &self,
+        headers: &http::HeaderMap,
+        upstreams: &Upstreams,
+    ) -> Option<Known> {
         let id = self.site.session_id(headers)?;
         let key = self.table.key(id);
         if let Some(found) = self.table.find(key) {
@@ -417,11 +433,15 @@ impl Gateway {
                 recovered,
             });
         }
+        if let Some(known) = self.stored_session(key, upstreams).await {
+            return Some(known);
+        }
         let node = upstreams.by_name(self.route_cookie.as_ref()?.node(headers, id)?)?;
         // The cookie does not say whether the student logged in: assume so, the
         // longer idle limit is the safe side.
         let state = SessionState::LoggedIn;
         self.table.bind(key, node.id, state);
+        self.tell_bound(key, state, node.id, upstreams).await;
         tracing::debug!(node = %node.name, "session recovered from its route cookie");
         let (idle, recovered) = (Duration::ZERO, true);
         Some(Known {
@@ -473,8 +493,7 @@ impl Gateway {
                 .ok_or(GatewayError::NoNodeAvailable),
             // No session, or one no node issued through us (forged, stale, expired):
             // a new visitor as far as we know, dealt the next node.
-            (RequestKind::Page(_), None) => self
-                .deal(settings, None)
+            (RequestKind::Page(_), None) => (self.deal_new(settings).await)
                 .map(Route::Deal)
                 .ok_or(GatewayError::NoNodeAvailable),
         }
@@ -500,15 +519,20 @@ impl Gateway {
                 MoveCause::Down
             }
         };
-        self.move_session(known, cause, settings)
-            .ok_or(GatewayError::NoNodeAvailable)
+        (self.move_session(known, cause, settings).await).ok_or(GatewayError::NoNodeAvailable)
     }
 
     /// Binds a known session to a freshly dealt node other than its own.
-    fn move_session(&self, known: Known, cause: MoveCause, settings: &Settings) -> Option<Route> {
+    async fn move_session(
+        &self,
+        known: Known,
+        cause: MoveCause,
+        settings: &Settings,
+    ) -> Option<Route> {
         let to = self.deal(settings, Some(known.node))?;
         // Concurrent requests of the same student agree on one new node.
         let to = self.table.rebind(known.key, known.node, to).unwrap_or(to);
+        (self.tell_bound(known.key, known.state, to, &settings.upstreams)).await;
         self.metrics.moved(cause);
         tracing::debug!(from = known.node, to, "session moved to another node");
         Some(Route::Moved(to))

@@ -23,9 +23,11 @@ use prometheus::{
 use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
 
 mod node;
+mod store;
 
 use node::class;
 pub use node::{LossCause, MoveCause, NodeMeters, NodeTotals};
+pub use store::{Fallback, StoreMeters};
 
 /// Status classes by the first digit of a status: 1xx to 5xx.
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -95,6 +97,7 @@ pub struct Metrics {
     /// interleaved (a Prometheus pair) would each gather the other's half-set ones.
     scraping: std::sync::Mutex<()>,
     nodes: Box<[OnceLock<NodeMeters>]>,
+    store: OnceLock<StoreMeters>,
 }
 
 impl Default for Metrics {
@@ -188,6 +191,7 @@ impl Metrics {
             ),
             table_len: gauge(&registry, "table_entries", "Entries in the affinity table."),
             nodes: (0..MAX_NODE_IDS).map(|_| OnceLock::new()).collect(),
+            store: OnceLock::new(),
             registry,
             requests,
             latency,
@@ -222,6 +226,12 @@ impl Metrics {
     /// The meters of a node or the data server; `None` only for an id no config named.
     pub fn node(&self, id: NodeId) -> Option<&NodeMeters> {
         self.nodes.get(id)?.get()
+    }
+
+    /// The shared store's meters, registered on first use: only a gateway with
+    /// `[store] kind = "redis"` exports them.
+    pub fn store(&self) -> &StoreMeters {
+        self.store.get_or_init(|| StoreMeters::new(&self.registry))
     }
 
     /// An answer the gateway gave itself.

@@ -95,6 +95,7 @@ impl NodeMeters {
             requests: self.requests.iter().map(IntCounter::get).sum(),
             server_errors: self.requests[4].get(),
             losses: self.losses.iter().map(IntCounter::get).sum(),
+            dealt: self.dealt.get(),
         }
     }
 }
@@ -108,6 +109,8 @@ pub struct NodeTotals {
     pub server_errors: u64,
     /// Logged-in sessions it lost, every cause.
     pub losses: u64,
+    /// New sessions this gateway bound to it.
+    pub dealt: u64,
 }
 
 pub(super) fn class(status: u16) -> usize {

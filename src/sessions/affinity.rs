@@ -38,6 +38,8 @@ use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
 use crate::sessions::clock::Clock;
 use crate::sessions::snapshot::SnapshotEntry;
 
+mod shared;
+
 /// The table key of one session: a keyed hash of its id, safe to show and log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SessionKey(u64);
@@ -120,6 +122,9 @@ pub struct Found {
 struct Entry {
     node: u16,
     state: SessionState,
+    /// A request here used it since the shared store last refreshed it (the byte
+    /// after `state` was padding).
+    used: AtomicBool,
     created: u32,
     last_seen: AtomicU32,
     requests: AtomicU32,
@@ -243,6 +248,9 @@ impl AffinityTable {
         }
         let last_seen = entry.last_seen.swap(now, Ordering::Relaxed);
         entry.requests.fetch_add(1, Ordering::Relaxed);
+        if !entry.used.load(Ordering::Relaxed) {
+            entry.used.store(true, Ordering::Relaxed);
+        }
         Some(Found {
             node: NodeId::from(entry.node),
             state: entry.state,
@@ -256,10 +264,17 @@ impl AffinityTable {
         let entry = Entry {
             node: u16::try_from(node).expect("node index fits in u16"),
             state,
+            used: AtomicBool::new(false),
             created: now,
             last_seen: AtomicU32::new(now),
             requests: AtomicU32::new(0),
         };
+        self.put(key, entry);
+    }
+
+    /// Inserts or replaces one entry, keeping the counts and waking the sweeper
+    /// when the table goes over its bound.
+    fn put(&self, key: SessionKey, entry: Entry) {
         // Counted before the insert, so a concurrent forget of this very entry can
         // never take a counter below zero.
         self.count(&entry, 1);
@@ -448,6 +463,7 @@ impl AffinityTable {
             let entry = Entry {
                 node: u16::try_from(node).expect("node ids fit in u16"),
                 state,
+                used: AtomicBool::new(false),
                 created: self.clock.from_unix(record.created),
                 last_seen: AtomicU32::new(self.clock.from_unix(record.last_seen)),
                 requests: AtomicU32::new(record.requests),

@@ -37,7 +37,17 @@ pub struct Opened {
 /// Reads the state file, if configured. A corrupt snapshot is reported and will be
 /// replaced by the next save; a file that is not a snapshot at all (a typo in
 /// `state.file` naming some other file) is reported and never overwritten.
-pub fn open(file: Option<&Path>, limits: Limits, clock: Clock) -> Opened {
+///
+/// `shared_secret` is the key secret every gateway of a shared store derives: the
+/// table must use it, and a snapshot made under another secret (before the store
+/// was configured, or with another `store.secret`) cannot be read; its sessions
+/// are in Redis, or come back through their route cookie.
+pub fn open(
+    file: Option<&Path>,
+    limits: Limits,
+    clock: Clock,
+    shared_secret: Option<[u8; 16]>,
+) -> Opened {
     let mut save_to = file.map(Path::to_path_buf);
     let loaded = match file.map(|path| (path, snapshot::read(path))) {
         None => None,
@@ -66,9 +76,20 @@ pub fn open(file: Option<&Path>, limits: Limits, clock: Clock) -> Opened {
             None
         }
     };
-    let table = match &loaded {
-        Some(snapshot) => AffinityTable::with_secret(snapshot.secret, limits, clock),
-        None => AffinityTable::new(limits, clock),
+    let loaded = match (loaded, shared_secret) {
+        (Some(snapshot), Some(secret)) if snapshot.secret != secret => {
+            tracing::warn!(
+                "the state file's sessions were keyed without this store.secret and are \
+                 left out: the shared store and the route cookie still route them"
+            );
+            None
+        }
+        (loaded, _) => loaded,
+    };
+    let table = match (&loaded, shared_secret) {
+        (_, Some(secret)) => AffinityTable::with_secret(secret, limits, clock),
+        (Some(snapshot), None) => AffinityTable::with_secret(snapshot.secret, limits, clock),
+        (None, None) => AffinityTable::new(limits, clock),
     };
     Opened {
         table,

@@ -17,6 +17,7 @@ mod scenarios;
 mod sessions;
 mod signals;
 mod slowloris;
+mod store;
 mod support;
 mod systemd;
 mod tls;

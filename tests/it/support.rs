@@ -627,3 +627,120 @@ pub async fn logged_in(gateway: &TestGateway, n: usize) -> (Browser, String) {
     let node = home.upstream().to_owned();
     (student, node)
 }
+
+/// A real `redis-server` on a free loopback port, with no persistence; killed when
+/// dropped. Started by each test that needs one, so tests never share its data.
+pub struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+    /// `requirepass`, while set: only the test's own commands get in.
+    password: Option<String>,
+    _dir: TempDir,
+}
+
+impl RedisServer {
+    /// Starts one and waits until it answers `PING`.
+    pub fn start() -> Self {
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("moodle-gateway-redis-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut server = Self {
+            port,
+            child: None,
+            password: None,
+            _dir: TempDir(dir),
+        };
+        server.restart();
+        server
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it at once (`SIGKILL`: no goodbye to its clients), keeping the port.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.restart_locked(None);
+    }
+
+    /// Starts it again on the same port, empty, and with `requirepass` set to
+    /// `password` (a gateway cannot get in until [`unlock`](Self::unlock)).
+    pub fn restart_locked(&mut self, password: Option<&str>) {
+        self.kill();
+        self.password = password.map(str::to_owned);
+        let mut command = Command::new("redis-server");
+        if let Some(password) = password {
+            command.args(["--requirepass", password]);
+        }
+        let child = command
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            // DEBUG SLEEP stalls it, as a fork or a slow disk would.
+            .args(["--enable-debug-command", "local"])
+            .arg("--dir")
+            .arg(&self._dir.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server runs (apt-get install redis-server; .ci/run installs it)");
+        self.child = Some(child);
+        for _ in 0..200 {
+            if self.command(&["PING"]).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-server did not answer on port {}", self.port);
+    }
+
+    /// Lets everyone in again.
+    pub fn unlock(&mut self) {
+        self.command(&["CONFIG", "SET", "requirepass", ""]).unwrap();
+        self.password = None;
+    }
+
+    /// One command, as `redis-cli` would send it.
+    pub fn command(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
+        let url = match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => self.url(),
+        };
+        let client = redis::Client::open(url)?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut conn)
+    }
+
+    /// A string value, or `None`.
+    pub fn get(&self, key: &str) -> Option<String> {
+        match self.command(&["GET", key]).unwrap() {
+            redis::Value::Nil => None,
+            value => redis::from_redis_value(value).ok(),
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -13,6 +13,7 @@ fn parse_env(
     let env = ConfigEnv {
         admin_token: None,
         route_secret: route_secret.map(String::from),
+        store_secret: None,
     };
     Config::parse(text, base_dir, env)
 }
@@ -338,10 +339,11 @@ fn describe_and_debug_never_show_the_route_secret() {
     let env = ConfigEnv {
         admin_token: Some("admin-secret".into()),
         route_secret: None,
+        store_secret: None,
     };
     assert_eq!(
         format!("{env:?}"),
-        "ConfigEnv { admin_token: \"<set>\", route_secret: \"<unset>\" }"
+        "ConfigEnv { admin_token: \"<set>\", route_secret: \"<unset>\", store_secret: \"<unset>\" }"
     );
 }
 

@@ -1,0 +1,123 @@
+//! The gateway among its peers (`[store] kind = "redis"`): what it tells the shared
+//! store, what it asks it on a request's path, and how the other gateways' changes
+//! reach its table and upstreams. Without a shared store every call here returns
+//! at once and the gateway is the single gateway it always was.
+
+use super::{Gateway, Known, Settings};
+use crate::cluster::upstreams::{NodeId, Upstreams};
+use crate::config::{Balance, NodeState};
+use crate::sessions::affinity::{AffinityTable, SessionKey, SessionState};
+use crate::store::{Local, Store};
+
+impl Gateway {
+    /// The shared store (empty without one).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The node for a new session: with round robin and a shared store, the next
+    /// ticket of the deal every gateway shares, so N gateways deal like one.
+    pub(super) async fn deal_new(&self, settings: &Settings) -> Option<NodeId> {
+        let shared = match settings.upstreams.balance() {
+            Balance::RoundRobin => self.store.ticket().await,
+            // The counts are already cluster-wide: every table holds every session.
+            Balance::LeastSessions => None,
+        };
+        let live = |node| self.table.live(node);
+        settings.upstreams.deal_from(shared, live, None)
+    }
+
+    /// A session the local table does not know, as the shared store knows it
+    /// (bound by another gateway, or before this one started); taken into the table.
+    pub(super) async fn stored_session(
+        &self,
+        key: SessionKey,
+        upstreams: &Upstreams,
+    ) -> Option<Known> {
+        let stored = self.store.lookup(key).await?;
+        let node = upstreams.by_name(&stored.node)?;
+        self.table.adopt(key, node.id, stored.state, stored.idle);
+        // Counted as this request's use, like any other lookup.
+        let found = self.table.find(key)?;
+        Some(Known {
+            key,
+            node: found.node,
+            state: found.state,
+            idle: stored.idle,
+            recovered: false,
+        })
+    }
+
+    /// Tells the others that `key` is bound to `node` now, and waits (up to
+    /// `store.timeout`) until Redis has it: the response that carries a new id is
+    /// held back until any gateway the student reaches next can route it. One round
+    /// trip per new session, never per request.
+    pub(super) async fn tell_bound(
+        &self,
+        key: SessionKey,
+        state: SessionState,
+        node: NodeId,
+        upstreams: &Upstreams,
+    ) {
+        if let (true, Some(node)) = (self.store.is_shared(), upstreams.get(node)) {
+            self.store.bound(key, state, &node.name).await;
+        }
+    }
+
+    /// An admin evicts a session: here and, with a shared store, everywhere.
+    /// `false` if this gateway did not know it.
+    pub fn evict(&self, key: SessionKey) -> bool {
+        let known = self.table.forget(key);
+        self.store.forgot(key);
+        known
+    }
+}
+
+impl Local for Gateway {
+    fn table(&self) -> &AffinityTable {
+        &self.table
+    }
+
+    fn node_id(&self, name: &str) -> Option<NodeId> {
+        self.settings.load().upstreams.by_name(name).map(|n| n.id)
+    }
+
+    fn node_name(&self, id: NodeId) -> Option<String> {
+        self.settings
+            .load()
+            .upstreams
+            .get(id)
+            .map(|n| n.name.clone())
+    }
+
+    fn node_state(&self, name: &str, state: NodeState, by: &str) {
+        let settings = self.settings.load();
+        let Some(node) = settings.upstreams.by_name(name) else {
+            return;
+        };
+        let previous = node.set_state(state);
+        if previous != state {
+            tracing::info!(node = %name, %previous, %state, by, "a node's state changed on another gateway");
+        }
+    }
+
+    fn beat(&self) -> serde_json::Value {
+        let settings = self.settings.load();
+        let mut served = serde_json::Map::new();
+        let mut dealt = serde_json::Map::new();
+        let upstreams = &settings.upstreams;
+        for upstream in upstreams.nodes().iter().chain([upstreams.data()]) {
+            if let Some(meters) = self.metrics.node(upstream.id) {
+                let totals = meters.totals();
+                served.insert(upstream.name.clone(), totals.requests.into());
+                dealt.insert(upstream.name.clone(), totals.dealt.into());
+            }
+        }
+        serde_json::json!({
+            "served": served,
+            "dealt": dealt,
+            "in_flight": self.in_flight(),
+            "sessions": self.table.len(),
+        })
+    }
+}

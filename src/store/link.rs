@@ -1,0 +1,133 @@
+//! The connection to Redis: made (and re-made) by the supervisor in `sync`, read
+//! without a lock by every caller.
+//!
+//! Why not the crate's `ConnectionManager`: it reconnects inside each call, so a
+//! request would learn that Redis is down by waiting for it. Here the link is
+//! either up, and a call goes straight out on the one multiplexed connection, or
+//! known to be down, and a request does not ask at all; and a Sentinel setup must
+//! ask the Sentinels again for the primary after every loss, which a manager tied
+//! to one address cannot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{MultiplexedConnection, PubSub};
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::{AsyncConnectionConfig, Client, RedisError};
+
+use crate::config::{RedisConfig, RedisTarget};
+
+/// One live connection, and which one it is: a failure seen on an older
+/// connection must not drop a newer one.
+#[derive(Debug)]
+pub(super) struct Linked {
+    pub(super) conn: MultiplexedConnection,
+    pub(super) generation: u64,
+}
+
+/// The current connection, if any.
+#[derive(Debug, Default)]
+pub(super) struct Link {
+    current: ArcSwapOption<Linked>,
+    generations: AtomicU64,
+    lost: tokio::sync::Notify,
+}
+
+impl Link {
+    /// The live connection, or `None` while Redis is away.
+    pub(super) fn current(&self) -> Option<Arc<Linked>> {
+        self.current.load_full()
+    }
+
+    /// Makes `conn` the live connection; returns its generation.
+    pub(super) fn set(&self, conn: MultiplexedConnection) -> u64 {
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        self.current
+            .store(Some(Arc::new(Linked { conn, generation })));
+        generation
+    }
+
+    /// Drops connection `generation` if it is still the live one, and wakes the
+    /// supervisor; `true` if this call dropped it.
+    pub(super) fn drop_if_current(&self, generation: u64) -> bool {
+        let current = self.current.load();
+        let is_current = current.as_ref().is_some_and(|l| l.generation == generation);
+        if !is_current {
+            return false;
+        }
+        drop(current);
+        self.current.store(None);
+        self.lost.notify_one();
+        true
+    }
+
+    /// Completes when a caller dropped the live connection.
+    pub(super) async fn lost(&self) {
+        self.lost.notified().await;
+    }
+
+    /// Forgets the connection (the supervisor saw it end).
+    pub(super) fn clear(&self) {
+        self.current.store(None);
+    }
+}
+
+/// Whether `error` means the connection is gone, rather than one command refused.
+pub(super) fn is_broken(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || error.is_unrecoverable_error()
+}
+
+/// Connects to the primary: the command connection and the subscription.
+pub(super) async fn connect(
+    config: &RedisConfig,
+) -> Result<(MultiplexedConnection, PubSub), String> {
+    let client = client(config).await?;
+    let options = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        // Each caller applies its own deadline; the connection waits as long as told.
+        .set_response_timeout(None);
+    let conn = client.get_multiplexed_async_connection_with_config(&options);
+    let conn = within(config.connect_timeout, conn).await?;
+    let pubsub = within(config.connect_timeout, client.get_async_pubsub()).await?;
+    Ok((conn, pubsub))
+}
+
+/// The client of the primary: the configured URL, or whichever server the
+/// Sentinels name now.
+async fn client(config: &RedisConfig) -> Result<Client, String> {
+    match &config.target {
+        RedisTarget::Url(url) => Client::open(url.as_str()).map_err(|e| e.to_string()),
+        RedisTarget::Sentinel { sentinels, master } => {
+            let mut sentinel = SentinelClient::build(
+                sentinels.clone(),
+                master.clone(),
+                None,
+                SentinelServerType::Master,
+            )
+            .map_err(|e| e.to_string())?;
+            let asked = sentinel.async_get_client();
+            within(config.connect_timeout, asked)
+                .await
+                .map_err(|e| format!("asking the Sentinels for {master:?}: {e}"))
+        }
+    }
+}
+
+async fn within<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(answer) => answer.map_err(|e| e.to_string()),
+        Err(_) => Err(format!(
+            "no answer within {}",
+            humantime::format_duration(limit)
+        )),
+    }
+}

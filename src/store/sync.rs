@@ -1,0 +1,571 @@
+//! The store's background work: keeping the link up, writing changes, taking in
+//! the other gateways' changes, resynchronising after an outage, and the heartbeat.
+//!
+//! A resync runs at every connect (the first one included):
+//! 1. the logouts, evictions and admin states kept while Redis was away are written;
+//! 2. if any bind missed Redis (and at start, for what the snapshot restored), every
+//!    live local entry is written back with `SET NX`: the first writer wins;
+//! 3. the admin states and every session in Redis are read into the local table,
+//!    which adopts the winner of any conflict and whatever the others bound
+//!    meanwhile (their messages were lost with the connection).
+//!
+//! The subscription is made before step 1, so no change made during a resync is
+//! missed.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::{MultiplexedConnection, PubSub};
+use redis::AsyncCommands;
+use tokio::sync::{mpsc, watch};
+
+use super::wire::{self, Change};
+use super::{link, Local, Op, Shared};
+use crate::config::NodeState;
+
+/// Changes per pipeline, keys per `SCAN` step.
+pub(super) const BATCH: usize = 512;
+
+/// The deadline of background calls: a Redis that takes longer is treated as gone.
+const BACKGROUND: Duration = Duration::from_secs(2);
+
+/// Heartbeat period, and how long a heartbeat outlives a gateway that stopped.
+const BEAT: Duration = Duration::from_secs(1);
+const BEAT_TTL: Duration = Duration::from_secs(5);
+
+/// Reconnect delays: from the first to the longest, doubling.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Keeps the link up: connect, subscribe, resync, take in messages until the
+/// connection is lost, and again.
+pub(super) async fn supervise(
+    shared: Arc<Shared>,
+    local: Arc<dyn Local>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut delay = RETRY_FIRST;
+    let target = shared.config.target.redacted();
+    let mut outage = false;
+    loop {
+        match link::connect(&shared.config)
+            .await
+            .map(|c| subscribed(&shared, c))
+        {
+            Ok(connected) => {
+                let (conn, pubsub) = connected.await;
+                delay = RETRY_FIRST;
+                let generation = shared.link.set(conn.clone());
+                shared.meters.set_up(true);
+                // On the roll at once, not a beat later.
+                if let Some(linked) = shared.link.current() {
+                    beat_once(&shared, &*local, &linked).await;
+                }
+                let again = if outage {
+                    " again: resynchronising"
+                } else {
+                    ""
+                };
+                tracing::info!(gateway = %shared.config.name, "connected to Redis at {target}{again}");
+                let resync = tokio::spawn(resync(shared.clone(), local.clone(), conn, generation));
+                let stopped = listen(&shared, &*local, pubsub, &mut stop).await;
+                resync.abort();
+                shared.link.clear();
+                if stopped {
+                    return;
+                }
+                shared.meters.lost();
+                outage = true;
+                tracing::warn!(
+                    "lost Redis at {target}: routing from the local table and the route \
+                     cookie, dealing locally, until it is back"
+                );
+            }
+            Err(error) => {
+                if let Some(held_back) = UNREACHABLE.allow() {
+                    tracing::warn!(held_back, "cannot reach Redis at {target}: {error}");
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = stop.changed() => return,
+        }
+        delay = (delay * 2).min(RETRY_MAX);
+    }
+}
+
+/// Failures to connect are logged once a minute: Redis may be away for hours.
+static UNREACHABLE: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(60));
+
+/// Subscribes before anything else happens on this connection.
+async fn subscribed(
+    shared: &Shared,
+    (conn, mut pubsub): (MultiplexedConnection, PubSub),
+) -> (MultiplexedConnection, Option<PubSub>) {
+    match pubsub.subscribe(shared.keys.events()).await {
+        Ok(()) => (conn, Some(pubsub)),
+        Err(error) => {
+            tracing::warn!("cannot subscribe to the store's channel: {error}");
+            (conn, None)
+        }
+    }
+}
+
+/// Takes in the other gateways' messages until the connection is lost (`false`)
+/// or the gateway stops (`true`).
+async fn listen(
+    shared: &Shared,
+    local: &dyn Local,
+    pubsub: Option<PubSub>,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let Some(pubsub) = pubsub else {
+        return false;
+    };
+    let mut messages = pubsub.into_on_message();
+    loop {
+        tokio::select! {
+            message = messages.next() => match message {
+                Some(message) => {
+                    if let Ok(text) = message.get_payload::<String>() {
+                        apply(shared, local, &text);
+                    }
+                }
+                None => return false,
+            },
+            () = shared.link.lost() => return false,
+            _ = stop.changed() => return true,
+        }
+    }
+}
+
+/// One message from the channel, into the local table and upstreams.
+fn apply(shared: &Shared, local: &dyn Local, text: &str) {
+    let (sender, changes) = wire::parse_message(text);
+    if sender == shared.sender {
+        return;
+    }
+    let by = sender.split('/').next().unwrap_or(sender);
+    let table = local.table();
+    for change in changes {
+        let kind = match change {
+            Change::Bound { key, state, node } => {
+                if let Some(id) = local.node_id(&node) {
+                    table.adopt(key, id, state, Duration::ZERO);
+                }
+                "bound"
+            }
+            Change::Forgot(key) => {
+                table.forget(key);
+                "forgot"
+            }
+            Change::Touched(keys) => {
+                keys.into_iter().for_each(|key| table.touch(key));
+                "touched"
+            }
+            Change::NodeState { node, state } => {
+                local.node_state(&node, state, by);
+                "node_state"
+            }
+        };
+        shared.meters.applied(kind);
+    }
+}
+
+/// Writes queued changes, a pipeline at a time, until `stop`; then what is left.
+pub(super) async fn write(
+    shared: Arc<Shared>,
+    mut queued: mpsc::Receiver<Op>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        tokio::select! {
+            got = queued.recv_many(&mut batch, BATCH) => if got == 0 { return },
+            _ = stop.changed() => {
+                // The last changes of a gateway that stops still reach the others.
+                while queued.try_recv().map(|op| batch.push(op)).is_ok() {}
+                if !batch.is_empty() {
+                    send(&shared, std::mem::take(&mut batch)).await;
+                }
+                return;
+            }
+        }
+        send(&shared, std::mem::take(&mut batch)).await;
+        batch.reserve(BATCH);
+    }
+}
+
+/// One pipeline: every change's command, then one message that carries them all.
+async fn send(shared: &Shared, ops: Vec<Op>) {
+    let Some(linked) = shared.link.current() else {
+        return shared.offline(ops);
+    };
+    let mut pipe = redis::pipe();
+    let mut changes = Vec::with_capacity(ops.len());
+    for op in &ops {
+        changes.push(command(shared, &mut pipe, op));
+    }
+    pipe.publish(
+        shared.keys.events(),
+        wire::message(&shared.sender, &changes),
+    )
+    .ignore();
+    let mut conn = linked.conn.clone();
+    match tokio::time::timeout(BACKGROUND, pipe.query_async::<()>(&mut conn)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            shared.failed(&linked, &error);
+            shared.offline(ops);
+        }
+        Err(_) => {
+            shared.link.drop_if_current(linked.generation);
+            shared.offline(ops);
+        }
+    }
+}
+
+/// The command of one change, added to `pipe`, and the change the others hear.
+pub(super) fn command(shared: &Shared, pipe: &mut redis::Pipeline, op: &Op) -> Change {
+    let keys = &shared.keys;
+    let ttl = |state| shared.idle_limit(state).as_millis() as u64;
+    match op {
+        Op::Bind(key, state, node) => {
+            let value = wire::session_value(*state, node, &shared.config.name);
+            pipe.pset_ex(keys.session(*key), value, ttl(*state))
+                .ignore();
+            let (key, state, node) = (*key, *state, node.clone());
+            Change::Bound { key, state, node }
+        }
+        Op::Forget(key) => {
+            pipe.del(keys.session(*key)).ignore();
+            Change::Forgot(*key)
+        }
+        Op::Touch(sessions) => {
+            for (key, state) in sessions {
+                pipe.pexpire(keys.session(*key), ttl(*state) as i64)
+                    .ignore();
+            }
+            Change::Touched(sessions.iter().map(|(key, _)| *key).collect())
+        }
+        Op::NodeState(node, state) => {
+            pipe.hset(keys.nodes(), node, state.as_str()).ignore();
+            let (node, state) = (node.clone(), *state);
+            Change::NodeState { node, state }
+        }
+    }
+}
+
+/// The resync at every connect (see the module's doc). A failure drops the
+/// connection, and the next connect starts it again.
+async fn resync(
+    shared: Arc<Shared>,
+    local: Arc<dyn Local>,
+    mut conn: MultiplexedConnection,
+    generation: u64,
+) {
+    let started = std::time::Instant::now();
+    let done = async {
+        let replayed = replay(&shared, &mut conn).await?;
+        let written = match shared.dirty.swap(false, Ordering::Relaxed) {
+            true => write_back(&shared, &*local, &mut conn).await?,
+            false => 0,
+        };
+        let states = read_states(&shared, &*local, &mut conn).await?;
+        let adopted = read_sessions(&shared, &*local, &mut conn).await?;
+        Ok::<_, redis::RedisError>((replayed, written, states, adopted))
+    };
+    match done.await {
+        Ok((replayed, written, states, adopted)) => {
+            shared.meters.resynced();
+            let took = humantime::format_duration(Duration::from_millis(
+                started.elapsed().as_millis() as u64,
+            ));
+            tracing::info!(
+                replayed, written, states, adopted, %took,
+                "resynchronised with Redis"
+            );
+        }
+        Err(error) => {
+            shared.dirty.store(true, Ordering::Relaxed);
+            tracing::warn!(
+                "resync with Redis failed, it starts again at the next connect: {error}"
+            );
+            shared.link.drop_if_current(generation);
+        }
+    }
+}
+
+/// Step 1: the kept logouts, evictions and admin states.
+async fn replay(shared: &Shared, conn: &mut MultiplexedConnection) -> redis::RedisResult<usize> {
+    let kept: Vec<Op> = {
+        let mut stash = shared.stash.lock().unwrap_or_else(|p| p.into_inner());
+        stash.drain(..).collect()
+    };
+    for chunk in kept.chunks(BATCH) {
+        let mut pipe = redis::pipe();
+        let changes: Vec<Change> = chunk
+            .iter()
+            .map(|op| command(shared, &mut pipe, op))
+            .collect();
+        pipe.publish(
+            shared.keys.events(),
+            wire::message(&shared.sender, &changes),
+        )
+        .ignore();
+        bounded(pipe.query_async::<()>(conn)).await?;
+    }
+    Ok(kept.len())
+}
+
+/// Step 2: every live local entry, unless Redis holds the session already.
+async fn write_back(
+    shared: &Shared,
+    local: &dyn Local,
+    conn: &mut MultiplexedConnection,
+) -> redis::RedisResult<usize> {
+    let live = local.table().live_entries();
+    let mut written = 0;
+    for chunk in live.chunks(BATCH) {
+        let mut pipe = redis::pipe();
+        let mut sent = Vec::with_capacity(chunk.len());
+        for entry in chunk {
+            let Some(node) = local.node_name(entry.node) else {
+                continue;
+            };
+            let left = shared.idle_limit(entry.state).saturating_sub(entry.idle);
+            let value = wire::session_value(entry.state, &node, &shared.config.name);
+            let set = redis::cmd("SET")
+                .arg(shared.keys.session(entry.key))
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(left.as_millis().max(1) as u64)
+                .clone();
+            pipe.add_command(set);
+            sent.push((entry.key, entry.state, node));
+        }
+        let replies: Vec<Option<String>> = bounded(pipe.query_async(conn)).await?;
+        let bound: Vec<Change> = (sent.into_iter().zip(replies))
+            .filter(|(_, reply)| reply.is_some())
+            .map(|((key, state, node), _)| Change::Bound { key, state, node })
+            .collect();
+        written += bound.len();
+        if !bound.is_empty() {
+            let message = wire::message(&shared.sender, &bound);
+            bounded(conn.publish::<_, _, ()>(shared.keys.events(), message)).await?;
+        }
+    }
+    Ok(written)
+}
+
+/// Step 3a: the admin states Redis holds; returns how many changed here.
+async fn read_states(
+    shared: &Shared,
+    local: &dyn Local,
+    conn: &mut MultiplexedConnection,
+) -> redis::RedisResult<usize> {
+    let states: Vec<(String, String)> = bounded(conn.hgetall(shared.keys.nodes())).await?;
+    let mut changed = 0;
+    for (node, state) in states {
+        if let Some(state) = NodeState::from_name(&state) {
+            local.node_state(&node, state, "redis");
+            changed += 1;
+        }
+    }
+    Ok(changed)
+}
+
+/// Step 3b: every session Redis holds, adopted by the local table; returns how
+/// many changed it.
+async fn read_sessions(
+    shared: &Shared,
+    local: &dyn Local,
+    conn: &mut MultiplexedConnection,
+) -> redis::RedisResult<usize> {
+    let mut cursor: u64 = 0;
+    let mut adopted = 0;
+    loop {
+        let step = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(shared.keys.sessions())
+            .arg("COUNT")
+            .arg(BATCH)
+            .clone();
+        let (next, names): (u64, Vec<String>) = bounded(step.query_async(conn)).await?;
+        adopted += adopt_all(shared, local, conn, &names).await?;
+        if next == 0 {
+            return Ok(adopted);
+        }
+        cursor = next;
+    }
+}
+
+/// The values and TTLs of `names`, adopted by the local table.
+async fn adopt_all(
+    shared: &Shared,
+    local: &dyn Local,
+    conn: &mut MultiplexedConnection,
+    names: &[String],
+) -> redis::RedisResult<usize> {
+    if names.is_empty() {
+        return Ok(0);
+    }
+    let mut pipe = redis::pipe();
+    for name in names {
+        pipe.get(name).pttl(name);
+    }
+    let answers: Vec<redis::Value> = bounded(pipe.query_async(conn)).await?;
+    let mut adopted = 0;
+    for (name, pair) in names.iter().zip(answers.chunks(2)) {
+        let value: Option<String> = redis::from_redis_value_ref(&pair[0]).unwrap_or(None);
+        let pttl: i64 = redis::from_redis_value_ref(&pair[1]).unwrap_or(-2);
+        let (Some(key), Some(value)) = (shared.keys.session_of(name), value) else {
+            continue;
+        };
+        if let Some((state, node, _)) = wire::parse_session(&value) {
+            let Some(id) = local.node_id(node) else {
+                continue;
+            };
+            let left = Duration::from_millis(u64::try_from(pttl).unwrap_or(0));
+            let idle = shared.idle_limit(state).saturating_sub(left);
+            adopted += usize::from(local.table().adopt(key, id, state, idle));
+        }
+    }
+    Ok(adopted)
+}
+
+async fn bounded<T>(
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match tokio::time::timeout(BACKGROUND, call).await {
+        Ok(answer) => answer,
+        Err(_) => Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "no answer from Redis in time",
+        ))),
+    }
+}
+
+/// Says every second that this gateway is alive, with its figures; a failed beat
+/// drops the connection (a Redis that stopped answering is found out within a
+/// second even when no student is asking). At stop, the beat is taken away.
+pub(super) async fn heartbeat(
+    shared: Arc<Shared>,
+    local: Arc<dyn Local>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut every = tokio::time::interval(BEAT);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let key = shared.keys.gateway(&shared.config.name);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.changed() => break,
+        }
+        if let Some(linked) = shared.link.current() {
+            beat_once(&shared, &*local, &linked).await;
+        }
+    }
+    if let Some(linked) = shared.link.current() {
+        let mut conn = linked.conn.clone();
+        let mut pipe = redis::pipe();
+        pipe.del(&key).ignore();
+        pipe.zrem(shared.keys.gateway_roll(), &shared.config.name)
+            .ignore();
+        let _ = bounded(pipe.query_async::<()>(&mut conn)).await;
+    }
+}
+
+/// One heartbeat: the gateway's figures under its name, and its name on the roll
+/// of live gateways (a sorted set by last beat, so the admin view never scans the
+/// keyspace, where a million sessions live too).
+async fn beat_once(shared: &Shared, local: &dyn Local, linked: &link::Linked) {
+    let (beat, now) = beat(shared, local);
+    let set = redis::cmd("SET")
+        .arg(shared.keys.gateway(&shared.config.name))
+        .arg(beat.to_string())
+        .arg("PX")
+        .arg(BEAT_TTL.as_millis() as u64)
+        .arg("GET")
+        .clone();
+    let mut pipe = redis::pipe();
+    pipe.add_command(set);
+    let roll = shared.keys.gateway_roll();
+    pipe.zadd(&roll, &shared.config.name, now).ignore();
+    let gone = now.saturating_sub(BEAT_TTL.as_millis() as u64);
+    pipe.zrembyscore(&roll, "-inf", gone).ignore();
+    let mut conn = linked.conn.clone();
+    match bounded(pipe.query_async::<(Option<String>,)>(&mut conn)).await {
+        Ok((previous,)) => same_name(shared, previous.as_deref()),
+        Err(error) => shared.failed(linked, &error),
+    }
+}
+
+/// This gateway's heartbeat, and when it was made (Unix milliseconds).
+fn beat(shared: &Shared, local: &dyn Local) -> (serde_json::Value, u64) {
+    let mut beat = local.beat();
+    let now = unix_ms();
+    if let Some(fields) = beat.as_object_mut() {
+        fields.insert("name".into(), shared.config.name.clone().into());
+        fields.insert("instance".into(), shared.sender.clone().into());
+        fields.insert("version".into(), env!("CARGO_PKG_VERSION").into());
+        fields.insert("started".into(), shared.started.into());
+        fields.insert("beat_ms".into(), now.into());
+    }
+    (beat, now)
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Two gateways under one name would each overwrite the other's heartbeat and
+/// skip the other's messages as their own.
+fn same_name(shared: &Shared, previous: Option<&str>) {
+    let Some(previous) = previous.and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+    else {
+        return;
+    };
+    let other = previous.get("instance").and_then(|i| i.as_str());
+    if other.is_some_and(|other| other != shared.sender) {
+        if let Some(held_back) = SAME_NAME.allow() {
+            tracing::error!(
+                held_back,
+                name = %shared.config.name,
+                "another gateway runs under this store.name: give each gateway its own"
+            );
+        }
+    }
+}
+
+static SAME_NAME: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(60));
+
+/// Every live gateway's last heartbeat, sorted by name.
+pub(super) async fn gateways(shared: &Shared) -> Result<Vec<serde_json::Value>, String> {
+    let linked = shared
+        .link
+        .current()
+        .ok_or_else(|| "Redis is unreachable".to_owned())?;
+    let mut conn = linked.conn.clone();
+    let fresh = unix_ms().saturating_sub(BEAT_TTL.as_millis() as u64);
+    let roll = conn.zrangebyscore(shared.keys.gateway_roll(), fresh, "+inf");
+    let names: Vec<String> = bounded(roll).await.map_err(|e| e.to_string())?;
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<String> = names.iter().map(|n| shared.keys.gateway(n)).collect();
+    let beats: Vec<Option<String>> = bounded(conn.mget(&keys)).await.map_err(|e| e.to_string())?;
+    let mut beats: Vec<serde_json::Value> = (beats.into_iter().flatten())
+        .filter_map(|b| serde_json::from_str(&b).ok())
+        .collect();
+    let name = |b: &serde_json::Value| b.get("name").and_then(|n| n.as_str()).map(str::to_owned);
+    beats.sort_by_key(name);
+    Ok(beats)
+}

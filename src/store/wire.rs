@@ -1,0 +1,245 @@
+//! What the gateways write in Redis and say on its channel: key names, the value of
+//! a session, and the lines of a message. Pure functions, so the format is pinned by
+//! tests and every gateway version that shares a Redis reads the same thing.
+//!
+//! ```text
+//! {prefix}s:{key}     "L web1 gw-a"   a session: state (L logged in, A anonymous),
+//!                                     its node, the gateway that bound it; PX = idle limit
+//! {prefix}nodes       hash name → "active" | "draining" | "disabled" (admin state)
+//! {prefix}deal        INCR counter: the shared deal's tickets
+//! {prefix}gw:{name}   JSON heartbeat of one live gateway; PX = 5 s
+//! {prefix}gateways    sorted set: gateway name → its last beat, Unix ms
+//! {prefix}events      the channel: first line the sender, then one change per line
+//!                       b {key} L web1    bound (or moved)
+//!                       f {key}           forgotten (logout, admin eviction)
+//!                       t {key} {key} …   still in use: refresh the idle clock
+//!                       n web1 draining   a node's admin state
+//! ```
+//!
+//! Text, not a binary encoding: an operator debugging a site reads it with
+//! `redis-cli`, and it costs a few bytes more per session.
+
+use crate::config::NodeState;
+use crate::sessions::affinity::{SessionKey, SessionState};
+
+/// A change one gateway tells the others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A session bound (or moved) to a node.
+    Bound {
+        /// The session.
+        key: SessionKey,
+        /// Logged in or anonymous.
+        state: SessionState,
+        /// The node's name.
+        node: String,
+    },
+    /// A session gone: Moodle cleared it, or an admin evicted it.
+    Forgot(SessionKey),
+    /// Sessions still in use somewhere: their idle clocks restart.
+    Touched(Vec<SessionKey>),
+    /// An admin changed a node's state.
+    NodeState {
+        /// The node's name.
+        node: String,
+        /// Its new state.
+        state: NodeState,
+    },
+}
+
+/// The names of everything under one prefix.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// Keys under `prefix`.
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// A session's key.
+    pub fn session(&self, key: SessionKey) -> String {
+        format!("{}s:{key}", self.prefix)
+    }
+
+    /// The pattern of every session key, for a SCAN.
+    pub fn sessions(&self) -> String {
+        format!("{}s:*", self.prefix)
+    }
+
+    /// The session key a Redis key names, if it is one.
+    pub fn session_of(&self, redis_key: &str) -> Option<SessionKey> {
+        let hex = redis_key.strip_prefix(&self.prefix)?.strip_prefix("s:")?;
+        SessionKey::from_hex(hex)
+    }
+
+    /// The hash of admin states.
+    pub fn nodes(&self) -> String {
+        format!("{}nodes", self.prefix)
+    }
+
+    /// The deal counter.
+    pub fn deal(&self) -> String {
+        format!("{}deal", self.prefix)
+    }
+
+    /// One gateway's heartbeat.
+    pub fn gateway(&self, name: &str) -> String {
+        format!("{}gw:{name}", self.prefix)
+    }
+
+    /// The roll of live gateways: a sorted set of names by their last beat.
+    pub fn gateway_roll(&self) -> String {
+        format!("{}gateways", self.prefix)
+    }
+
+    /// The channel.
+    pub fn events(&self) -> String {
+        format!("{}events", self.prefix)
+    }
+}
+
+/// A session's value: `L web1 gw-a`.
+pub fn session_value(state: SessionState, node: &str, gateway: &str) -> String {
+    format!("{} {node} {gateway}", state_letter(state))
+}
+
+/// What a session's value says: state, node, and the gateway that bound it.
+pub fn parse_session(value: &str) -> Option<(SessionState, &str, &str)> {
+    let mut words = value.split(' ');
+    let state = parse_state(words.next()?)?;
+    let node = words.next().filter(|n| !n.is_empty())?;
+    let gateway = words.next().unwrap_or("");
+    Some((state, node, gateway))
+}
+
+/// One message: the sender's line, then each change on its own.
+pub fn message(sender: &str, changes: &[Change]) -> String {
+    let mut text = String::with_capacity(sender.len() + 32 * changes.len());
+    text.push_str(sender);
+    for change in changes {
+        text.push('\n');
+        match change {
+            Change::Bound { key, state, node } => {
+                text.push_str(&format!("b {key} {} {node}", state_letter(*state)));
+            }
+            Change::Forgot(key) => text.push_str(&format!("f {key}")),
+            Change::Touched(keys) => {
+                text.push('t');
+                for key in keys {
+                    text.push_str(&format!(" {key}"));
+                }
+            }
+            Change::NodeState { node, state } => text.push_str(&format!("n {node} {state}")),
+        }
+    }
+    text
+}
+
+/// A message's sender and the changes it carries; lines this version does not know
+/// are skipped, so a newer gateway can say more without confusing an older one.
+pub fn parse_message(text: &str) -> (&str, Vec<Change>) {
+    let mut lines = text.split('\n');
+    let sender = lines.next().unwrap_or("");
+    (sender, lines.filter_map(parse_change).collect())
+}
+
+fn parse_change(line: &str) -> Option<Change> {
+    let mut words = line.split(' ');
+    let change = match words.next()? {
+        "b" => Change::Bound {
+            key: SessionKey::from_hex(words.next()?)?,
+            state: parse_state(words.next()?)?,
+            node: words.next()?.to_owned(),
+        },
+        "f" => Change::Forgot(SessionKey::from_hex(words.next()?)?),
+        "t" => Change::Touched(words.map(SessionKey::from_hex).collect::<Option<_>>()?),
+        "n" => Change::NodeState {
+            node: words.next()?.to_owned(),
+            state: NodeState::from_name(words.next()?)?,
+        },
+        _ => return None,
+    };
+    Some(change)
+}
+
+fn state_letter(state: SessionState) -> char {
+    match state {
+        SessionState::LoggedIn => 'L',
+        SessionState::Anonymous => 'A',
+    }
+}
+
+fn parse_state(letter: &str) -> Option<SessionState> {
+    match letter {
+        "L" => Some(SessionState::LoggedIn),
+        "A" => Some(SessionState::Anonymous),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(hex: &str) -> SessionKey {
+        SessionKey::from_hex(hex).unwrap()
+    }
+
+    #[test]
+    fn every_change_reads_back_as_it_was_said() {
+        let changes = vec![
+            Change::Bound {
+                key: key("00000000000000ff"),
+                state: SessionState::LoggedIn,
+                node: "web1".into(),
+            },
+            Change::Forgot(key("0123456789abcdef")),
+            Change::Touched(vec![key("0000000000000001"), key("0000000000000002")]),
+            Change::NodeState {
+                node: "web-2".into(),
+                state: NodeState::Draining,
+            },
+        ];
+        let text = message("gw-a/42", &changes);
+        assert_eq!(
+            text,
+            "gw-a/42\nb 00000000000000ff L web1\nf 0123456789abcdef\n\
+             t 0000000000000001 0000000000000002\nn web-2 draining"
+        );
+        assert_eq!(parse_message(&text), ("gw-a/42", changes));
+    }
+
+    #[test]
+    fn lines_a_newer_gateway_adds_are_skipped_not_misread() {
+        let (sender, changes) = parse_message("gw-b/1\nx something new\nf 0000000000000001\nb bad");
+        assert_eq!(sender, "gw-b/1");
+        assert_eq!(changes, [Change::Forgot(key("0000000000000001"))]);
+    }
+
+    #[test]
+    fn a_session_value_names_its_state_node_and_gateway() {
+        let value = session_value(SessionState::Anonymous, "web3", "gw-a");
+        assert_eq!(value, "A web3 gw-a");
+        assert_eq!(
+            parse_session(&value),
+            Some((SessionState::Anonymous, "web3", "gw-a"))
+        );
+        assert_eq!(parse_session("Q web3 gw-a"), None);
+        assert_eq!(parse_session("L"), None);
+    }
+
+    #[test]
+    fn keys_live_under_the_prefix_and_read_back() {
+        let keys = Keys::new("site1:");
+        let session = keys.session(key("00000000000000ab"));
+        assert_eq!(session, "site1:s:00000000000000ab");
+        assert_eq!(keys.session_of(&session), Some(key("00000000000000ab")));
+        assert_eq!(keys.session_of("site2:s:00000000000000ab"), None);
+        assert_eq!(keys.gateway("gw-a"), "site1:gw:gw-a");
+    }
+}

@@ -1,0 +1,478 @@
+//! Several gateways, one truth (`[store] kind = "redis"`), against a real
+//! `redis-server` each test starts for itself: a session bound on one gateway is
+//! routed the same by the others, their changes reach each other, the deal is
+//! shared, and Redis going away never fails a student.
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use moodle_gateway::config::NodeState;
+use moodle_gateway::demo::standin::Cluster;
+use moodle_gateway::demo::Browser;
+use serde_json::Value;
+
+use crate::support::{logged_in, RedisServer, TestGateway};
+
+const SECRET: &str = "the-site-wide-store-secret-0123456789";
+const TOKEN: &str = "admin-token-for-the-store-tests-0123456789";
+
+/// A site: one Redis, stand-in nodes, and gateways sharing them.
+struct Site {
+    redis: RedisServer,
+    cluster: Cluster,
+    gateways: Vec<TestGateway>,
+}
+
+impl Site {
+    async fn start(nodes: usize, names: &[&str], extra: &str) -> Site {
+        let redis = RedisServer::start();
+        let cluster = Cluster::spawn(nodes, "", "MoodleSession").unwrap();
+        let mut site = Site {
+            redis,
+            cluster,
+            gateways: Vec::new(),
+        };
+        for name in names {
+            let gateway = site.gateway(name, extra).await;
+            site.gateways.push(gateway);
+        }
+        site
+    }
+
+    /// One more gateway of this site, connected to Redis and resynchronised.
+    async fn gateway(&self, name: &str, extra: &str) -> TestGateway {
+        let store = format!(
+            "store.kind = \"redis\"\nstore.url = {:?}\nstore.name = {name:?}\n\
+             store.secret = {SECRET:?}\n{extra}",
+            self.redis.url()
+        );
+        let admin = Some(("127.0.0.1:0", TOKEN));
+        let gateway =
+            TestGateway::start(&self.cluster.config_toml("127.0.0.1:0", admin, &store)).await;
+        eventually(Duration::from_secs(5), "the gateway resynchronises", || {
+            metric(&gateway, "store_resyncs_total") >= 1.0
+        })
+        .await;
+        gateway
+    }
+
+    fn gw(&self, i: usize) -> &TestGateway {
+        &self.gateways[i]
+    }
+}
+
+/// Waits up to `limit` for `done`; how long it took.
+async fn eventually(limit: Duration, what: &str, done: impl Fn() -> bool) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    started.elapsed()
+}
+
+/// The key the gateways' tables hold for a student's session.
+fn key_of(
+    gateway: &TestGateway,
+    student: &Browser,
+) -> moodle_gateway::sessions::affinity::SessionKey {
+    gateway
+        .app
+        .gateway()
+        .table()
+        .key(student.session().unwrap())
+}
+
+fn bound_to(
+    gateway: &TestGateway,
+    key: moodle_gateway::sessions::affinity::SessionKey,
+) -> Option<String> {
+    let g = gateway.app.gateway();
+    let view = g.table().view(key)?;
+    Some(g.settings().upstreams.get(view.node)?.name.clone())
+}
+
+async fn admin(gateway: &TestGateway, method: &str, path: &str) -> (StatusCode, Value) {
+    let url = format!("http://{}{path}", gateway.admin_addr.unwrap());
+    let request = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = crate::support::client().request(request).await.unwrap();
+    let status = response.status();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap();
+    let json = serde_json::from_slice(&body.to_bytes()).unwrap_or(Value::Null);
+    (status, json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_bound_on_one_gateway_is_routed_the_same_by_the_others_at_once() {
+    let site = Site::start(4, &["gw-a", "gw-b", "gw-c"], "").await;
+    for n in 0..6 {
+        let (student, node) = logged_in(site.gw(n % 3), n).await;
+        // The very next request, on each other gateway, with no pause at all.
+        for other in 1..3 {
+            let mut there = student.at(site.gw((n + other) % 3).addr);
+            let page = there.get("/my/").await.unwrap();
+            assert_eq!(
+                (page.status, page.upstream(), page.issued.as_deref()),
+                (StatusCode::OK, node.as_str(), None),
+                "student {n} on gateway {}",
+                (n + other) % 3
+            );
+        }
+    }
+    assert_eq!(site.cluster.lost_sessions(), 0, "nobody was logged out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_logout_eviction_and_drain_on_one_gateway_reach_the_others_within_100ms() {
+    let site = Site::start(2, &["gw-a", "gw-b", "gw-c"], "").await;
+    let limit = Duration::from_millis(100);
+    let (a, b, c) = (site.gw(0), site.gw(1), site.gw(2));
+    let (mut student, node) = logged_in(a, 1).await;
+    let key = key_of(a, &student);
+    for other in [b, c] {
+        eventually(limit, "the login's new id", || {
+            bound_to(other, key).as_deref() == Some(&node)
+        })
+        .await;
+    }
+
+    // Logout rotates the id: the old one goes everywhere, the new one is known.
+    let out = student.get("/login/logout.php?sesskey=x").await.unwrap();
+    assert!(out.issued.is_some(), "logout issued a new id");
+    let new = key_of(a, &student);
+    for other in [b, c] {
+        eventually(limit, "the logout", || {
+            bound_to(other, key).is_none() && bound_to(other, new).as_deref() == Some(&node)
+        })
+        .await;
+    }
+
+    // An admin's eviction on b.
+    let (status, _) = admin(b, "DELETE", &format!("/affinity/{new}")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    for other in [a, c] {
+        eventually(limit, "the eviction", || bound_to(other, new).is_none()).await;
+    }
+
+    // An admin's drain on c.
+    let (status, _) = admin(c, "POST", "/nodes/web1/drain").await;
+    assert_eq!(status, StatusCode::OK);
+    for other in [a, b] {
+        eventually(limit, "the drain", || {
+            let settings = other.app.gateway().settings();
+            settings.upstreams.by_name("web1").unwrap().state() == NodeState::Draining
+        })
+        .await;
+    }
+}
+
+/// One sample of `/metrics`, like `store_fallbacks_total{what="deal"}`; 0 when absent.
+fn metric(gateway: &TestGateway, series: &str) -> f64 {
+    let text = gateway.app.gateway().metrics().render(&Default::default());
+    let series = format!("moodle_gateway_{series} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map_or(0.0, |value| value.trim().parse().unwrap())
+}
+
+/// The node a new visitor is dealt: the one that answers the login form.
+async fn new_visitor(gateway: &TestGateway) -> String {
+    let mut visitor = Browser::new(gateway.addr, "", "MoodleSession");
+    let form = visitor.get("/login/index.php").await.unwrap();
+    assert_eq!(form.status, StatusCode::OK);
+    assert!(form.issued.is_some(), "a new visitor gets a session");
+    form.upstream().to_owned()
+}
+
+fn spread(counts: &std::collections::BTreeMap<String, usize>) -> usize {
+    let most = counts.values().max().copied().unwrap_or(0);
+    let least = counts.values().min().copied().unwrap_or(0);
+    most - least
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_students_on_two_gateways_in_turn_are_dealt_as_one_gateway_deals() {
+    let site = Site::start(4, &["gw-a", "gw-b"], "").await;
+    let mut counts: std::collections::BTreeMap<String, usize> = ["web1", "web2", "web3", "web4"]
+        .map(|n| (n.to_owned(), 0))
+        .into();
+    for n in 0..40 {
+        let node = new_visitor(site.gw(n % 2)).await;
+        *counts.get_mut(&node).unwrap() += 1;
+        assert!(spread(&counts) <= 1, "after {} students: {counts:?}", n + 1);
+    }
+    assert_eq!(
+        counts.values().copied().collect::<Vec<_>>(),
+        [10, 10, 10, 10]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_students_arriving_at_three_gateways_at_once_are_spread_within_two_percent() {
+    let site = Site::start(4, &["gw-a", "gw-b", "gw-c"], "").await;
+    let mut arriving = tokio::task::JoinSet::new();
+    for lane in 0..6 {
+        let gateway = site.gw(lane % 3).addr;
+        arriving.spawn(async move {
+            let mut nodes = Vec::new();
+            for _ in 0..100 {
+                let mut visitor = Browser::new(gateway, "", "MoodleSession");
+                let form = visitor.get("/login/index.php").await.unwrap();
+                assert_eq!(form.status, StatusCode::OK);
+                nodes.push(form.upstream().to_owned());
+            }
+            nodes
+        });
+    }
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    while let Some(nodes) = arriving.join_next().await {
+        for node in nodes.unwrap() {
+            *counts.entry(node).or_default() += 1;
+        }
+    }
+    // 600 students on 4 nodes: 150 each, within 2 % (3 students).
+    for (node, &count) in &counts {
+        assert!(
+            (147..=153).contains(&count),
+            "{node}: {count} of 600: {counts:?}"
+        );
+    }
+    for gateway in &site.gateways {
+        assert_eq!(metric(gateway, "store_fallbacks_total{what=\"deal\"}"), 0.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_run_fails_no_student_and_its_return_resynchronises_every_gateway() {
+    let mut site = Site::start(4, &["gw-a", "gw-b"], "").await;
+    let (a, b) = (site.gw(0).addr, site.gw(1).addr);
+    let mut students = Vec::new();
+    for n in 0..8 {
+        students.push(logged_in(site.gw(n % 2), n).await);
+    }
+    // Every student browses, alternating gateways, while Redis dies under them.
+    let browsing = tokio::spawn(async move {
+        let mut pages = 0;
+        for round in 0..30 {
+            for (n, (student, node)) in students.iter_mut().enumerate() {
+                let mut there = student.at(if (round + n) % 2 == 0 { a } else { b });
+                let page = there.get("/my/").await.unwrap();
+                assert_eq!(
+                    (page.status, page.upstream(), page.issued.as_deref()),
+                    (StatusCode::OK, node.as_str(), None),
+                    "student {n}, round {round}"
+                );
+                pages += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        pages
+    });
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    site.redis.kill();
+    // Students who arrive while Redis is away are dealt locally and stay on their gateway.
+    let mut late = Vec::new();
+    for n in 10..14 {
+        late.push(logged_in(site.gw(0), n).await);
+    }
+    assert_eq!(browsing.await.unwrap(), 8 * 30, "every page came");
+    assert!(site.gw(0).app.gateway().store().is_up() == Some(false));
+    assert!(metric(site.gw(0), "store_fallbacks_total{what=\"deal\"}") >= 4.0);
+    for (student, node) in &mut late {
+        let page = student.get("/my/").await.unwrap();
+        assert_eq!(
+            (page.status, page.upstream()),
+            (StatusCode::OK, node.as_str())
+        );
+    }
+
+    site.redis.restart();
+    let limit = Duration::from_secs(10);
+    for gateway in &site.gateways {
+        eventually(limit, "the gateway reconnects", || {
+            metric(gateway, "store_resyncs_total") >= 2.0
+        })
+        .await;
+    }
+    // What gw-a bound while Redis was away reached gw-b through the resync.
+    for (student, node) in &late {
+        let key = key_of(site.gw(0), student);
+        eventually(limit, "gw-b learns the late students", || {
+            bound_to(site.gw(1), key).as_deref() == Some(node.as_str())
+        })
+        .await;
+        let mut there = student.at(b);
+        let page = there.get("/my/").await.unwrap();
+        assert_eq!(
+            (page.status, page.upstream(), page.issued.as_deref()),
+            (StatusCode::OK, node.as_str(), None)
+        );
+    }
+    assert_eq!(site.cluster.lost_sessions(), 0, "nobody was logged out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_gateway_routes_every_session_where_it_was() {
+    let mut site = Site::start(4, &["gw-a", "gw-b"], "").await;
+    let mut students = Vec::new();
+    for n in 0..8 {
+        students.push(logged_in(site.gw(0), n).await);
+    }
+    // gw-b stops and starts again with an empty table and no state file.
+    let b = site.gateways.pop().unwrap();
+    b.shutdown().await;
+    let b = site.gateway("gw-b", "").await;
+    for (n, (student, node)) in students.iter().enumerate() {
+        let mut there = student.at(b.addr);
+        let page = there.get("/my/").await.unwrap();
+        assert_eq!(
+            (page.status, page.upstream(), page.issued.as_deref()),
+            (StatusCode::OK, node.as_str(), None),
+            "student {n}"
+        );
+    }
+    assert_eq!(site.cluster.lost_sessions(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_shows_every_live_gateway_what_it_served_and_who_bound_a_session() {
+    let mut site = Site::start(2, &["gw-a", "gw-b"], "").await;
+    let (mut student, node) = logged_in(site.gw(1), 1).await;
+    student.get("/my/").await.unwrap();
+    let list = |gateways: &Value| -> Vec<String> {
+        let each = gateways["gateways"].as_array().unwrap().iter();
+        each.map(|g| g["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    // A beat a second: wait for one that has seen the student.
+    let mut gateways = Value::Null;
+    for _ in 0..300 {
+        let (status, now) = admin(site.gw(0), "GET", "/gateways").await;
+        assert_eq!(status, StatusCode::OK);
+        gateways = now;
+        if gateways["gateways"][1]["sessions"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        (gateways["this"].as_str(), gateways["connected"].as_bool()),
+        (Some("gw-a"), Some(true))
+    );
+    assert_eq!(list(&gateways), ["gw-a", "gw-b"]);
+    let beat_b = &gateways["gateways"][1];
+    assert_eq!(beat_b["sessions"], 1, "{beat_b}");
+    assert_eq!(beat_b["dealt"][node.as_str()], 1, "{beat_b}");
+    assert!(
+        beat_b["served"][node.as_str()].as_u64().unwrap() >= 3,
+        "{beat_b}"
+    );
+
+    // gw-a's table is the cluster's: it shows the session gw-b bound, and by whom.
+    let id = student.session().unwrap().to_owned();
+    let (status, entry) = admin(site.gw(0), "GET", &format!("/affinity/lookup?session={id}")).await;
+    assert_eq!(status, StatusCode::OK, "{entry}");
+    assert_eq!(
+        (entry["node"].as_str(), entry["bound_by"].as_str()),
+        (Some(node.as_str()), Some("gw-b"))
+    );
+
+    // A gateway that stops leaves the roll at once.
+    site.gateways.pop().unwrap().shutdown().await;
+    let (_, gateways) = admin(site.gw(0), "GET", "/gateways").await;
+    assert_eq!(list(&gateways), ["gw-a"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_the_binding_redis_had_first_wins_and_the_rest_is_written_back() {
+    let mut site = Site::start(2, &["gw-a"], "").await;
+    site.redis.kill();
+    let (first, node) = logged_in(site.gw(0), 1).await;
+    let (second, second_node) = logged_in(site.gw(0), 2).await;
+    let other = if node == "web1" { "web2" } else { "web1" };
+    // Redis comes back, but before gw-a can get in, another gateway's binding of
+    // the first student's session is already there.
+    site.redis.restart_locked(Some("only-the-test"));
+    let first_key = key_of(site.gw(0), &first);
+    let redis_key = format!("moodle-gateway:s:{first_key}");
+    let theirs = format!("L {other} gw-b");
+    site.redis.command(&["SET", &redis_key, &theirs]).unwrap();
+    site.redis.unlock();
+    eventually(Duration::from_secs(10), "gw-a resynchronises", || {
+        metric(site.gw(0), "store_resyncs_total") >= 2.0
+    })
+    .await;
+    assert_eq!(
+        bound_to(site.gw(0), first_key).as_deref(),
+        Some(other),
+        "Redis's binding won"
+    );
+    assert_eq!(
+        site.redis.get(&redis_key),
+        Some(theirs),
+        "and was not overwritten"
+    );
+    let second_key = key_of(site.gw(0), &second);
+    let written = site.redis.get(&format!("moodle-gateway:s:{second_key}"));
+    assert_eq!(
+        written,
+        Some(format!("L {second_node} gw-a")),
+        "gw-a's own binding was written back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_stalls_costs_new_students_nothing_but_a_local_deal() {
+    let site = Site::start(2, &["gw-a", "gw-b"], "").await;
+    let (mut student, node) = logged_in(site.gw(0), 1).await;
+    let url = site.redis.url();
+    // Redis stops answering anyone for a second (a fork, a slow disk, a big command).
+    let stall = std::thread::spawn(move || {
+        let client = redis::Client::open(url).unwrap();
+        let mut conn = client.get_connection().unwrap();
+        redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("1")
+            .query::<()>(&mut conn)
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..3 {
+        new_visitor(site.gw(1)).await;
+    }
+    let page = student.get("/my/").await.unwrap();
+    assert_eq!(
+        (page.status, page.upstream()),
+        (StatusCode::OK, node.as_str())
+    );
+    stall.join().unwrap().unwrap();
+    assert!(metric(site.gw(1), "store_fallbacks_total{what=\"deal\"}") >= 1.0);
+    // The binds that waited were written when Redis answered again.
+    let mut written = 0;
+    for _ in 0..200 {
+        written = site
+            .redis
+            .command(&["DBSIZE"])
+            .map(|v| redis::from_redis_value::<usize>(v).unwrap())
+            .unwrap();
+        if written >= 4 + 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Four sessions (the student's and three visitors') and the deal counter and the
+    // admin-state hash or heartbeats: at least the sessions are there.
+    let sessions = site.redis.command(&["KEYS", "moodle-gateway:s:*"]).unwrap();
+    let sessions: Vec<String> = redis::from_redis_value(sessions).unwrap();
+    assert_eq!(
+        sessions.len(),
+        4,
+        "every session reached Redis ({written} keys)"
+    );
+}
