@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use super::values::format_size;
-use super::{AccessLogFormat, AccessLogTo, Config, NodeState, SessionStore, StatusRange};
+use super::{
+    AccessLogFormat, AccessLogTo, Config, NodeState, SessionStore, StatusRange, StoreConfig,
+};
 
 fn d(d: Duration) -> String {
     humantime::format_duration(d).to_string()
@@ -167,7 +169,7 @@ impl Config {
             "session store: {store}\nshutdown: in-flight requests get {} to finish\n\
              health checks: GET {}{} every {}, timeout {}; an upstream is marked down after {} \
              in a row, up after {}; healthy statuses: {}\n\
-             snapshot: {snapshot}\nroute cookie: {route}\naccess log: {}\n\
+             snapshot: {snapshot}\nroute cookie: {route}\nstore: {}\naccess log: {}\n\
              session losses: a logged-in session Moodle replaces after {} idle timed out; sooner, it was lost\n",
             d(self.timeouts.shutdown),
             h.path,
@@ -179,9 +181,27 @@ impl Config {
             count(h.fall, "failure", "failures"),
             count(h.rise, "success", "successes"),
             statuses.join(", "),
+            self.describe_store(),
             self.describe_access_log(),
             d(self.session.sessiontimeout),
         )
+    }
+
+    fn describe_store(&self) -> String {
+        match &self.store {
+            StoreConfig::Memory => {
+                "memory (this gateway's own table, deal and node states)".to_owned()
+            }
+            StoreConfig::Redis(r) => format!(
+                "redis at {}, as gateway {:?}, keys under {:?}; requests wait at most {} for it \
+                 (secret: set, from {})",
+                r.target.redacted(),
+                r.name,
+                r.prefix,
+                d(r.timeout),
+                r.secret_source
+            ),
+        }
     }
 
     fn describe_access_log(&self) -> String {

@@ -308,7 +308,8 @@ const fn ms(n: u64) -> Duration {
 /// A URL the Redis client accepts, with one of `schemes`.
 fn redis_url(raw: &str, schemes: &[&str]) -> Result<String, String> {
     let scheme = raw.split_once("://").map(|(scheme, _)| scheme);
-    let listed = schemes.join("://, ") + "://";
+    let listed: Vec<String> = schemes.iter().map(|s| format!("{s}://")).collect();
+    let listed = listed.join(" or ");
     if !scheme.is_some_and(|scheme| schemes.contains(&scheme)) {
         return Err(format!("{} must start with {listed}", redact(raw)));
     }

@@ -5,6 +5,7 @@ use super::*;
 
 mod edge;
 mod operations;
+mod store;
 mod tls;
 
 const NODES: &str = "[[nodes]]\nname = \"web1\"\nurl = \"http://192.168.1.1\"\n";

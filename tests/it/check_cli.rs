@@ -11,6 +11,7 @@ fn check(config: &Path) -> std::process::Output {
         .arg(config)
         .env_remove("MOODLE_GATEWAY_ADMIN_TOKEN")
         .env_remove("MOODLE_GATEWAY_ROUTE_SECRET")
+        .env_remove("MOODLE_GATEWAY_STORE_SECRET")
         .env("RUST_LOG", "off")
         .output()
         .expect("the binary runs")
