@@ -7,7 +7,8 @@
 #   bench/instructions.sh target/release/moodle-gateway W1      # ~1 min
 #
 # Needs valgrind (Debian: apt-get install valgrind) besides nginx and wrk. Knobs:
-# SECS [5] seconds counted, after a 2 s warm-up that is not.
+# SECS [5] seconds counted, after a 2 s warm-up that is not; GATEWAY_TEMPLATE and
+# GATEWAY_EXTRA change the config (see below).
 set -uo pipefail
 BIN=$(realpath "$1"); WLD=${2:-W1}; SECS=${SECS:-5}
 command -v valgrind >/dev/null || { echo "missing valgrind: apt-get install valgrind" >&2; exit 1; }
@@ -19,7 +20,9 @@ stack_init
 start_backends >/dev/null 2>&1
 common_kv
 d=$WORK/gateway; mkdir -p "$d"
-render "$BENCH_DIR/gateway.config.toml.tmpl" "$d/config.toml" "${CKV[@]}"
+render "${GATEWAY_TEMPLATE:-$BENCH_DIR/gateway.config.toml.tmpl}" "$d/config.toml" "${CKV[@]}"
+# GATEWAY_EXTRA: TOML appended to the config (bench/store.sh adds a [store]).
+[ -n "${GATEWAY_EXTRA:-}" ] && printf '\n%s\n' "$GATEWAY_EXTRA" >> "$d/config.toml"
 (cd "$d" && TOKIO_WORKER_THREADS=1 exec valgrind --tool=callgrind --callgrind-out-file="$d/callgrind.out" \
     "$BIN" --config "$d/config.toml" >"$d/log" 2>&1) &
 PID=$!; STARTED_PIDS+=($PID)
@@ -38,5 +41,7 @@ sleep 1
 counts=$(ls -t "$d"/callgrind.out* | head -1)
 total=$(awk '/^(summary|totals):/ {print $2; exit}' "$counts")
 echo "$(basename "$BIN") $WLD: $requests requests, $(( total / requests )) user-space instructions per request"
+# AFTER_RUN: a command run while the gateway still serves (bench/store.sh reads its metrics).
+[ -n "${AFTER_RUN:-}" ] && GATEWAY_ADMIN_PORT=$GATEWAY_ADMIN_PORT bash -c "$AFTER_RUN"
 [ -n "${KEEP_PROFILE:-}" ] && cp "$counts" "$KEEP_PROFILE" && echo "profile: $KEEP_PROFILE (callgrind_annotate it)"
 kill $PID

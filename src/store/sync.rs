@@ -72,10 +72,11 @@ pub(super) async fn supervise(
                 let resync = tokio::spawn(resync(shared.clone(), local.clone(), conn, generation));
                 let stopped = listen(&shared, &*local, pubsub, &mut stop).await;
                 resync.abort();
-                shared.link.clear();
                 if stopped {
+                    // The link stays for the writer's last changes and the heartbeat's goodbye.
                     return;
                 }
+                shared.link.clear();
                 shared.meters.lost();
                 outage = true;
                 tracing::warn!(
