@@ -221,8 +221,18 @@ impl Gateway {
     /// on the settings they started with.
     pub fn apply(&self, config: &Config) -> Result<(), String> {
         let current = self.settings.load();
+        let before: Vec<_> = (current.upstreams.nodes().iter())
+            .map(|n| (n.name.clone(), n.state()))
+            .collect();
         let next = Settings::new(config, &self.ids, Some(&current))?;
         self.register(&next);
+        // A state the file changed is the newest word on that node: every gateway's.
+        for (name, was) in before {
+            let now = next.upstreams.by_name(&name).map(|n| n.state());
+            if let Some(now) = now.filter(|&now| now != was) {
+                self.store.node_state(&name, now);
+            }
+        }
         self.settings.store(Arc::new(next));
         Ok(())
     }

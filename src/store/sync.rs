@@ -210,11 +210,7 @@ async fn send(shared: &Shared, ops: Vec<Op>) {
     for op in &ops {
         changes.push(command(shared, &mut pipe, op));
     }
-    pipe.publish(
-        shared.keys.events(),
-        wire::message(&shared.sender, &changes),
-    )
-    .ignore();
+    tell(shared, &mut pipe, &changes);
     let mut conn = linked.conn.clone();
     match tokio::time::timeout(BACKGROUND, pipe.query_async::<()>(&mut conn)).await {
         Ok(Ok(())) => {}
@@ -226,6 +222,13 @@ async fn send(shared: &Shared, ops: Vec<Op>) {
             shared.link.drop_if_current(linked.generation);
             shared.offline(ops);
         }
+    }
+}
+
+/// Adds the messages that tell the others `changes` to `pipe`.
+fn tell(shared: &Shared, pipe: &mut redis::Pipeline, changes: &[Change]) {
+    for message in wire::messages(&shared.sender, changes) {
+        pipe.publish(shared.keys.events(), message).ignore();
     }
 }
 
@@ -312,11 +315,7 @@ async fn replay(shared: &Shared, conn: &mut MultiplexedConnection) -> redis::Red
             .iter()
             .map(|op| command(shared, &mut pipe, op))
             .collect();
-        pipe.publish(
-            shared.keys.events(),
-            wire::message(&shared.sender, &changes),
-        )
-        .ignore();
+        tell(shared, &mut pipe, &changes);
         bounded(pipe.query_async::<()>(conn)).await?;
     }
     Ok(kept.len())

@@ -140,6 +140,34 @@ pub fn message(sender: &str, changes: &[Change]) -> String {
     text
 }
 
+/// Most sessions one message names: a minute's touches of a busy gateway would
+/// otherwise make one message of megabytes, which Redis buffers for every
+/// subscriber at once.
+const MESSAGE_KEYS: usize = 1024;
+
+/// `changes` as [`message`]s of at most [`MESSAGE_KEYS`] sessions each, in order.
+pub fn messages(sender: &str, changes: &[Change]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut part: Vec<Change> = Vec::new();
+    let mut keys = 0;
+    for change in changes {
+        let weight = match change {
+            Change::Touched(touched) => touched.len(),
+            _ => 1,
+        };
+        if keys + weight > MESSAGE_KEYS && !part.is_empty() {
+            out.push(message(sender, &part));
+            (part, keys) = (Vec::new(), 0);
+        }
+        part.push(change.clone());
+        keys += weight;
+    }
+    if !part.is_empty() {
+        out.push(message(sender, &part));
+    }
+    out
+}
+
 /// A message's sender and the changes it carries; lines this version does not know
 /// are skipped, so a newer gateway can say more without confusing an older one.
 pub fn parse_message(text: &str) -> (&str, Vec<Change>) {
@@ -212,6 +240,25 @@ mod tests {
              t 0000000000000001 0000000000000002\nn web-2 draining"
         );
         assert_eq!(parse_message(&text), ("gw-a/42", changes));
+    }
+
+    #[test]
+    fn a_minutes_touches_go_out_in_messages_of_bounded_size_in_order() {
+        let touched = |from: u64| {
+            let keys = (from..from + 512).map(|n| key(&format!("{n:016x}")));
+            Change::Touched(keys.collect())
+        };
+        let changes = vec![
+            touched(0),
+            Change::Forgot(key("0000000000000001")),
+            touched(512),
+            touched(1024),
+        ];
+        let sent = messages("gw-a/1", &changes);
+        assert_eq!(sent.len(), 2);
+        let read: Vec<Change> = sent.iter().flat_map(|m| parse_message(m).1).collect();
+        assert_eq!(read, changes, "nothing lost, nothing reordered");
+        assert!(messages("gw-a/1", &[]).is_empty());
     }
 
     #[test]

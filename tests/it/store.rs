@@ -43,26 +43,35 @@ impl Site {
         site
     }
 
-    /// One more gateway of this site, connected to Redis and resynchronised.
-    async fn gateway(&self, name: &str, extra: &str) -> TestGateway {
+    /// The config of gateway `name` of this site.
+    fn config(&self, name: &str, extra: &str) -> String {
         let store = format!(
             "store.kind = \"redis\"\nstore.url = {:?}\nstore.name = {name:?}\n\
              store.secret = {SECRET:?}\n{extra}",
             self.redis.url()
         );
         let admin = Some(("127.0.0.1:0", TOKEN));
-        let gateway =
-            TestGateway::start(&self.cluster.config_toml("127.0.0.1:0", admin, &store)).await;
-        eventually(Duration::from_secs(5), "the gateway resynchronises", || {
-            metric(&gateway, "store_resyncs_total") >= 1.0
-        })
-        .await;
-        gateway
+        self.cluster.config_toml("127.0.0.1:0", admin, &store)
+    }
+
+    /// One more gateway of this site, connected to Redis and resynchronised.
+    async fn gateway(&self, name: &str, extra: &str) -> TestGateway {
+        let gateway = TestGateway::start(&self.config(name, extra)).await;
+        ready(gateway).await
     }
 
     fn gw(&self, i: usize) -> &TestGateway {
         &self.gateways[i]
     }
+}
+
+/// `gateway`, once it has connected to Redis and resynchronised.
+async fn ready(gateway: TestGateway) -> TestGateway {
+    eventually(Duration::from_secs(5), "the gateway resynchronises", || {
+        metric(&gateway, "store_resyncs_total") >= 1.0
+    })
+    .await;
+    gateway
 }
 
 /// Waits up to `limit` for `done`; how long it took.
@@ -567,4 +576,33 @@ async fn a_site_whose_redis_and_gateway_restart_together_keeps_every_student_by_
         );
     }
     assert_eq!(site.cluster.lost_sessions(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn a_node_state_changed_in_one_gateways_file_and_reloaded_reaches_the_others() {
+    let mut site = Site::start(2, &["gw-b"], "").await;
+    let dir = std::env::temp_dir().join(format!(
+        "moodle-gateway-store-reload-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _cleanup = crate::support::TempDir(dir.clone());
+    let path = dir.join("config.toml");
+    std::fs::write(&path, site.config("gw-a", "")).unwrap();
+    let config = moodle_gateway::Config::load(&path).unwrap();
+    let a = ready(TestGateway::start_with_source(config, &path).await).await;
+    // The operator drains web2 in gw-a's file and reloads it.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let web2 = site.cluster.node_toml("web2").unwrap();
+    let text = text.replace(&web2, &format!("{web2}state = \"draining\"\n"));
+    std::fs::write(&path, text).unwrap();
+    let (status, body) = admin(&a, "POST", "/reload").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let b = site.gateways.pop().unwrap();
+    eventually(Duration::from_millis(100), "gw-b drains web2 too", || {
+        let settings = b.app.gateway().settings();
+        settings.upstreams.by_name("web2").unwrap().state() == NodeState::Draining
+    })
+    .await;
 }
