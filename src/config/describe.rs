@@ -169,7 +169,7 @@ impl Config {
             "session store: {store}\nshutdown: in-flight requests get {} to finish\n\
              health checks: GET {}{} every {}, timeout {}; an upstream is marked down after {} \
              in a row, up after {}; healthy statuses: {}\n\
-             snapshot: {snapshot}\nroute cookie: {route}\nstore: {}\naccess log: {}\n\
+             snapshot: {snapshot}\nroute cookie: {route}\ntable store: {}\naccess log: {}\n\
              session losses: a logged-in session Moodle replaces after {} idle timed out; sooner, it was lost\n",
             d(self.timeouts.shutdown),
             h.path,

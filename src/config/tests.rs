@@ -52,6 +52,7 @@ shutdown: in-flight requests get 30s to finish
 health checks: GET /theme/image.php?theme=boost&component=theme&image=favicon every 2s, timeout 1s; an upstream is marked down after 3 failures in a row, up after 2 successes; healthy statuses: 200
 snapshot: moodle-gateway.state (relative to the working directory), saved every 30s
 route cookie: none (no [route_cookie] section)
+table store: memory (this gateway's own table, deal and node states)
 access log: off
 session losses: a logged-in session Moodle replaces after 8h idle timed out; sooner, it was lost
 nodes:
@@ -198,6 +199,7 @@ shutdown: in-flight requests get 2m to finish
 health checks: GET /moodle/admin/tool/heartbeat/?fail=1 (Host: moodle.example.edu) every 10s, timeout 10s; an upstream is marked down after 100 failures in a row, up after 1 success; healthy statuses: 200, 3xx, 500
 snapshot: /var/lib/moodle-gateway/table, saved every 5m
 route cookie: GW (secret: set, from route_cookie.secret)
+table store: memory (this gateway's own table, deal and node states)
 access log: /var/log/moodle-gateway/access.log, JSON lines, reopened on SIGHUP
 session losses: a logged-in session Moodle replaces after 2h idle timed out; sooner, it was lost
 nodes:

@@ -70,6 +70,15 @@ impl SessionKey {
         self.0.checked_sub(1).map(SessionKey)
     }
 
+    /// Appends the 16-hex-digit form to `out`, without the formatting machinery
+    /// (the shared store writes one for every new session).
+    pub fn push_hex(self, out: &mut String) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for shift in (0..16).rev() {
+            out.push(char::from(DIGITS[((self.0 >> (shift * 4)) & 0xf) as usize]));
+        }
+    }
+
     /// Parses the 16-hex-digit form the admin API shows.
     pub fn from_hex(text: &str) -> Option<Self> {
         if text.len() != 16 {
@@ -688,6 +697,15 @@ mod tests {
         );
         assert_eq!(t.live(0) + t.live(1) + t.live(2), t.len() as u64);
         assert_eq!(t.shed(), 0, "under the bound nothing more goes");
+    }
+
+    #[test]
+    fn the_hex_written_by_hand_is_the_hex_shown() {
+        for raw in [0, 1, 0xabc, u64::MAX, 0x0123_4567_89ab_cdef] {
+            let mut hex = String::new();
+            SessionKey(raw).push_hex(&mut hex);
+            assert_eq!(hex, SessionKey(raw).to_string());
+        }
     }
 
     #[test]

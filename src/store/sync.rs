@@ -131,8 +131,13 @@ async fn listen(
         tokio::select! {
             message = messages.next() => match message {
                 Some(message) => {
-                    if let Ok(text) = message.get_payload::<String>() {
-                        apply(shared, local, &text);
+                    let payload = message.get_payload_bytes();
+                    // Its own messages come back too: skipped before any parsing.
+                    if wire::sent_by(payload, &shared.sender) {
+                        continue;
+                    }
+                    if let Ok(text) = std::str::from_utf8(payload) {
+                        apply(shared, local, text);
                     }
                 }
                 None => return false,

@@ -63,7 +63,11 @@ impl Keys {
 
     /// A session's key.
     pub fn session(&self, key: SessionKey) -> String {
-        format!("{}s:{key}", self.prefix)
+        let mut name = String::with_capacity(self.prefix.len() + 18);
+        name.push_str(&self.prefix);
+        name.push_str("s:");
+        key.push_hex(&mut name);
+        name
     }
 
     /// The pattern of every session key, for a SCAN.
@@ -105,7 +109,13 @@ impl Keys {
 
 /// A session's value: `L web1 gw-a`.
 pub fn session_value(state: SessionState, node: &str, gateway: &str) -> String {
-    format!("{} {node} {gateway}", state_letter(state))
+    let mut value = String::with_capacity(node.len() + gateway.len() + 3);
+    value.push(state_letter(state));
+    value.push(' ');
+    value.push_str(node);
+    value.push(' ');
+    value.push_str(gateway);
+    value
 }
 
 /// What a session's value says: state, node, and the gateway that bound it.
@@ -125,16 +135,30 @@ pub fn message(sender: &str, changes: &[Change]) -> String {
         text.push('\n');
         match change {
             Change::Bound { key, state, node } => {
-                text.push_str(&format!("b {key} {} {node}", state_letter(*state)));
+                text.push_str("b ");
+                key.push_hex(&mut text);
+                text.push(' ');
+                text.push(state_letter(*state));
+                text.push(' ');
+                text.push_str(node);
             }
-            Change::Forgot(key) => text.push_str(&format!("f {key}")),
+            Change::Forgot(key) => {
+                text.push_str("f ");
+                key.push_hex(&mut text);
+            }
             Change::Touched(keys) => {
                 text.push('t');
                 for key in keys {
-                    text.push_str(&format!(" {key}"));
+                    text.push(' ');
+                    key.push_hex(&mut text);
                 }
             }
-            Change::NodeState { node, state } => text.push_str(&format!("n {node} {state}")),
+            Change::NodeState { node, state } => {
+                text.push_str("n ");
+                text.push_str(node);
+                text.push(' ');
+                text.push_str(state.as_str());
+            }
         }
     }
     text
@@ -166,6 +190,13 @@ pub fn messages(sender: &str, changes: &[Change]) -> Vec<String> {
         out.push(message(sender, &part));
     }
     out
+}
+
+/// Whether `payload` is a message `sender` sent (every gateway hears its own).
+pub fn sent_by(payload: &[u8], sender: &str) -> bool {
+    payload
+        .strip_prefix(sender.as_bytes())
+        .is_some_and(|rest| rest.first() == Some(&b'\n'))
 }
 
 /// A message's sender and the changes it carries; lines this version does not know
@@ -259,6 +290,18 @@ mod tests {
         let read: Vec<Change> = sent.iter().flat_map(|m| parse_message(m).1).collect();
         assert_eq!(read, changes, "nothing lost, nothing reordered");
         assert!(messages("gw-a/1", &[]).is_empty());
+    }
+
+    #[test]
+    fn a_gateway_knows_its_own_messages_and_no_one_elses() {
+        let text = message("gw-a/1", &[Change::Forgot(key("0000000000000001"))]);
+        assert!(sent_by(text.as_bytes(), "gw-a/1"));
+        assert!(!sent_by(text.as_bytes(), "gw-a/12"));
+        assert!(!sent_by(text.as_bytes(), "gw-a"));
+        assert!(
+            !sent_by(b"gw-a/1", "gw-a/1"),
+            "a sender line alone is no message"
+        );
     }
 
     #[test]

@@ -606,3 +606,57 @@ async fn a_node_state_changed_in_one_gateways_file_and_reloaded_reaches_the_othe
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn behind_sentinel_a_failover_to_the_replica_keeps_every_student_on_their_node() {
+    let mut primary = RedisServer::start();
+    let replica = RedisServer::replica_of(&primary);
+    let sentinel = RedisServer::sentinel_of(&primary, "moodle");
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let store = format!(
+        "store.kind = \"redis\"\nstore.sentinels = [\"redis://127.0.0.1:{}\"]\n\
+         store.master = \"moodle\"\nstore.name = \"gw-a\"\nstore.secret = {SECRET:?}\n",
+        sentinel.port()
+    );
+    let admin = Some(("127.0.0.1:0", TOKEN));
+    let gateway =
+        ready(TestGateway::start(&cluster.config_toml("127.0.0.1:0", admin, &store)).await).await;
+    let mut students = Vec::new();
+    for n in 0..3 {
+        students.push(logged_in(&gateway, n).await);
+    }
+    let keys: Vec<String> = (students.iter())
+        .map(|(student, _)| format!("moodle-gateway:s:{}", key_of(&gateway, student)))
+        .collect();
+    eventually(
+        Duration::from_secs(5),
+        "the replica has every session",
+        || keys.iter().all(|key| replica.get(key).is_some()),
+    )
+    .await;
+
+    primary.kill();
+    eventually(
+        Duration::from_secs(20),
+        "the gateway follows the Sentinel to the replica",
+        || metric(&gateway, "store_resyncs_total") >= 2.0,
+    )
+    .await;
+    for (n, (student, node)) in students.iter_mut().enumerate() {
+        let page = student.get("/my/").await.unwrap();
+        assert_eq!(
+            (page.status, page.upstream(), page.issued.as_deref()),
+            (StatusCode::OK, node.as_str(), None),
+            "student {n}"
+        );
+    }
+    let (late, node) = logged_in(&gateway, 9).await;
+    let key = format!("moodle-gateway:s:{}", key_of(&gateway, &late));
+    assert_eq!(
+        replica.get(&key),
+        Some(format!("L {node} gw-a")),
+        "written to the new primary"
+    );
+    assert_eq!(cluster.lost_sessions(), 0);
+}

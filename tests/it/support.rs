@@ -661,6 +661,11 @@ impl RedisServer {
         server
     }
 
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// `redis://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
@@ -682,12 +687,57 @@ impl RedisServer {
     /// Starts it again on the same port, empty, and with `requirepass` set to
     /// `password` (a gateway cannot get in until [`unlock`](Self::unlock)).
     pub fn restart_locked(&mut self, password: Option<&str>) {
-        self.kill();
         self.password = password.map(str::to_owned);
         let mut command = Command::new("redis-server");
         if let Some(password) = password {
             command.args(["--requirepass", password]);
         }
+        self.run(command);
+    }
+
+    /// A replica of `primary`, on a port of its own.
+    pub fn replica_of(primary: &RedisServer) -> Self {
+        let mut replica = Self::start();
+        let mut command = Command::new("redis-server");
+        command.args(["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+        replica.run(command);
+        replica
+    }
+
+    /// A Sentinel watching `primary` as `master` (quorum 1, down after 500 ms).
+    pub fn sentinel_of(primary: &RedisServer, master: &str) -> Self {
+        let mut sentinel = Self::start();
+        sentinel.kill();
+        let conf = sentinel._dir.0.join("sentinel.conf");
+        let text = format!(
+            "port {}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+             sentinel monitor {master} 127.0.0.1 {} 1\n\
+             sentinel down-after-milliseconds {master} 500\n\
+             sentinel failover-timeout {master} 5000\n",
+            sentinel.port,
+            sentinel._dir.0.display(),
+            primary.port
+        );
+        std::fs::write(&conf, text).unwrap();
+        let mut command = Command::new("redis-server");
+        command.arg(&conf).arg("--sentinel");
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        sentinel.child = Some(child);
+        for _ in 0..200 {
+            if sentinel.command(&["PING"]).is_ok() {
+                return sentinel;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-sentinel did not answer on port {}", sentinel.port);
+    }
+
+    fn run(&mut self, mut command: Command) {
+        self.kill();
         let child = command
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])

@@ -125,7 +125,7 @@ fn check_describes_a_redis_store_without_its_password_or_secret() {
     let described = c.describe();
     assert!(
         described.contains(
-            "store: redis at redis://:***@10.0.0.5, as gateway \"gw-a\", keys under \"moodle-gateway:\"; \
+            "table store: redis at redis://:***@10.0.0.5, as gateway \"gw-a\", keys under \"moodle-gateway:\"; \
              requests wait at most 50ms for it (secret: set, from store.secret)"
         ),
         "{described}"
