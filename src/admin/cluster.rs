@@ -14,7 +14,8 @@ use super::ApiError;
 use crate::gateway::Gateway;
 use crate::sessions::affinity::SessionKey;
 
-/// `GET /gateways`: `{"store", "this", "connected", "gateways": [heartbeat…]}`.
+/// `GET /gateways`: `{"store", "this", "connected", "secret_matches", "gateways":
+/// [heartbeat…]}`.
 /// Each heartbeat names the gateway, its version and start, its table's size,
 /// requests in flight, and per upstream the responses it `served` and the
 /// sessions it `dealt`; `age_ms` is how old the beat is. A gateway without a
@@ -38,6 +39,7 @@ pub(super) async fn list(State(gateway): State<Arc<Gateway>>) -> Result<Response
         "store": "redis",
         "this": name,
         "connected": store.is_up(),
+        "secret_matches": store.secret_matches(),
         "gateways": beats,
     });
     Ok(Json(body).into_response())

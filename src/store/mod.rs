@@ -120,6 +120,11 @@ struct Shared {
     meters: StoreMeters,
     /// Unix seconds when this gateway started.
     started: u64,
+    /// Names `store.secret` without revealing it: gateways whose fingerprints
+    /// differ hash sessions differently and share nothing.
+    fingerprint: String,
+    /// Redis holds the other gateways' fingerprint, not this one's (each beat).
+    foreign_secret: AtomicBool,
 }
 
 impl Store {
@@ -148,6 +153,8 @@ impl Store {
             stash: Mutex::new(VecDeque::new()),
             meters,
             started,
+            fingerprint: fingerprint(config),
+            foreign_secret: AtomicBool::new(false),
         })))
     }
 
@@ -159,6 +166,13 @@ impl Store {
     /// This gateway's name among the others (`None` without a shared store).
     pub fn name(&self) -> Option<&str> {
         self.0.as_ref().map(|s| s.config.name.as_str())
+    }
+
+    /// Whether this gateway's `store.secret` is the live gateways' (`None` without
+    /// a shared store). With another secret it shares nothing with them: every
+    /// session hashes to another key.
+    pub fn secret_matches(&self) -> Option<bool> {
+        (self.0.as_ref()).map(|s| !s.foreign_secret.load(Ordering::Relaxed))
     }
 
     /// Whether the link to Redis is up (`None` without a shared store).
@@ -365,6 +379,17 @@ impl Shared {
 
 /// Redis refusing commands (not a lost connection) is logged at most every ten seconds.
 static ERRORS: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(10));
+
+/// The first 8 bytes of an HMAC of `store.secret`, in hex: enough to tell two
+/// secrets apart, nothing to guess one from.
+fn fingerprint(config: &RedisConfig) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&config.secret)
+        .expect("HMAC takes a key of any length");
+    mac.update(b"moodle-gateway store fingerprint v1");
+    let digest = mac.finalize().into_bytes();
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// The table's key secret for a shared store: every gateway derives the same one
 /// from `store.secret`, so a session hashes to the same key on all of them.

@@ -504,10 +504,47 @@ async fn beat_once(shared: &Shared, local: &dyn Local, linked: &link::Linked) {
     pipe.zadd(&roll, &shared.config.name, now).ignore();
     let gone = now.saturating_sub(BEAT_TTL.as_millis() as u64);
     pipe.zrembyscore(&roll, "-inf", gone).ignore();
+    // The live gateways' secret, by fingerprint: whoever beats first sets it, and
+    // it lasts as long as a beat, so a site that changed its secret everywhere
+    // is not held to the old one.
+    let fingerprint = shared.keys.fingerprint();
+    let ttl = BEAT_TTL.as_millis() as u64;
+    pipe.cmd("SET")
+        .arg(&fingerprint)
+        .arg(&shared.fingerprint)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl)
+        .ignore();
+    pipe.get(&fingerprint);
     let mut conn = linked.conn.clone();
-    match bounded(pipe.query_async::<(Option<String>,)>(&mut conn)).await {
-        Ok((previous,)) => same_name(shared, previous.as_deref()),
+    match bounded(pipe.query_async::<(Option<String>, Option<String>)>(&mut conn)).await {
+        Ok((previous, first)) => {
+            same_name(shared, previous.as_deref());
+            same_secret(shared, first.as_deref(), &mut conn, &fingerprint).await;
+        }
         Err(error) => shared.failed(linked, &error),
+    }
+}
+
+/// A gateway with another `store.secret` hashes every session to another key:
+/// it would share nothing with the others, and say nothing.
+async fn same_secret(
+    shared: &Shared,
+    first: Option<&str>,
+    conn: &mut MultiplexedConnection,
+    key: &str,
+) {
+    let foreign = first.is_some_and(|first| first != shared.fingerprint);
+    shared.foreign_secret.store(foreign, Ordering::Relaxed);
+    if !foreign {
+        let _ = bounded(conn.pexpire::<_, ()>(key, BEAT_TTL.as_millis() as i64)).await;
+    } else if let Some(held_back) = SAME_NAME.allow() {
+        tracing::error!(
+            held_back,
+            "store.secret differs from the other gateways' on this Redis and prefix: this \
+             gateway shares no session with them. Give every gateway the same store.secret"
+        );
     }
 }
 

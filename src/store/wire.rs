@@ -7,6 +7,7 @@
 //!                                     its node, the gateway that bound it; PX = idle limit
 //! {prefix}nodes       hash name → "active" | "draining" | "disabled" (admin state)
 //! {prefix}deal        INCR counter: the shared deal's tickets
+//! {prefix}fingerprint the live gateways' store.secret fingerprint (HMAC, 8 bytes); PX = 5 s
 //! {prefix}gw:{name}   JSON heartbeat of one live gateway; PX = 5 s
 //! {prefix}gateways    sorted set: gateway name → its last beat, Unix ms
 //! {prefix}events      the channel: first line the sender, then one change per line
@@ -84,6 +85,11 @@ impl Keys {
     /// The hash of admin states.
     pub fn nodes(&self) -> String {
         format!("{}nodes", self.prefix)
+    }
+
+    /// The fingerprint of the live gateways' secret.
+    pub fn fingerprint(&self) -> String {
+        format!("{}fingerprint", self.prefix)
     }
 
     /// The deal counter.

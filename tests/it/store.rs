@@ -660,3 +660,17 @@ async fn behind_sentinel_a_failover_to_the_replica_keeps_every_student_on_their_
     );
     assert_eq!(cluster.lost_sessions(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn a_gateway_given_another_store_secret_says_so_instead_of_sharing_nothing_silently() {
+    let site = Site::start(2, &["gw-a"], "").await;
+    let other = site
+        .config("gw-x", "")
+        .replace(SECRET, "another-secret-0123456789abcdef0123456789");
+    let x = ready(TestGateway::start(&other).await).await;
+    let (_, mine) = admin(site.gw(0), "GET", "/gateways").await;
+    let (_, theirs) = admin(&x, "GET", "/gateways").await;
+    assert_eq!(mine["secret_matches"], true, "{mine}");
+    assert_eq!(theirs["secret_matches"], false, "{theirs}");
+}
