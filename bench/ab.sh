@@ -8,7 +8,8 @@
 #   ... change, cargo build --release ...
 #   bench/ab.sh /tmp/gw-before target/release/moodle-gateway W1
 #
-# Knobs: ROUNDS [6], DUR [3] seconds per run, PROXY_THREADS [1].
+# Knobs: ROUNDS [6], DUR [3] seconds per run, PROXY_THREADS [1]; A_EXTRA and B_EXTRA
+# append TOML to one side's config (bench/store.sh's [store], say).
 set -uo pipefail
 A=$(realpath "$1"); B=$(realpath "$2"); WLD=${3:-W1}; R=${ROUNDS:-6}; D=${DUR:-3}
 export BENCH_PORT_BASE=18100 PROXY_THREADS=${PROXY_THREADS:-1}
@@ -23,6 +24,8 @@ start_gw() { # name bin port
   local d=$WORK/$1; mkdir -p $d
   render "$BENCH_DIR/gateway.config.toml.tmpl" "$d/config.toml" "${CKV[@]}"
   sed -i "s/127.0.0.1:$GATEWAY_PORT/127.0.0.1:$3/; s/127.0.0.1:$GATEWAY_ADMIN_PORT/127.0.0.1:$(( $3 + 1 ))/" $d/config.toml
+  # A_EXTRA / B_EXTRA: TOML appended to that build's config (one build, two configs).
+  local extra=${1}_EXTRA; [ -n "${!extra:-}" ] && printf '\n%s\n' "${!extra}" >> $d/config.toml
   # Its own directory: a state file left by an earlier run must not start it full.
   (cd $d && TOKIO_WORKER_THREADS=$PROXY_THREADS exec $2 --config $d/config.toml >$d/log 2>&1) &
   PROXY_PID[$1]=$!; STARTED_PIDS+=($!); PROXY_PORT[$1]=$3; PROXIES+=($1)
