@@ -132,7 +132,7 @@ pub(super) fn write(out: &mut String, panel: &Panel, now: u64) {
         let _ = write!(
             out,
             "<p class=\"why\" data-store=\"connected\">This gateway is <b>{}</b>, connected \
-             to Redis: the gateways below share its session table, its deal and the node states.</p>",
+             to Redis: the gateways below share one session table, one deal and the node states.</p>",
             Esc(&panel.this)
         );
     } else {
@@ -162,7 +162,8 @@ pub(super) fn write(out: &mut String, panel: &Panel, now: u64) {
 }
 
 fn degradation(out: &mut String, counted: &Degradation) {
-    out.push_str("<dl>");
+    out.push_str("<p class=\"why\">What this gateway did without Redis since it started:</p>");
+    out.push_str("<dl class=\"narrow\">");
     let figures = [
         (
             "Sessions not looked up in Redis",
