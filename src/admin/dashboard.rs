@@ -27,9 +27,9 @@ use serde::Deserialize;
 use super::guard::Guard;
 use super::html;
 use super::login::{self, Keys, Viewer};
-use super::page::{self, Card, Filters, Row, View};
+use super::page::{self, Card, Filters, Found, Row, View};
 use super::rates::Rates;
-use super::{nodes, parse_key};
+use super::{cluster, gateways_panel, nodes, parse_key};
 use crate::cluster::upstreams::{NodeId, Upstream};
 use crate::config::NodeState;
 use crate::gateway::{Gateway, Settings};
@@ -93,7 +93,8 @@ struct ShowQuery {
     found: Option<String>,
 }
 
-/// `GET /`: the cards, the find box and one page of the session table.
+/// `GET /`: the cards, the Gateways panel (with a shared store), the find box and
+/// one page of the session table.
 async fn show(
     State(dash): State<Dash>,
     viewer: Viewer,
@@ -107,10 +108,12 @@ async fn show(
     let now = login::unix_now();
     let flash = login::cookie(&headers, FLASH).and_then(|v| dash.keys.unseal(v));
     let (filters, rows, next) = session_page(gateway, &settings, &query, now).await;
-    let found = query
-        .found
-        .as_deref()
-        .map(|hash| found(gateway, &settings, hash, now));
+    let found = match query.found.as_deref() {
+        Some(hash) => Some(found(gateway, &settings, hash, now).await),
+        None => None,
+    };
+    let names = upstreams(&settings).map(|u| u.name.clone()).collect();
+    let gateways = gateways_panel::read(gateway, names).await;
     let (table, data) = (gateway.table(), settings.upstreams.data().id);
     let view = View {
         now,
@@ -119,6 +122,7 @@ async fn show(
         flash: flash.clone(),
         cards: upstreams(&settings).map(|u| card(&dash, u, data)).collect(),
         totals: (table.len() as u64, table.logged_in_total()),
+        gateways,
         found,
         paged: query.after.is_some(),
         filters,
@@ -232,12 +236,20 @@ fn given(value: &Option<String>) -> Option<&str> {
     value.as_deref().map(str::trim).filter(|v| !v.is_empty())
 }
 
-/// The entry a find led to, by its hash; or why there is none.
-fn found(gateway: &Gateway, settings: &Settings, hash: &str, now: u64) -> Result<Row, String> {
+/// The entry a find led to, by its hash, and with a shared store which gateway
+/// bound it; or why there is none.
+async fn found(
+    gateway: &Gateway,
+    settings: &Settings,
+    hash: &str,
+    now: u64,
+) -> Result<Found, String> {
     let key = parse_key(hash).ok_or("That is not a session hash.")?;
     let view = gateway.table().view(key);
     let view = view.ok_or("That session is no longer bound (it expired or was forgotten).")?;
-    Ok(row(settings, &view, now))
+    let row = row(settings, &view, now);
+    let bound_by = cluster::bound_by(gateway, key).await;
+    Ok(Found { row, bound_by })
 }
 
 /// A redirect to the dashboard with `flash` shown once there.

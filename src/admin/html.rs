@@ -60,6 +60,7 @@ h1{font-size:1.3rem;margin:.25rem 0}h2{font-size:1.1rem;margin:0}
 .badge.up{color:var(--ok)}.badge.down{color:var(--bad)}.state-draining{color:var(--warn)}.state-disabled{color:#777}
 .why{font-size:.85rem;color:#666;margin:.3rem 0;overflow-wrap:anywhere}
 dl{display:grid;grid-template-columns:auto auto;gap:.1rem 1rem;margin:.5rem 0}dt{color:#666}dd{margin:0;text-align:right;font-variant-numeric:tabular-nums}
+dl.narrow{max-width:24rem}
 .actions{display:flex;gap:.5rem;flex-wrap:wrap}
 button,input,select{font:inherit;padding:.35rem .7rem;border-radius:.3rem;border:1px solid var(--line)}
 button{cursor:pointer;background:#8882}

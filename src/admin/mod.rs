@@ -43,8 +43,9 @@ mod nodes;
 pub use login::COOKIE_NAME as LOGIN_COOKIE;
 pub use nodes::Reload;
 
-// The dashboard at `/`: routes, the page, its login, escaping, rates.
+// The dashboard at `/`: routes, the page, its Gateways panel, its login, escaping, rates.
 mod dashboard;
+mod gateways_panel;
 mod html;
 mod login;
 mod page;

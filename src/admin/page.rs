@@ -1,5 +1,6 @@
-//! The dashboard page itself: a card per upstream, the find box and the session
-//! table, written from figures `dashboard` gathered.
+//! The dashboard page itself: a card per upstream, the Gateways panel (with a
+//! shared store, written by `gateways_panel`), the find box and the session table,
+//! written from figures `dashboard` gathered.
 //!
 //! Why every action is a plain `<form method="post">`: the page must work with
 //! JavaScript off. Each form carries the login's CSRF token; the answer is a
@@ -8,6 +9,7 @@
 
 use std::fmt::Write as _;
 
+use super::gateways_panel::{self, Panel};
 use super::html::{duration, Esc};
 use super::rates::Rate;
 use crate::cluster::health::LastProbe;
@@ -43,6 +45,14 @@ pub(super) struct Row {
     pub(super) requests: u32,
 }
 
+/// The session a find led to.
+pub(super) struct Found {
+    pub(super) row: Row,
+    /// The gateway that bound it, as the shared store says (`None` without one,
+    /// or when Redis did not answer).
+    pub(super) bound_by: Option<String>,
+}
+
 /// The table's filters as the form holds them (already validated).
 #[derive(Default)]
 pub(super) struct Filters {
@@ -59,7 +69,9 @@ pub(super) struct View {
     pub(super) flash: Option<String>,
     pub(super) cards: Vec<Card>,
     pub(super) totals: (u64, u64),
-    pub(super) found: Option<Result<Row, String>>,
+    /// Every live gateway (`None` without a shared store).
+    pub(super) gateways: Option<Panel>,
+    pub(super) found: Option<Result<Found, String>>,
     pub(super) filters: Filters,
     pub(super) rows: Vec<Row>,
     /// The cursor of the next page, when this one is full.
@@ -76,6 +88,9 @@ pub(super) fn body(view: &View) -> String {
         write_card(&mut out, card, view);
     }
     out.push_str("</section>");
+    if let Some(panel) = &view.gateways {
+        gateways_panel::write(&mut out, panel, view.now);
+    }
     find(&mut out, view);
     sessions(&mut out, view);
     out.push_str(
@@ -240,25 +255,32 @@ fn find(out: &mut String, view: &View) {
         csrf_field(&view.csrf)
     );
     match &view.found {
-        Some(Ok(row)) => {
-            let _ = write!(
-                out,
-                "<p class=\"found\" id=\"found\">Session <code>{}</code> is on \
-                 <b data-found=\"node\">{}</b>, {}, {} old, idle {}, {} requests.</p>",
-                Esc(&row.hash),
-                Esc(&row.node),
-                state_label(row.state),
-                duration(row.age),
-                duration(row.idle),
-                row.requests
-            );
-        }
+        Some(Ok(found)) => found_line(out, found),
         Some(Err(why)) => {
             let _ = write!(out, "<p class=\"flash\" id=\"found\">{}</p>", Esc(why));
         }
         None => {}
     }
     out.push_str("</section>");
+}
+
+fn found_line(out: &mut String, found: &Found) {
+    let row = &found.row;
+    let _ = write!(
+        out,
+        "<p class=\"found\" id=\"found\">Session <code>{}</code> is on \
+         <b data-found=\"node\">{}</b>, {}, {} old, idle {}, {} requests",
+        Esc(&row.hash),
+        Esc(&row.node),
+        state_label(row.state),
+        duration(row.age),
+        duration(row.idle),
+        row.requests
+    );
+    if let Some(by) = &found.bound_by {
+        let _ = write!(out, ", bound by <b data-found=\"bound-by\">{}</b>", Esc(by));
+    }
+    out.push_str(".</p>");
 }
 
 fn state_label(state: SessionState) -> &'static str {
@@ -358,7 +380,9 @@ fn link(filters: &Filters, after: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::gateways_panel::Peer;
     use super::*;
+    use crate::metrics::Degradation;
 
     fn card(name: &str, said: &str) -> Card {
         Card {
@@ -389,6 +413,7 @@ mod tests {
             flash: Some("<i>flash</i>".into()),
             cards,
             totals: (3, 0),
+            gateways: None,
             found: None,
             filters: Filters::default(),
             rows: Vec::new(),
@@ -425,5 +450,140 @@ mod tests {
         );
         assert!(html.contains(">drained<"), "draining with nobody logged in");
         assert!(html.contains("Last probe 1m ago: answered 200 OK"));
+    }
+
+    fn panel(gateways: Result<Vec<Peer>, String>, connected: bool) -> Panel {
+        Panel {
+            this: "gw-a".into(),
+            connected,
+            gateways,
+            degradation: Degradation {
+                lookups: 2,
+                deals: 5,
+                unwritten: 7,
+                outages: 1,
+            },
+            nodes: vec!["web1".into(), "data".into()],
+        }
+    }
+
+    fn peer(name: &str, served: &[(&str, u64)]) -> Peer {
+        Peer {
+            name: name.into(),
+            version: Some("0.9.0".into()),
+            started: Some(1_700_000_000),
+            age_ms: Some(400),
+            sessions: Some(3),
+            in_flight: Some(1),
+            served: served.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+            dealt: [("web1".to_owned(), 2)].into(),
+        }
+    }
+
+    #[test]
+    fn a_gateway_without_a_shared_store_shows_no_gateways_panel() {
+        let html = body(&view(vec![card("web1", "answered 200 OK")]));
+        assert!(!html.contains("id=\"gateways\"") && !html.contains("Redis"));
+    }
+
+    #[test]
+    fn the_gateways_panel_shows_what_each_gateway_served_and_dealt_and_which_is_this_one() {
+        let mut page = view(vec![card("web1", "answered 200 OK")]);
+        let peers = vec![peer("gw-a", &[("web1", 40)]), peer("gw-b", &[("web1", 12)])];
+        page.gateways = Some(panel(Ok(peers), true));
+        let html = body(&page);
+        assert!(html.contains("data-store=\"connected\""));
+        assert!(html.contains("<td>gw-a<span class=\"badge\">this gateway</span></td>"));
+        assert!(html.contains(
+            "<tr data-gateway=\"gw-b\"><td>gw-b</td><td>0.9.0</td><td>1m</td><td>0.4s ago</td>"
+        ));
+        let gw_b = html.split("data-gateway=\"gw-b\"").nth(1).unwrap();
+        assert!(gw_b.contains("<td data-node=\"web1\">12 / 2</td>"));
+        assert!(
+            gw_b.contains("<td data-node=\"data\">? / ?</td>"),
+            "not in its beat"
+        );
+        for (key, value) in [
+            ("fallback-lookup", 2),
+            ("fallback-deal", 5),
+            ("unwritten", 7),
+            ("outages", 1),
+        ] {
+            assert!(
+                html.contains(&format!("data-figure=\"{key}\">{value}<")),
+                "{key}"
+            );
+        }
+        assert!(!html.contains(gateways_panel::UNREACHABLE));
+    }
+
+    #[test]
+    fn a_hostile_gateway_name_version_and_node_name_in_a_heartbeat_are_shown_as_text() {
+        let hostile = "gw\"><script>alert(1)</script>";
+        let mut beat = peer(hostile, &[("<img src=x onerror=alert(2)>", 1)]);
+        beat.version = Some("<b>9</b>".into());
+        let mut page = view(Vec::new());
+        let mut shown = panel(Ok(vec![beat]), true);
+        shown.this = "<i>me</i>".into();
+        shown.nodes.push("<img src=x onerror=alert(2)>".into());
+        page.gateways = Some(shown);
+        let html = body(&page);
+        assert!(!html.contains("<script>") && !html.contains("<img") && !html.contains("<b>9"));
+        assert!(html.contains("data-gateway=\"gw&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;\""));
+        assert!(html.contains("<td>gw&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;</td>"));
+        assert!(html.contains("&lt;img src=x onerror=alert(2)&gt;<br>"));
+        assert!(html.contains("&lt;b&gt;9&lt;/b&gt;") && html.contains("&lt;i&gt;me&lt;/i&gt;"));
+    }
+
+    #[test]
+    fn with_redis_down_the_panel_warns_instead_of_listing_and_still_counts() {
+        let mut page = view(Vec::new());
+        page.gateways = Some(panel(Err("Redis is unreachable".into()), false));
+        let html = body(&page);
+        assert!(html.contains(&format!(
+            "role=\"alert\" data-store=\"unreachable\">{}",
+            Esc(gateways_panel::UNREACHABLE)
+        )));
+        assert!(!html.contains("<th>Gateway</th>"), "no table");
+        assert!(
+            !html.contains("could not be listed"),
+            "one warning, not two"
+        );
+        assert!(html.contains("data-figure=\"outages\">1<"));
+        // Connected, but the list did not come (a stalled Redis): the reason instead.
+        page.gateways = Some(panel(Err("Redis did not answer within 1 s".into()), true));
+        let html = body(&page);
+        assert!(html.contains("The gateways could not be listed: Redis did not answer within 1 s"));
+        assert!(!html.contains(gateways_panel::UNREACHABLE));
+    }
+
+    #[test]
+    fn a_found_session_says_which_gateway_bound_it_as_text() {
+        let row = || Row {
+            hash: "00ff00ff00ff00ff".into(),
+            node: "web1".into(),
+            state: SessionState::LoggedIn,
+            age: 60,
+            idle: 2,
+            requests: 4,
+        };
+        let mut page = view(Vec::new());
+        let bound_by = Some("gw-<b>".into());
+        page.found = Some(Ok(Found {
+            row: row(),
+            bound_by,
+        }));
+        let html = body(&page);
+        assert!(
+            html.contains("4 requests, bound by <b data-found=\"bound-by\">gw-&lt;b&gt;</b>.</p>")
+        );
+        page.found = Some(Ok(Found {
+            row: row(),
+            bound_by: None,
+        }));
+        assert!(
+            body(&page).contains("4 requests.</p>"),
+            "without a shared store"
+        );
     }
 }

@@ -27,7 +27,7 @@ mod store;
 
 use node::class;
 pub use node::{LossCause, MoveCause, NodeMeters, NodeTotals};
-pub use store::{Fallback, StoreMeters};
+pub use store::{Degradation, Fallback, StoreMeters};
 
 /// Status classes by the first digit of a status: 1xx to 5xx.
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];

@@ -14,6 +14,20 @@ pub enum Fallback {
     Deal,
 }
 
+/// What this gateway did without Redis since it started, read back for the
+/// dashboard (the same counts `/metrics` exports).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Degradation {
+    /// Missing sessions not looked up in Redis.
+    pub lookups: u64,
+    /// New sessions dealt from this gateway's own counter.
+    pub deals: u64,
+    /// Changes not written to Redis when made (written back at the next resync).
+    pub unwritten: u64,
+    /// Connections to Redis lost.
+    pub outages: u64,
+}
+
 /// The handles, made once; each count is one relaxed atomic add.
 #[derive(Debug, Clone)]
 pub struct StoreMeters {
@@ -104,8 +118,51 @@ impl StoreMeters {
         self.set_up(false);
     }
 
+    /// The degradation counted so far.
+    pub fn degradation(&self) -> Degradation {
+        Degradation {
+            lookups: self.fallbacks[Fallback::Lookup as usize].get(),
+            deals: self.fallbacks[Fallback::Deal as usize].get(),
+            unwritten: self.unwritten.get(),
+            outages: self.outages.get(),
+        }
+    }
+
     /// Another gateway's change was applied here.
     pub fn applied(&self, change: &'static str) {
         self.applied.with_label_values(&[change]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    #[test]
+    fn the_dashboard_reads_back_the_counts_metrics_exports() {
+        let metrics = Metrics::new();
+        let store = metrics.store();
+        store.fell_back(Fallback::Deal);
+        store.fell_back(Fallback::Deal);
+        store.fell_back(Fallback::Lookup);
+        store.unwritten(3);
+        store.lost();
+        let expected = Degradation {
+            lookups: 1,
+            deals: 2,
+            unwritten: 3,
+            outages: 1,
+        };
+        assert_eq!(store.degradation(), expected);
+        let text = metrics.render(&Default::default());
+        for line in [
+            "moodle_gateway_store_fallbacks_total{what=\"deal\"} 2",
+            "moodle_gateway_store_fallbacks_total{what=\"lookup\"} 1",
+            "moodle_gateway_store_unwritten_total 3",
+            "moodle_gateway_store_outages_total 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
     }
 }

@@ -28,7 +28,7 @@ fn header<'a>(seen: &'a Seen, name: &str) -> &'a str {
 }
 
 /// `POST` of a form body, as a browser on the dashboard's own page sends it.
-async fn post_form(gateway: &TestGateway, path: &str, cookie: &str, body: &str) -> Seen {
+pub(crate) async fn post_form(gateway: &TestGateway, path: &str, cookie: &str, body: &str) -> Seen {
     let host = gateway.admin_addr.unwrap().to_string();
     let origin = format!("http://{host}");
     let headers = [
@@ -43,13 +43,18 @@ async fn post_form(gateway: &TestGateway, path: &str, cookie: &str, body: &str) 
 
 /// Logs in through the form; the `Cookie` line that carries the login.
 async fn log_in(gateway: &TestGateway) -> String {
-    let seen = post_form(gateway, "/login", "", &format!("token={TOKEN}")).await;
+    log_in_with(gateway, TOKEN).await
+}
+
+/// Logs in through the form of a gateway whose admin token is `token`.
+pub(crate) async fn log_in_with(gateway: &TestGateway, token: &str) -> String {
+    let seen = post_form(gateway, "/login", "", &format!("token={token}")).await;
     assert_eq!(seen.status, 303, "{}", seen.text());
     let set = header(&seen, "set-cookie");
     set.split(';').next().unwrap().to_owned()
 }
 
-async fn page(gateway: &TestGateway, path: &str, cookie: &str) -> Seen {
+pub(crate) async fn page(gateway: &TestGateway, path: &str, cookie: &str) -> Seen {
     let headers = [("cookie", cookie)];
     support::send(&admin_url(gateway, path), "GET", &headers, Body::empty()).await
 }
@@ -64,7 +69,7 @@ async fn page_after(gateway: &TestGateway, cookie: &str, answer: &Seen) -> Strin
 }
 
 /// The CSRF token in a page's forms.
-fn csrf(html: &str) -> String {
+pub(crate) fn csrf(html: &str) -> String {
     let field = html
         .split("name=\"csrf\" value=\"")
         .nth(1)

@@ -7,7 +7,7 @@
 //! store (the default) is tested there. `tests/store/run.sh` installs
 //! redis-server when missing and runs these; without it they fail, never skip.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::StatusCode;
 use moodle_gateway::config::NodeState;
@@ -15,74 +15,8 @@ use moodle_gateway::demo::standin::Cluster;
 use moodle_gateway::demo::Browser;
 use serde_json::Value;
 
+use crate::site::{eventually, metric, ready, Site, SECRET, TOKEN};
 use crate::support::{logged_in, RedisServer, TestGateway};
-
-const SECRET: &str = "the-site-wide-store-secret-0123456789";
-const TOKEN: &str = "admin-token-for-the-store-tests-0123456789";
-
-/// A site: one Redis, stand-in nodes, and gateways sharing them.
-struct Site {
-    redis: RedisServer,
-    cluster: Cluster,
-    gateways: Vec<TestGateway>,
-}
-
-impl Site {
-    async fn start(nodes: usize, names: &[&str], extra: &str) -> Site {
-        let redis = RedisServer::start();
-        let cluster = Cluster::spawn(nodes, "", "MoodleSession").unwrap();
-        let mut site = Site {
-            redis,
-            cluster,
-            gateways: Vec::new(),
-        };
-        for name in names {
-            let gateway = site.gateway(name, extra).await;
-            site.gateways.push(gateway);
-        }
-        site
-    }
-
-    /// The config of gateway `name` of this site.
-    fn config(&self, name: &str, extra: &str) -> String {
-        let store = format!(
-            "store.kind = \"redis\"\nstore.url = {:?}\nstore.name = {name:?}\n\
-             store.secret = {SECRET:?}\n{extra}",
-            self.redis.url()
-        );
-        let admin = Some(("127.0.0.1:0", TOKEN));
-        self.cluster.config_toml("127.0.0.1:0", admin, &store)
-    }
-
-    /// One more gateway of this site, connected to Redis and resynchronised.
-    async fn gateway(&self, name: &str, extra: &str) -> TestGateway {
-        let gateway = TestGateway::start(&self.config(name, extra)).await;
-        ready(gateway).await
-    }
-
-    fn gw(&self, i: usize) -> &TestGateway {
-        &self.gateways[i]
-    }
-}
-
-/// `gateway`, once it has connected to Redis and resynchronised.
-async fn ready(gateway: TestGateway) -> TestGateway {
-    eventually(Duration::from_secs(5), "the gateway resynchronises", || {
-        metric(&gateway, "store_resyncs_total") >= 1.0
-    })
-    .await;
-    gateway
-}
-
-/// Waits up to `limit` for `done`; how long it took.
-async fn eventually(limit: Duration, what: &str, done: impl Fn() -> bool) -> Duration {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    started.elapsed()
-}
 
 /// The key the gateways' tables hold for a student's session.
 fn key_of(
@@ -223,15 +157,6 @@ async fn a_login_logout_eviction_and_drain_on_one_gateway_reach_the_others_withi
         })
         .await;
     }
-}
-
-/// One sample of `/metrics`, like `store_fallbacks_total{what="deal"}`; 0 when absent.
-fn metric(gateway: &TestGateway, series: &str) -> f64 {
-    let text = gateway.app.gateway().metrics().render(&Default::default());
-    let series = format!("moodle_gateway_{series} ");
-    text.lines()
-        .find_map(|line| line.strip_prefix(&series))
-        .map_or(0.0, |value| value.trim().parse().unwrap())
 }
 
 /// The node a new visitor is dealt: the one that answers the login form.
