@@ -100,7 +100,7 @@ fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    match rest.split_once('@') {
+    match rest.rsplit_once('@') {
         Some((auth, host)) => {
             let user = auth.split_once(':').map_or(auth, |(user, _)| user);
             format!("{scheme}://{user}:***@{host}")
@@ -319,12 +319,19 @@ fn redis_url(raw: &str, schemes: &[&str]) -> Result<String, String> {
     }
 }
 
-/// Keys and the channel start with it: printable, no spaces, short.
+/// Keys and the channel start with it; the resync's SCAN pattern too, so no glob
+/// characters (`*`, `?`, `[`, `\`) that would change what it matches.
 fn prefix(raw: &str) -> Result<String, String> {
-    let plain = !raw.is_empty() && raw.len() <= 64 && raw.bytes().all(|b| b.is_ascii_graphic());
+    let plain = !raw.is_empty()
+        && raw.len() <= 64
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b":._-/".contains(&b));
     match plain {
         true => Ok(raw.to_owned()),
-        false => Err("must be 1 to 64 printable characters without spaces".to_owned()),
+        false => {
+            Err("must be 1 to 64 letters, digits and \":\", \".\", \"_\", \"-\", \"/\"".to_owned())
+        }
     }
 }
 
@@ -350,5 +357,6 @@ mod tests {
             "rediss://gw:***@redis.example"
         );
         assert_eq!(redact("redis://10.0.0.5"), "redis://10.0.0.5");
+        assert_eq!(redact("redis://u:p@ss@host"), "redis://u:***@host");
     }
 }

@@ -50,22 +50,35 @@ impl Link {
     }
 
     /// Drops connection `generation` if it is still the live one, and wakes the
-    /// supervisor; `true` if this call dropped it.
+    /// supervisor; `true` if this call dropped it (of callers that saw the same
+    /// failure at once, exactly one).
     pub(super) fn drop_if_current(&self, generation: u64) -> bool {
-        let current = self.current.load();
-        let is_current = current.as_ref().is_some_and(|l| l.generation == generation);
-        if !is_current {
+        let current = self.current.load_full();
+        if current.as_ref().is_none_or(|l| l.generation != generation) {
             return false;
         }
-        drop(current);
-        self.current.store(None);
-        self.lost.notify_one();
-        true
+        let previous = self.current.compare_and_swap(&current, None);
+        let dropped = match (&*previous, &current) {
+            (Some(previous), Some(current)) => Arc::ptr_eq(previous, current),
+            _ => false,
+        };
+        if dropped {
+            self.lost.notify_one();
+        }
+        dropped
     }
 
-    /// Completes when a caller dropped the live connection.
-    pub(super) async fn lost(&self) {
-        self.lost.notified().await;
+    /// Completes when connection `generation` has been dropped; a wake-up left over
+    /// from an older connection is ignored.
+    pub(super) async fn lost(&self, generation: u64) {
+        loop {
+            let live = self.current.load();
+            if live.as_ref().is_none_or(|l| l.generation != generation) {
+                return;
+            }
+            drop(live);
+            self.lost.notified().await;
+        }
     }
 
     /// Forgets the connection (the supervisor saw it end).

@@ -39,7 +39,7 @@ mod sync;
 mod wire;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -94,7 +94,7 @@ pub struct Stored {
 pub struct Store(Option<Arc<Shared>>);
 
 /// One change for the writer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Op {
     Bind(SessionKey, SessionState, String),
     Forget(SessionKey),
@@ -125,6 +125,11 @@ struct Shared {
     fingerprint: String,
     /// Redis holds the other gateways' fingerprint, not this one's (each beat).
     foreign_secret: AtomicBool,
+    /// Until when (milliseconds since `epoch`) requests do without Redis, because a
+    /// call just ran past `store.timeout`: one slow answer costs one request the
+    /// timeout, not every call of every request until the heartbeat gives up.
+    slow_until: AtomicU64,
+    epoch: std::time::Instant,
 }
 
 impl Store {
@@ -155,6 +160,8 @@ impl Store {
             started,
             fingerprint: fingerprint(config),
             foreign_secret: AtomicBool::new(false),
+            slow_until: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
         })))
     }
 
@@ -321,7 +328,9 @@ impl Shared {
         F: std::future::Future<Output = redis::RedisResult<T>>,
     {
         let fell_back = || fallback.map(|f| self.meters.fell_back(f));
-        let Some(linked) = self.link.current() else {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let linked = self.link.current();
+        let Some(linked) = linked.filter(|_| now >= self.slow_until.load(Ordering::Relaxed)) else {
             fell_back();
             return None;
         };
@@ -334,6 +343,14 @@ impl Shared {
                 None
             }
             Err(_slow) => {
+                let pause = SLOW_PAUSE.as_millis() as u64;
+                self.slow_until.store(now + pause, Ordering::Relaxed);
+                if let Some(held_back) = SLOW.allow() {
+                    tracing::warn!(
+                        held_back,
+                        "Redis answered slower than store.timeout: requests do without it for a second"
+                    );
+                }
                 fell_back();
                 None
             }
@@ -376,6 +393,12 @@ impl Shared {
         }
     }
 }
+
+/// How long requests do without Redis after one of its answers ran late.
+const SLOW_PAUSE: Duration = Duration::from_secs(1);
+
+/// A slow Redis is said once a minute: it may be slow for hours.
+static SLOW: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(60));
 
 /// Redis refusing commands (not a lost connection) is logged at most every ten seconds.
 static ERRORS: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(10));

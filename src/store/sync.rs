@@ -38,6 +38,12 @@ const BEAT_TTL: Duration = Duration::from_secs(5);
 /// Reconnect delays: from the first to the longest, doubling.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
+/// A link up this long is healthy: its loss is retried from the first delay.
+const HEALTHY: Duration = Duration::from_secs(10);
+
+/// Most sessions one writer pipeline names: a minute's touches of a busy gateway
+/// must not make one pipeline of a quarter million commands under one deadline.
+const PIPELINE_KEYS: usize = 4096;
 
 /// Keeps the link up: connect, subscribe, resync, take in messages until the
 /// connection is lost, and again.
@@ -50,13 +56,9 @@ pub(super) async fn supervise(
     let target = shared.config.target.redacted();
     let mut outage = false;
     loop {
-        match link::connect(&shared.config)
-            .await
-            .map(|c| subscribed(&shared, c))
-        {
-            Ok(connected) => {
-                let (conn, pubsub) = connected.await;
-                delay = RETRY_FIRST;
+        match connected(&shared).await {
+            Ok((conn, pubsub)) => {
+                let since = std::time::Instant::now();
                 let generation = shared.link.set(conn.clone());
                 shared.meters.set_up(true);
                 // On the roll at once, not a beat later.
@@ -70,7 +72,7 @@ pub(super) async fn supervise(
                 };
                 tracing::info!(gateway = %shared.config.name, "connected to Redis at {target}{again}");
                 let resync = tokio::spawn(resync(shared.clone(), local.clone(), conn, generation));
-                let stopped = listen(&shared, &*local, pubsub, &mut stop).await;
+                let stopped = listen(&shared, &*local, pubsub, generation, &mut stop).await;
                 resync.abort();
                 if stopped {
                     // The link stays for the writer's last changes and the heartbeat's goodbye.
@@ -78,7 +80,15 @@ pub(super) async fn supervise(
                 }
                 shared.link.clear();
                 shared.meters.lost();
+                // Redis may come back empty (a restart without persistence, a
+                // failover to a replica that lagged): the table is written back then.
+                shared.dirty.store(true, Ordering::Relaxed);
                 outage = true;
+                // Only a link that stayed up a while earns a quick retry: one that
+                // breaks at once (a refused subscription) must not spin.
+                if since.elapsed() >= HEALTHY {
+                    delay = RETRY_FIRST;
+                }
                 tracing::warn!(
                     "lost Redis at {target}: routing from the local table and the route \
                      cookie, dealing locally, until it is back"
@@ -101,17 +111,15 @@ pub(super) async fn supervise(
 /// Failures to connect are logged once a minute: Redis may be away for hours.
 static UNREACHABLE: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(60));
 
-/// Subscribes before anything else happens on this connection.
-async fn subscribed(
-    shared: &Shared,
-    (conn, mut pubsub): (MultiplexedConnection, PubSub),
-) -> (MultiplexedConnection, Option<PubSub>) {
-    match pubsub.subscribe(shared.keys.events()).await {
-        Ok(()) => (conn, Some(pubsub)),
-        Err(error) => {
-            tracing::warn!("cannot subscribe to the store's channel: {error}");
-            (conn, None)
-        }
+/// A connection, subscribed before anything else happens on it: a link that
+/// cannot hear the others is no link.
+async fn connected(shared: &Shared) -> Result<(MultiplexedConnection, PubSub), String> {
+    let (conn, mut pubsub) = link::connect(&shared.config).await?;
+    let subscribing = pubsub.subscribe(shared.keys.events());
+    match tokio::time::timeout(shared.config.connect_timeout, subscribing).await {
+        Ok(Ok(())) => Ok((conn, pubsub)),
+        Ok(Err(error)) => Err(format!("cannot subscribe to the store's channel: {error}")),
+        Err(_) => Err("no answer to the subscription in time".to_owned()),
     }
 }
 
@@ -120,12 +128,10 @@ async fn subscribed(
 async fn listen(
     shared: &Shared,
     local: &dyn Local,
-    pubsub: Option<PubSub>,
+    pubsub: PubSub,
+    generation: u64,
     stop: &mut watch::Receiver<bool>,
 ) -> bool {
-    let Some(pubsub) = pubsub else {
-        return false;
-    };
     let mut messages = pubsub.into_on_message();
     loop {
         tokio::select! {
@@ -142,7 +148,7 @@ async fn listen(
                 }
                 None => return false,
             },
-            () = shared.link.lost() => return false,
+            () = shared.link.lost(generation) => return false,
             _ = stop.changed() => return true,
         }
     }
@@ -200,9 +206,30 @@ pub(super) async fn write(
                 return;
             }
         }
-        send(&shared, std::mem::take(&mut batch)).await;
+        for part in by_weight(std::mem::take(&mut batch)) {
+            send(&shared, part).await;
+        }
         batch.reserve(BATCH);
     }
+}
+
+/// `ops` in order, cut into parts of at most [`PIPELINE_KEYS`] sessions.
+fn by_weight(ops: Vec<Op>) -> Vec<Vec<Op>> {
+    let mut parts = vec![Vec::new()];
+    let mut keys = 0;
+    for op in ops {
+        let weight = match &op {
+            Op::Touch(sessions) => sessions.len(),
+            _ => 1,
+        };
+        if keys + weight > PIPELINE_KEYS && !parts.last().is_some_and(Vec::is_empty) {
+            parts.push(Vec::new());
+            keys = 0;
+        }
+        keys += weight;
+        parts.last_mut().expect("one part at least").push(op);
+    }
+    parts
 }
 
 /// One pipeline: every change's command, then one message that carries them all.
@@ -280,7 +307,13 @@ async fn resync(
     let done = async {
         let replayed = replay(&shared, &mut conn).await?;
         let written = match shared.dirty.swap(false, Ordering::Relaxed) {
-            true => write_back(&shared, &*local, &mut conn).await?,
+            true => {
+                // Cancelled (the link broke again) or failed: still to be written.
+                let unfinished = Unfinished(&shared);
+                let written = write_back(&shared, &*local, &mut conn).await?;
+                std::mem::forget(unfinished);
+                written
+            }
             false => 0,
         };
         let states = read_states(&shared, &*local, &mut conn).await?;
@@ -298,23 +331,43 @@ async fn resync(
                 "resynchronised with Redis"
             );
         }
-        Err(error) => {
-            shared.dirty.store(true, Ordering::Relaxed);
+        Err(error) if link::is_broken(&error) => {
             tracing::warn!(
-                "resync with Redis failed, it starts again at the next connect: {error}"
+                "resync with Redis broke off, it starts again at the next connect: {error}"
             );
             shared.link.drop_if_current(generation);
+        }
+        // Redis refused a command (a key of the wrong type under the prefix, an ACL):
+        // the link stays up, and dropping it would only repeat the refusal.
+        Err(error) => {
+            if let Some(held_back) = super::ERRORS.allow() {
+                tracing::warn!(held_back, "resync with Redis stopped short: {error}");
+            }
         }
     }
 }
 
-/// Step 1: the kept logouts, evictions and admin states.
+/// A write-back that did not finish: the next connect writes the table again.
+struct Unfinished<'a>(&'a Shared);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        self.0.dirty.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Step 1: the kept logouts, evictions and admin states, each taken from the
+/// stash only once Redis has it (a resync cut short keeps the rest).
 async fn replay(shared: &Shared, conn: &mut MultiplexedConnection) -> redis::RedisResult<usize> {
-    let kept: Vec<Op> = {
-        let mut stash = shared.stash.lock().unwrap_or_else(|p| p.into_inner());
-        stash.drain(..).collect()
-    };
-    for chunk in kept.chunks(BATCH) {
+    let mut replayed = 0;
+    loop {
+        let chunk: Vec<Op> = {
+            let stash = shared.stash.lock().unwrap_or_else(|p| p.into_inner());
+            stash.iter().take(BATCH).cloned().collect()
+        };
+        if chunk.is_empty() {
+            return Ok(replayed);
+        }
         let mut pipe = redis::pipe();
         let changes: Vec<Change> = chunk
             .iter()
@@ -322,8 +375,11 @@ async fn replay(shared: &Shared, conn: &mut MultiplexedConnection) -> redis::Red
             .collect();
         tell(shared, &mut pipe, &changes);
         bounded(pipe.query_async::<()>(conn)).await?;
+        let mut stash = shared.stash.lock().unwrap_or_else(|p| p.into_inner());
+        let done = chunk.len().min(stash.len());
+        stash.drain(..done);
+        replayed += chunk.len();
     }
-    Ok(kept.len())
 }
 
 /// Step 2: every live local entry, unless Redis holds the session already.
@@ -373,15 +429,24 @@ async fn read_states(
     local: &dyn Local,
     conn: &mut MultiplexedConnection,
 ) -> redis::RedisResult<usize> {
-    let states: Vec<(String, String)> = bounded(conn.hgetall(shared.keys.nodes())).await?;
-    let mut changed = 0;
+    let states: Vec<(String, String)> = match bounded(conn.hgetall(shared.keys.nodes())).await {
+        Ok(states) => states,
+        Err(error) if link::is_broken(&error) => return Err(error),
+        Err(error) => {
+            tracing::warn!(
+                "the admin states in Redis cannot be read, left as they are here: {error}"
+            );
+            return Ok(0);
+        }
+    };
+    let mut read = 0;
     for (node, state) in states {
         if let Some(state) = NodeState::from_name(&state) {
             local.node_state(&node, state, "redis");
-            changed += 1;
+            read += 1;
         }
     }
-    Ok(changed)
+    Ok(read)
 }
 
 /// Step 3b: every session Redis holds, adopted by the local table; returns how
@@ -421,6 +486,8 @@ async fn adopt_all(
         return Ok(0);
     }
     let mut pipe = redis::pipe();
+    // A key of another type under the prefix is skipped, not a reason to stop.
+    pipe.ignore_errors();
     for name in names {
         pipe.get(name).pttl(name);
     }

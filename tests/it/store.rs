@@ -599,3 +599,41 @@ async fn a_gateway_given_another_store_secret_says_so_instead_of_sharing_nothing
     assert_eq!(mine["secret_matches"], true, "{mine}");
     assert_eq!(theirs["secret_matches"], false, "{theirs}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn a_redis_restarted_empty_while_nobody_is_asking_gets_every_session_back() {
+    let mut site = Site::start(4, &["gw-a"], "").await;
+    let mut students = Vec::new();
+    for n in 0..4 {
+        students.push(logged_in(site.gw(0), n).await);
+    }
+    // A quiet restart: no student request, no bind, while Redis is away.
+    site.redis.kill();
+    site.redis.restart();
+    let limit = Duration::from_secs(10);
+    eventually(limit, "gw-a resynchronises", || {
+        metric(site.gw(0), "store_resyncs_total") >= 2.0
+    })
+    .await;
+    for (student, node) in &students {
+        let key = format!("moodle-gateway:s:{}", key_of(site.gw(0), student));
+        assert_eq!(
+            site.redis.get(&key),
+            Some(format!("L {node} gw-a")),
+            "written back"
+        );
+    }
+    // So a gateway that starts now, with nothing of its own, routes them all.
+    let b = site.gateway("gw-b", "").await;
+    for (n, (student, node)) in students.iter().enumerate() {
+        let mut there = student.at(b.addr);
+        let page = there.get("/my/").await.unwrap();
+        assert_eq!(
+            (page.status, page.upstream(), page.issued.as_deref()),
+            (StatusCode::OK, node.as_str(), None),
+            "student {n}"
+        );
+    }
+    assert_eq!(site.cluster.lost_sessions(), 0);
+}

@@ -26,9 +26,11 @@ pub struct Live {
 
 impl AffinityTable {
     /// Takes in a binding another gateway made, or that Redis holds: inserted
-    /// (idle for `idle` already) when absent, moved when bound to another node or
-    /// state. An entry that already says the same keeps its clock and counters.
-    /// Returns whether anything changed.
+    /// (idle for `idle` already) when absent or expired here, moved when bound to
+    /// another node or state. An entry that already says the same keeps its
+    /// counters, and its clock moves up to what Redis knows (a session in use on
+    /// another gateway must not expire on this one). Returns whether the binding
+    /// changed.
     pub fn adopt(
         &self,
         key: SessionKey,
@@ -37,18 +39,21 @@ impl AffinityTable {
         idle: Duration,
     ) -> bool {
         let node = u16::try_from(node).expect("node ids fit in u16");
-        if let Some(mut entry) = self.map.get_mut(&key) {
-            if entry.node == node && entry.state == state {
-                return false;
-            }
-            self.count(&entry, -1);
-            (entry.node, entry.state) = (node, state);
-            self.count(&entry, 1);
-            return true;
-        }
         let now = self.clock.now();
         let idle = u32::try_from(idle.as_secs()).unwrap_or(u32::MAX);
         let seen = now.saturating_sub(idle);
+        if let Some(mut entry) = self.map.get_mut(&key) {
+            if !self.expired(&entry, now) {
+                entry.last_seen.fetch_max(seen, Ordering::Relaxed);
+                if entry.node == node && entry.state == state {
+                    return false;
+                }
+                self.count(&entry, -1);
+                (entry.node, entry.state) = (node, state);
+                self.count(&entry, 1);
+                return true;
+            }
+        }
         self.put(
             key,
             Entry {
@@ -126,6 +131,22 @@ mod tests {
         assert!(!table.adopt(key, 1, SessionState::LoggedIn, Duration::ZERO));
         assert!(table.adopt(key, 2, SessionState::LoggedIn, Duration::ZERO));
         assert_eq!((table.live(1), table.live(2), table.len()), (0, 1, 1));
+    }
+
+    #[test]
+    fn what_redis_knows_revives_an_entry_expired_here_and_moves_its_clock_up() {
+        let (table, clock) = table();
+        let key = table.key("abc");
+        table.adopt(key, 1, SessionState::Anonymous, Duration::ZERO);
+        clock.advance(Duration::from_secs(700));
+        assert_eq!(table.find(key), None, "expired here");
+        assert!(table.adopt(key, 1, SessionState::Anonymous, Duration::from_secs(5)));
+        assert_eq!(table.find(key).map(|f| f.node), Some(1), "in use elsewhere");
+        clock.advance(Duration::from_secs(500));
+        table.adopt(key, 1, SessionState::Anonymous, Duration::from_secs(10));
+        clock.advance(Duration::from_secs(500));
+        assert!(table.find(key).is_some(), "the clock moved up to Redis's");
+        assert_eq!(table.len(), 1);
     }
 
     #[test]
