@@ -96,12 +96,14 @@ impl App {
             StoreConfig::Memory => None,
         };
         let opened = state::open(file, gateway::limits(&config), clock, shared_secret);
-        let gateway = Gateway::with_table(&config, opened.table);
+        let mut gateway = Gateway::with_table(&config, opened.table);
         if let Some(snapshot) = opened.snapshot {
             let upstreams = &gateway.settings().upstreams;
-            state::restore(gateway.table(), snapshot, |name| {
-                upstreams.by_name(name).map(|n| n.id)
-            });
+            let into = opened.legacy.as_ref().unwrap_or(gateway.table());
+            state::restore(into, snapshot, |name| upstreams.by_name(name).map(|n| n.id));
+        }
+        if let Some(legacy) = opened.legacy {
+            gateway.keep_legacy(legacy);
         }
         Self {
             gateway: Arc::new(gateway),

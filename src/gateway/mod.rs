@@ -160,6 +160,9 @@ pub struct Gateway {
     withheld: Withheld,
     /// The table, deal and admin state shared with other gateways, if any.
     store: Store,
+    /// The snapshot of this gateway's table from before it joined a shared store,
+    /// keyed under its old secret: emptied as its students come back (`peers`).
+    legacy: Option<AffinityTable>,
 }
 
 impl Gateway {
@@ -200,6 +203,7 @@ impl Gateway {
             metrics,
             withheld: Withheld::new(LOGIN_COOKIE),
             store,
+            legacy: None,
         }
         .registered()
     }
@@ -442,6 +446,9 @@ impl Gateway {
                 idle,
                 recovered,
             });
+        }
+        if let Some(known) = self.migrated(id, key, upstreams).await {
+            return Some(known);
         }
         if let Some(known) = self.stored_session(key, upstreams).await {
             return Some(known);

@@ -48,6 +48,39 @@ impl Gateway {
         })
     }
 
+    /// Keeps the table this gateway had before it joined a shared store.
+    pub fn keep_legacy(&mut self, legacy: AffinityTable) {
+        self.legacy = Some(legacy);
+    }
+
+    /// A session of the table this gateway had before it joined the shared store
+    /// (its snapshot was keyed under another secret), found by its raw id and
+    /// moved into the shared table: switching a running site to Redis moves no
+    /// student.
+    pub(super) async fn migrated(
+        &self,
+        id: &str,
+        key: SessionKey,
+        upstreams: &Upstreams,
+    ) -> Option<Known> {
+        let legacy = self.legacy.as_ref()?;
+        let old = legacy.key(id);
+        let found = legacy.find(old)?;
+        let node = upstreams.get(found.node)?.id;
+        legacy.forget(old);
+        self.table.bind(key, node, found.state);
+        self.tell_bound(key, found.state, node, upstreams).await;
+        let (state, idle) = (found.state, found.idle);
+        let recovered = false;
+        Some(Known {
+            key,
+            node,
+            state,
+            idle,
+            recovered,
+        })
+    }
+
     /// Tells the others that `key` is bound to `node` now, and waits (up to
     /// `store.timeout`) until Redis has it: the response that carries a new id is
     /// held back until any gateway the student reaches next can route it. One round

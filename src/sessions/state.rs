@@ -32,6 +32,11 @@ pub struct Opened {
     pub snapshot: Option<Snapshot>,
     /// Where to save: the configured file, unless it is not ours to overwrite.
     pub save_to: Option<PathBuf>,
+    /// A snapshot keyed under another secret than the shared store's (the table of
+    /// a gateway that just moved to `[store] kind = "redis"`): its (still empty)
+    /// table, into which the snapshot is restored instead, so each session can move
+    /// to the shared table at its student's next request.
+    pub legacy: Option<AffinityTable>,
 }
 
 /// Reads the state file, if configured. A corrupt snapshot is reported and will be
@@ -39,9 +44,10 @@ pub struct Opened {
 /// `state.file` naming some other file) is reported and never overwritten.
 ///
 /// `shared_secret` is the key secret every gateway of a shared store derives: the
-/// table must use it, and a snapshot made under another secret (before the store
-/// was configured, or with another `store.secret`) cannot be read; its sessions
-/// are in Redis, or come back through their route cookie.
+/// table must use it. A snapshot made under another secret (before the store was
+/// configured, or with another `store.secret`) cannot be merged into it, since
+/// keys are hashes of ids the snapshot does not hold: it gets a legacy table of
+/// its own, read by raw id at each request.
 pub fn open(
     file: Option<&Path>,
     limits: Limits,
@@ -76,15 +82,19 @@ pub fn open(
             None
         }
     };
-    let loaded = match (loaded, shared_secret) {
+    let legacy = match (&loaded, shared_secret) {
         (Some(snapshot), Some(secret)) if snapshot.secret != secret => {
-            tracing::warn!(
-                "the state file's sessions were keyed without this store.secret and are \
-                 left out: the shared store and the route cookie still route them"
+            tracing::info!(
+                "the state file's sessions were keyed without this store.secret: they move to \
+                 the shared table one by one, at each student's next request"
             );
-            None
+            Some(AffinityTable::with_secret(
+                snapshot.secret,
+                limits,
+                clock.clone(),
+            ))
         }
-        (loaded, _) => loaded,
+        _ => None,
     };
     let table = match (&loaded, shared_secret) {
         (_, Some(secret)) => AffinityTable::with_secret(secret, limits, clock),
@@ -95,6 +105,7 @@ pub fn open(
         table,
         snapshot: loaded,
         save_to,
+        legacy,
     }
 }
 

@@ -637,3 +637,41 @@ async fn a_redis_restarted_empty_while_nobody_is_asking_gets_every_session_back(
     }
     assert_eq!(site.cluster.lost_sessions(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn a_running_gateway_switched_to_the_shared_store_moves_no_student() {
+    let dir = std::env::temp_dir().join(format!(
+        "moodle-gateway-store-switch-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _cleanup = crate::support::TempDir(dir.clone());
+    let state = format!("state.file = {:?}\n", dir.join("gateway.state"));
+    let mut site = Site::start(4, &[], "").await;
+    // Yesterday: one gateway with its own table, and its snapshot file.
+    let alone = TestGateway::start(&site.cluster.config_toml("127.0.0.1:0", None, &state)).await;
+    let mut students = Vec::new();
+    for n in 0..6 {
+        students.push(logged_in(&alone, n).await);
+    }
+    alone.shutdown().await;
+    // Today: the same gateway with [store] kind = "redis" and a new secret.
+    site.gateways.push(site.gateway("gw-a", &state).await);
+    for (n, (student, node)) in students.iter_mut().enumerate() {
+        let mut there = student.at(site.gw(0).addr);
+        let page = there.get("/my/").await.unwrap();
+        assert_eq!(
+            (page.status, page.upstream(), page.issued.as_deref()),
+            (StatusCode::OK, node.as_str(), None),
+            "student {n}"
+        );
+        let key = format!("moodle-gateway:s:{}", key_of(site.gw(0), student));
+        assert_eq!(
+            site.redis.get(&key),
+            Some(format!("L {node} gw-a")),
+            "now shared"
+        );
+    }
+    assert_eq!(site.cluster.lost_sessions(), 0);
+}
