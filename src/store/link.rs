@@ -1,4 +1,4 @@
-//! The connection to Redis: made (and re-made) by the supervisor in `sync`, read
+//! The connection to Redis: made (and re-made) by `supervise`, read
 //! without a lock by every caller.
 //!
 //! Why not the crate's `ConnectionManager`: it reconnects inside each call, so a
@@ -142,5 +142,22 @@ async fn within<T>(
             "no answer within {}",
             humantime::format_duration(limit)
         )),
+    }
+}
+
+/// The deadline of background calls: a Redis that takes longer is treated as gone.
+pub(super) const BACKGROUND: Duration = Duration::from_secs(2);
+
+/// A background call within [`BACKGROUND`]; past it, an I/O error (the caller
+/// drops the link).
+pub(super) async fn bounded<T>(
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match tokio::time::timeout(BACKGROUND, call).await {
+        Ok(answer) => answer,
+        Err(_) => Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "no answer from Redis in time",
+        ))),
     }
 }

@@ -25,7 +25,7 @@
 //! - **Redis down never stops a student.** Calls on a request's path wait at most
 //!   `store.timeout`, and not at all while the link is known to be down: the local
 //!   table and the route cookie route, the local counter deals. When the link comes
-//!   back, the gateway resynchronises (see `sync`).
+//!   back, the gateway resynchronises (see `resync`).
 //! - **Conflicts: the first writer wins.** What this gateway bound while Redis was
 //!   away is written back with `SET NX`: a session some other gateway wrote first
 //!   keeps that gateway's node, and this one adopts it, because the others have
@@ -34,9 +34,12 @@
 //! The store knows sessions and node names, never HTTP: what it needs of the
 //! gateway is the [`Local`] trait.
 
+mod heartbeat;
 mod link;
-mod sync;
+mod resync;
+mod supervise;
 mod wire;
+mod writer;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -57,6 +60,9 @@ pub use wire::Change;
 /// Changes waiting for the writer. A burst of new sessions fits many times over;
 /// past it a change is not written at once but at the next resync.
 const QUEUE: usize = 65_536;
+
+/// Changes per pipeline, keys per `SCAN` step.
+const BATCH: usize = 512;
 
 /// Logouts and admin changes kept while Redis is away, replayed when it returns
 /// (binds need no keeping: the local table holds them).
@@ -220,7 +226,7 @@ impl Store {
         };
         let op = Op::Bind(key, state, node.to_owned());
         let mut pipe = redis::pipe();
-        let change = sync::command(shared, &mut pipe, &op);
+        let change = writer::command(shared, &mut pipe, &op);
         let message = wire::message(&shared.sender, &[change]);
         pipe.publish(shared.keys.events(), message).ignore();
         let written = shared
@@ -246,7 +252,7 @@ impl Store {
     /// Sessions used here since the last sweep: refresh their TTLs and tell the
     /// others they are still in use.
     pub fn used(&self, sessions: Vec<(SessionKey, SessionState)>) {
-        for chunk in sessions.chunks(sync::BATCH) {
+        for chunk in sessions.chunks(BATCH) {
             self.send(|| Op::Touch(chunk.to_vec()));
         }
     }
@@ -274,9 +280,9 @@ impl Store {
             return; // already running
         };
         tokio::join!(
-            sync::supervise(shared.clone(), local.clone(), stop.clone()),
-            sync::write(shared.clone(), queued, stop.clone()),
-            sync::heartbeat(shared, local, stop),
+            supervise::supervise(shared.clone(), local.clone(), stop.clone()),
+            writer::write(shared.clone(), queued, stop.clone()),
+            heartbeat::heartbeat(shared, local, stop),
         );
     }
 
@@ -289,7 +295,7 @@ impl Store {
     /// Every live gateway's last heartbeat, by name.
     pub async fn gateways(&self) -> Result<Vec<serde_json::Value>, String> {
         match &self.0 {
-            Some(shared) => sync::gateways(shared).await,
+            Some(shared) => heartbeat::gateways(shared).await,
             None => Ok(Vec::new()),
         }
     }
