@@ -224,38 +224,16 @@ fn the_shipped_config_with_only_addresses_changed_keeps_real_moodle_up() {
 }
 
 /// Every mode: 8 students one after another, then 16 at once, each through a whole
-/// visit; then the figures, the deal, the admin table, the stored tracking data and
-/// (offload) what the export served.
+/// visit; then the figures, the deal, every gateway's table and counts, the stored
+/// tracking data and (offload) what the export served.
 fn students_keep_their_sessions(store: Store, offload: bool) {
     let _one = heavy();
     let started = Instant::now();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let env = Arc::new(start(store, offload).await);
-        let students = &env.site.data.students;
-        assert!(students.len() >= SEQUENTIAL + CONCURRENT);
-
-        let sequential_started = Instant::now();
-        let mut sequential = Vec::new();
-        for account in &students[..SEQUENTIAL] {
-            sequential.push(journey(&env, account).await);
-        }
-        let sequential_time = sequential_started.elapsed();
-        deal_goes_round(&sequential);
-
-        let concurrent_started = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for account in &students[SEQUENTIAL..SEQUENTIAL + CONCURRENT] {
-            let (env, account) = (env.clone(), account.clone());
-            tasks.spawn(async move { journey(&env, &account).await });
-        }
-        let mut concurrent = Vec::new();
-        while let Some(done) = tasks.join_next().await {
-            concurrent.push(done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())));
-        }
-        let concurrent_time = concurrent_started.elapsed();
-
-        let all: Vec<&Outcome> = sequential.iter().chain(&concurrent).collect();
+        let visits = visit(&env).await;
+        let all: Vec<&Outcome> = visits.sequential.iter().chain(&visits.concurrent).collect();
         let lost: Vec<&String> = all.iter().flat_map(|o| &o.lost).collect();
         let deal = per_node(&all);
         eprintln!(
@@ -263,37 +241,94 @@ fn students_keep_their_sessions(store: Store, offload: bool) {
              {} requests, {} lost sessions, deal {:?} (sequential {:?}, concurrent {:?}), wall {:.1?}",
             env.cluster.mode(),
             all.len(),
-            sequential_time,
-            concurrent_time,
+            visits.sequential_time,
+            visits.concurrent_time,
             all.iter().map(|o| o.requests).sum::<usize>(),
             lost.len(),
             deal,
-            per_node(&sequential.iter().collect::<Vec<_>>()),
-            per_node(&concurrent.iter().collect::<Vec<_>>()),
+            per_node(&visits.sequential.iter().collect::<Vec<_>>()),
+            per_node(&visits.concurrent.iter().collect::<Vec<_>>()),
             started.elapsed(),
         );
         assert!(lost.is_empty(), "lost sessions: {lost:#?}");
-        for outcomes in [&sequential, &concurrent] {
+        deal_goes_round(&visits.sequential);
+        for outcomes in [&visits.sequential, &visits.concurrent] {
             let counts = per_node(&outcomes.iter().collect::<Vec<_>>());
             let (min, max) = (counts.values().min().unwrap(), counts.values().max().unwrap());
             assert!(max - min <= 1, "an uneven deal: {counts:?}");
         }
-        table_matches(&env, &all, &deal).await;
+        for gateway in &env.gateways {
+            table_matches(gateway, &all, &deal).await;
+        }
         tracking_stored(&env, &all);
         if env.cluster.offload.is_some() {
             export_served(&env, &all).await;
         }
-        for (name, health) in env.gateway.health().await {
+        gateways_agree(&env, &deal).await;
+    });
+}
+
+/// The students' visits: the sequential ones and the concurrent ones, and how long
+/// each part took.
+struct Visits {
+    sequential: Vec<Outcome>,
+    sequential_time: Duration,
+    concurrent: Vec<Outcome>,
+    concurrent_time: Duration,
+}
+
+/// 8 students one after another, then 16 at once.
+async fn visit(env: &Arc<Env>) -> Visits {
+    let students = &env.site.data.students;
+    assert!(students.len() >= SEQUENTIAL + CONCURRENT);
+
+    let sequential_started = Instant::now();
+    let mut sequential = Vec::new();
+    for account in &students[..SEQUENTIAL] {
+        sequential.push(journey(env, account).await);
+    }
+    let sequential_time = sequential_started.elapsed();
+
+    let concurrent_started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for account in &students[SEQUENTIAL..SEQUENTIAL + CONCURRENT] {
+        let (env, account) = (env.clone(), account.clone());
+        tasks.spawn(async move { journey(&env, &account).await });
+    }
+    let mut concurrent = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        concurrent.push(done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())));
+    }
+    Visits {
+        sequential,
+        sequential_time,
+        concurrent,
+        concurrent_time: concurrent_started.elapsed(),
+    }
+}
+
+/// What every gateway's own counts say after the visits: no node marked down, no
+/// loss detected, and the sessions each dealt adding up to the students' deal.
+async fn gateways_agree(env: &Env, deal: &BTreeMap<String, usize>) {
+    let mut dealt: BTreeMap<String, f64> = BTreeMap::new();
+    for gateway in &env.gateways {
+        for (name, health) in gateway.health().await {
             assert_eq!(health, "up", "{name} was marked down during the run");
         }
         // Every login and logout rotated an id: none of them is a loss.
-        assert_eq!(env.gateway.losses().await, [], "the detector counted a loss");
-        let metrics = env.gateway.metrics().await;
-        for (node, students) in &deal {
-            let dealt = format!("moodle_gateway_sessions_dealt_total{{node=\"{node}\"}}");
-            assert_eq!(metrics.get(&dealt), Some(&(*students as f64)), "{dealt}");
+        assert_eq!(gateway.losses().await, [], "the detector counted a loss");
+        let metrics = gateway.metrics().await;
+        for node in NODES {
+            let key = format!("moodle_gateway_sessions_dealt_total{{node=\"{node}\"}}");
+            let count = metrics.get(&key).copied().unwrap_or(0.0);
+            *dealt.entry(node.to_string()).or_default() += count;
         }
-    });
+    }
+    let want: BTreeMap<String, f64> = deal.iter().map(|(n, c)| (n.clone(), *c as f64)).collect();
+    assert_eq!(
+        dealt, want,
+        "sessions_dealt_total, summed over the gateways"
+    );
 }
 
 /// The detector on real Moodle: a logged-in student whose session file vanishes (a
@@ -308,7 +343,7 @@ fn a_student_whose_session_file_vanishes_is_counted_as_one_loss() {
     runtime.block_on(async {
         let env = start(Store::NodeLocal, false).await;
         let account = &env.site.data.students[0];
-        let mut b = student::Browser::new(env.client.clone(), &env.cluster.wwwroot());
+        let mut b = env.browser();
         let first = journey::log_in(&env, &mut b, account).await;
         let node = env
             .cluster
@@ -339,12 +374,12 @@ fn a_student_whose_session_file_vanishes_is_counted_as_one_loss() {
             "moodle_gateway_session_losses_total{{cause=\"dropped\",node=\"{}\"}}",
             first.node
         );
-        assert_eq!(env.gateway.losses().await, [(loss.clone(), 1.0)]);
+        assert_eq!(env.gateway().losses().await, [(loss.clone(), 1.0)]);
 
         // She logs in again from a fresh browser: a login is never a loss.
-        let mut again = student::Browser::new(env.client.clone(), &env.cluster.wwwroot());
+        let mut again = env.browser();
         journey::log_in(&env, &mut again, account).await;
-        assert_eq!(env.gateway.losses().await, [(loss, 1.0)]);
+        assert_eq!(env.gateway().losses().await, [(loss, 1.0)]);
     });
 }
 
@@ -360,9 +395,10 @@ async fn start(store: Store, offload: bool) -> Env {
     let assets = cluster.warm(&client).await;
     eprintln!("real-moodle: nodes warmed in {:.1?}", warming.elapsed());
     let admin = admin_addr();
-    let gateway = Gateway::start(&config_for(&cluster, admin), cluster.public, admin, &client);
+    let config = config_for(&cluster, admin);
+    let gateways = vec![Gateway::start(&config, cluster.public, admin, &client)];
     Env {
-        gateway,
+        gateways,
         cluster,
         site,
         client,
@@ -400,29 +436,30 @@ fn per_node(outcomes: &[&Outcome]) -> BTreeMap<String, usize> {
     counts
 }
 
-/// After every visit, the admin table holds exactly each student's post-logout session,
-/// anonymous, on the node the student was dealt.
-async fn table_matches(env: &Env, all: &[&Outcome], deal: &BTreeMap<String, usize>) {
-    let (status, table) = env.gateway.admin_get("/affinity?limit=1000").await;
+/// After every visit, `gateway`'s admin table holds exactly each student's
+/// post-logout session, anonymous, on the node the student was dealt.
+async fn table_matches(gateway: &Gateway, all: &[&Outcome], deal: &BTreeMap<String, usize>) {
+    let (status, table) = gateway.admin_get("/affinity?limit=1000").await;
     assert_eq!(status, StatusCode::OK, "{table}");
-    assert_eq!(table["total"]["live"], all.len(), "{}", table["total"]);
-    assert_eq!(table["total"]["logged_in"], 0, "{}", table["total"]);
+    let on = gateway.public;
+    assert_eq!(
+        table["total"]["live"],
+        all.len(),
+        "{on}: {}",
+        table["total"]
+    );
+    assert_eq!(table["total"]["logged_in"], 0, "{on}: {}", table["total"]);
     for row in table["nodes"].as_array().unwrap() {
         let name = row["name"].as_str().unwrap();
-        assert_eq!(row["live"], deal[name], "{name}: {row}");
+        assert_eq!(row["live"], deal[name], "{on}: {name}: {row}");
     }
     for outcome in all {
-        let entry = env
-            .gateway
+        let entry = gateway
             .lookup(&outcome.after_logout)
             .await
             .expect("still bound");
-        assert_eq!(
-            entry["node"],
-            outcome.dealt.as_str(),
-            "{}",
-            outcome.username
-        );
+        let student = &outcome.username;
+        assert_eq!(entry["node"], outcome.dealt.as_str(), "{on}: {student}");
     }
 }
 

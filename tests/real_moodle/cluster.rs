@@ -219,6 +219,8 @@ fn asset_paths(html: &str, wwwroot: &str) -> Vec<String> {
 
 /// The real `moodle-gateway` binary, run from its own directory; killed on drop.
 pub struct Gateway {
+    /// Where students reach it.
+    pub public: SocketAddr,
     pub admin: SocketAddr,
     pub token: String,
     client: HttpClient,
@@ -258,6 +260,7 @@ impl Gateway {
                 && std::net::TcpStream::connect(admin).is_ok()
         });
         Gateway {
+            public,
             admin,
             token: TOKEN.to_string(),
             client: client.clone(),

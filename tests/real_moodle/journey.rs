@@ -13,13 +13,33 @@ use crate::student::{between, encode, requests, Browser, HttpClient, Page};
 
 /// What a journey needs.
 pub struct Env {
-    // Field order is drop order: the gateway first, MariaDB last.
-    pub gateway: Gateway,
+    // Field order is drop order: the gateways first, MariaDB last.
+    /// The gateways in front of the cluster, the first on wwwroot's address.
+    pub gateways: Vec<Gateway>,
     pub cluster: Cluster,
     pub site: Site,
     pub client: HttpClient,
     /// Sessionless theme and JavaScript paths the login page links to.
     pub assets: Vec<String>,
+}
+
+impl Env {
+    /// The gateway on wwwroot's address.
+    pub fn gateway(&self) -> &Gateway {
+        &self.gateways[0]
+    }
+
+    /// A new student's browser.
+    pub fn browser(&self) -> Browser {
+        Browser::new(self.client.clone(), &self.cluster.wwwroot())
+    }
+}
+
+/// No gateway knows `id` (any more): panics naming `what`.
+async fn forgotten(env: &Env, id: &str, what: &str) {
+    for gateway in &env.gateways {
+        assert_eq!(gateway.lookup(id).await, None, "{what}: {}", gateway.public);
+    }
 }
 
 /// How one student's visit went.
@@ -50,7 +70,7 @@ struct Files<'a> {
 
 /// Runs one student's whole visit.
 pub async fn journey(env: &Env, account: &StudentAccount) -> Outcome {
-    let mut b = Browser::new(env.client.clone(), &env.cluster.wwwroot());
+    let mut b = env.browser();
 
     // The theme and JavaScript a page pulls need no session: none is started.
     for path in &env.assets {
@@ -64,11 +84,7 @@ pub async fn journey(env: &Env, account: &StudentAccount) -> Outcome {
         session,
         node,
     } = log_in(env, &mut b, account).await;
-    assert_eq!(
-        env.gateway.lookup(&anonymous).await,
-        None,
-        "the pre-login id is forgotten"
-    );
+    forgotten(env, &anonymous, "the pre-login id is forgotten").await;
 
     let course = page(
         &mut b,
@@ -98,11 +114,7 @@ pub async fn journey(env: &Env, account: &StudentAccount) -> Outcome {
     );
     let after_logout = hops[0].sets_session().expect("logout starts a new session");
     assert_ne!(after_logout, session);
-    assert_eq!(
-        env.gateway.lookup(&session).await,
-        None,
-        "the logged-in id is forgotten"
-    );
+    forgotten(env, &session, "the logged-in id is forgotten").await;
     agree(env, &after_logout, &node, "anonymous").await;
     let hops = b.get("/my/").await;
     assert!(
@@ -545,15 +557,16 @@ fn sesskey(page: &Page) -> String {
         .to_string()
 }
 
-/// The gateway's table and Moodle's session files agree that `id` lives on `node`.
+/// Every gateway's table and Moodle's session files agree that `id` lives on `node`.
 async fn agree(env: &Env, id: &str, node: &str, state: &str) {
-    let entry = env
-        .gateway
-        .lookup(id)
-        .await
-        .expect("the gateway knows the session");
-    assert_eq!(entry["node"], node, "{entry}");
-    assert_eq!(entry["state"], state, "{entry}");
+    for gateway in &env.gateways {
+        let entry = gateway
+            .lookup(id)
+            .await
+            .expect("the gateway knows the session");
+        assert_eq!(entry["node"], node, "{}: {entry}", gateway.public);
+        assert_eq!(entry["state"], state, "{}: {entry}", gateway.public);
+    }
     let file = format!("sess_{id}");
     // PHP writes the session as the script ends, just after the answer has gone.
     let holders = || -> Vec<String> {
