@@ -18,36 +18,63 @@ mod journey;
 mod measure;
 #[path = "real_moodle/processes.rs"]
 mod processes;
+#[path = "real_moodle/redis.rs"]
+mod redis;
 #[path = "real_moodle/site.rs"]
 mod site;
 #[path = "real_moodle/student.rs"]
 mod student;
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cluster::{admin_addr, config_for, Cluster, Gateway, Store, NODES};
+use cluster::{
+    admin_addr, config_for, gateway_config, store_section, Cluster, Gateway, Store, NODES,
+};
 use http::StatusCode;
 use journey::{journey, Env, Outcome};
+use redis::RedisServer;
 use site::Site;
-use student::http_client;
+use student::{http_client, HttpClient};
 
 /// Students who visit one after another, then all at once, per session mode.
 const SEQUENTIAL: usize = 8;
 const CONCURRENT: usize = 16;
 
+/// What stands between the students and Moodle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Front {
+    /// One gateway, on wwwroot's address.
+    One,
+    /// Two gateways sharing one Redis behind wwwroot's one name, like a DNS round
+    /// robin: every browser sends each request to the other gateway than the last.
+    TwoSharingRedis,
+}
+
 #[test]
 #[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
 fn with_a_shared_session_store_no_student_is_ever_logged_out() {
-    students_keep_their_sessions(Store::Shared, false);
+    students_keep_their_sessions(Store::Shared, false, Front::One);
 }
 
 #[test]
 #[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
 fn with_node_local_sessions_no_student_is_ever_logged_out() {
-    students_keep_their_sessions(Store::NodeLocal, false);
+    students_keep_their_sessions(Store::NodeLocal, false, Front::One);
+}
+
+/// The hardest mode behind two gateways: with node-local sessions a request that
+/// reaches the wrong node logs the student out, and every student's requests
+/// alternate between gateways `gw-a` and `gw-b` (each redirect hop too), so each new
+/// session id must be in Redis before the answer carrying it leaves one gateway, and
+/// the shared deal must make the two deal like one.
+#[test]
+#[ignore = "needs PHP, MariaDB and redis-server: run tests/moodle/run.sh"]
+fn with_two_gateways_sharing_redis_no_student_is_ever_logged_out() {
+    students_keep_their_sessions(Store::NodeLocal, false, Front::TwoSharingRedis);
 }
 
 /// Node-local sessions with every file offloaded: each SCORM file (every URL form) and
@@ -56,7 +83,7 @@ fn with_node_local_sessions_no_student_is_ever_logged_out() {
 #[test]
 #[ignore = "needs PHP, MariaDB and nginx: run tests/moodle/run.sh"]
 fn with_node_local_sessions_and_offload_no_student_is_ever_logged_out() {
-    students_keep_their_sessions(Store::NodeLocal, true);
+    students_keep_their_sessions(Store::NodeLocal, true, Front::One);
 }
 
 /// With `[offload]`, `check` accepts node-local sessions: SCORM files no longer go to
@@ -224,76 +251,137 @@ fn the_shipped_config_with_only_addresses_changed_keeps_real_moodle_up() {
 }
 
 /// Every mode: 8 students one after another, then 16 at once, each through a whole
-/// visit; then the figures, the deal, the admin table, the stored tracking data and
-/// (offload) what the export served.
-fn students_keep_their_sessions(store: Store, offload: bool) {
+/// visit; then the figures, the deal, every gateway's table and counts, the stored
+/// tracking data and (offload) what the export served.
+fn students_keep_their_sessions(store: Store, offload: bool, front: Front) {
     let _one = heavy();
     let started = Instant::now();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let env = Arc::new(start(store, offload).await);
-        let students = &env.site.data.students;
-        assert!(students.len() >= SEQUENTIAL + CONCURRENT);
-
-        let sequential_started = Instant::now();
-        let mut sequential = Vec::new();
-        for account in &students[..SEQUENTIAL] {
-            sequential.push(journey(&env, account).await);
-        }
-        let sequential_time = sequential_started.elapsed();
-        deal_goes_round(&sequential);
-
-        let concurrent_started = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for account in &students[SEQUENTIAL..SEQUENTIAL + CONCURRENT] {
-            let (env, account) = (env.clone(), account.clone());
-            tasks.spawn(async move { journey(&env, &account).await });
-        }
-        let mut concurrent = Vec::new();
-        while let Some(done) = tasks.join_next().await {
-            concurrent.push(done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())));
-        }
-        let concurrent_time = concurrent_started.elapsed();
-
-        let all: Vec<&Outcome> = sequential.iter().chain(&concurrent).collect();
+        let env = Arc::new(start(store, offload, front).await);
+        let visits = visit(&env).await;
+        let all: Vec<&Outcome> = visits.sequential.iter().chain(&visits.concurrent).collect();
         let lost: Vec<&String> = all.iter().flat_map(|o| &o.lost).collect();
         let deal = per_node(&all);
         eprintln!(
             "real-moodle [{}]: {} students ({SEQUENTIAL} sequential in {:.1?}, {CONCURRENT} concurrent in {:.1?}), \
              {} requests, {} lost sessions, deal {:?} (sequential {:?}, concurrent {:?}), wall {:.1?}",
-            env.cluster.mode(),
+            mode(&env),
             all.len(),
-            sequential_time,
-            concurrent_time,
+            visits.sequential_time,
+            visits.concurrent_time,
             all.iter().map(|o| o.requests).sum::<usize>(),
             lost.len(),
             deal,
-            per_node(&sequential.iter().collect::<Vec<_>>()),
-            per_node(&concurrent.iter().collect::<Vec<_>>()),
+            per_node(&visits.sequential.iter().collect::<Vec<_>>()),
+            per_node(&visits.concurrent.iter().collect::<Vec<_>>()),
             started.elapsed(),
         );
         assert!(lost.is_empty(), "lost sessions: {lost:#?}");
-        for outcomes in [&sequential, &concurrent] {
+        deal_goes_round(&visits.sequential);
+        for outcomes in [&visits.sequential, &visits.concurrent] {
             let counts = per_node(&outcomes.iter().collect::<Vec<_>>());
             let (min, max) = (counts.values().min().unwrap(), counts.values().max().unwrap());
             assert!(max - min <= 1, "an uneven deal: {counts:?}");
         }
-        table_matches(&env, &all, &deal).await;
+        for gateway in &env.gateways {
+            table_matches(&env, gateway, &all, &deal).await;
+        }
         tracking_stored(&env, &all);
         if env.cluster.offload.is_some() {
             export_served(&env, &all).await;
         }
-        for (name, health) in env.gateway.health().await {
+        gateways_agree(&env, &deal).await;
+    });
+}
+
+/// The students' visits: the sequential ones and the concurrent ones, and how long
+/// each part took.
+struct Visits {
+    sequential: Vec<Outcome>,
+    sequential_time: Duration,
+    concurrent: Vec<Outcome>,
+    concurrent_time: Duration,
+}
+
+/// 8 students one after another, then 16 at once.
+async fn visit(env: &Arc<Env>) -> Visits {
+    let students = &env.site.data.students;
+    assert!(students.len() >= SEQUENTIAL + CONCURRENT);
+
+    let sequential_started = Instant::now();
+    let mut sequential = Vec::new();
+    for account in &students[..SEQUENTIAL] {
+        sequential.push(journey(env, account).await);
+    }
+    let sequential_time = sequential_started.elapsed();
+
+    let concurrent_started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for account in &students[SEQUENTIAL..SEQUENTIAL + CONCURRENT] {
+        let (env, account) = (env.clone(), account.clone());
+        tasks.spawn(async move { journey(&env, &account).await });
+    }
+    let mut concurrent = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        concurrent.push(done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())));
+    }
+    Visits {
+        sequential,
+        sequential_time,
+        concurrent,
+        concurrent_time: concurrent_started.elapsed(),
+    }
+}
+
+/// The mode's name for messages: the session store, and the gateways when several.
+fn mode(env: &Env) -> String {
+    match env.gateways.len() {
+        1 => env.cluster.mode(),
+        n => format!("{}, {n} gateways sharing redis", env.cluster.mode()),
+    }
+}
+
+/// What every gateway's own counts say after the visits: no node marked down, no
+/// loss detected, and the sessions each dealt adding up to the students' deal. With a
+/// shared store, each gateway dealt some of them and none without Redis: the deal
+/// the sequential students saw go round was the shared one.
+async fn gateways_agree(env: &Env, deal: &BTreeMap<String, usize>) {
+    let mut dealt: BTreeMap<String, f64> = BTreeMap::new();
+    let mut by_gateway = Vec::new();
+    for gateway in &env.gateways {
+        for (name, health) in gateway.health().await {
             assert_eq!(health, "up", "{name} was marked down during the run");
         }
         // Every login and logout rotated an id: none of them is a loss.
-        assert_eq!(env.gateway.losses().await, [], "the detector counted a loss");
-        let metrics = env.gateway.metrics().await;
-        for (node, students) in &deal {
-            let dealt = format!("moodle_gateway_sessions_dealt_total{{node=\"{node}\"}}");
-            assert_eq!(metrics.get(&dealt), Some(&(*students as f64)), "{dealt}");
+        assert_eq!(gateway.losses().await, [], "the detector counted a loss");
+        let metrics = gateway.metrics().await;
+        let mut here = 0.0;
+        for node in NODES {
+            let key = format!("moodle_gateway_sessions_dealt_total{{node=\"{node}\"}}");
+            let count = metrics.get(&key).copied().unwrap_or(0.0);
+            *dealt.entry(node.to_string()).or_default() += count;
+            here += count;
         }
-    });
+        if env.redis.is_some() {
+            let fallbacks = "moodle_gateway_store_fallbacks_total{what=\"deal\"}";
+            assert_eq!(metrics.get(fallbacks), Some(&0.0), "{}", gateway.public);
+            assert!(
+                here > 0.0,
+                "the gateway on {} dealt nothing",
+                gateway.public
+            );
+            by_gateway.push(shared_figures(gateway, &metrics, here).await);
+        }
+    }
+    if env.redis.is_some() {
+        eprintln!("real-moodle [{}]: {}", mode(env), by_gateway.join(", "));
+    }
+    let want: BTreeMap<String, f64> = deal.iter().map(|(n, c)| (n.clone(), *c as f64)).collect();
+    assert_eq!(
+        dealt, want,
+        "sessions_dealt_total, summed over the gateways"
+    );
 }
 
 /// The detector on real Moodle: a logged-in student whose session file vanishes (a
@@ -306,9 +394,9 @@ fn a_student_whose_session_file_vanishes_is_counted_as_one_loss() {
     let _one = heavy();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let env = start(Store::NodeLocal, false).await;
+        let env = start(Store::NodeLocal, false, Front::One).await;
         let account = &env.site.data.students[0];
-        let mut b = student::Browser::new(env.client.clone(), &env.cluster.wwwroot());
+        let mut b = env.browser();
         let first = journey::log_in(&env, &mut b, account).await;
         let node = env
             .cluster
@@ -339,17 +427,18 @@ fn a_student_whose_session_file_vanishes_is_counted_as_one_loss() {
             "moodle_gateway_session_losses_total{{cause=\"dropped\",node=\"{}\"}}",
             first.node
         );
-        assert_eq!(env.gateway.losses().await, [(loss.clone(), 1.0)]);
+        assert_eq!(env.gateway().losses().await, [(loss.clone(), 1.0)]);
 
         // She logs in again from a fresh browser: a login is never a loss.
-        let mut again = student::Browser::new(env.client.clone(), &env.cluster.wwwroot());
+        let mut again = env.browser();
         journey::log_in(&env, &mut again, account).await;
-        assert_eq!(env.gateway.losses().await, [(loss, 1.0)]);
+        assert_eq!(env.gateway().losses().await, [(loss, 1.0)]);
     });
 }
 
-/// Restores the site, starts the cluster, warms it, and starts the gateway.
-async fn start(store: Store, offload: bool) -> Env {
+/// Restores the site, starts the cluster, warms it, and starts the gateway (or the
+/// gateways and their Redis).
+async fn start(store: Store, offload: bool, front: Front) -> Env {
     let site = Site::restore();
     let cluster = match offload {
         false => Cluster::start(&site, store),
@@ -359,15 +448,67 @@ async fn start(store: Store, offload: bool) -> Env {
     let warming = Instant::now();
     let assets = cluster.warm(&client).await;
     eprintln!("real-moodle: nodes warmed in {:.1?}", warming.elapsed());
-    let admin = admin_addr();
-    let gateway = Gateway::start(&config_for(&cluster, admin), cluster.public, admin, &client);
+    let (gateways, redis) = match front {
+        Front::One => {
+            let admin = admin_addr();
+            let config = config_for(&cluster, admin);
+            let gateway = Gateway::start(&config, cluster.public, admin, &client);
+            (vec![gateway], None)
+        }
+        Front::TwoSharingRedis => {
+            let redis = RedisServer::start();
+            let gateways = sharing(&cluster, &redis, &client).await;
+            (gateways, Some(redis))
+        }
+    };
     Env {
-        gateway,
+        gateways,
+        redis,
         cluster,
         site,
         client,
         assets,
+        browsers: Default::default(),
     }
+}
+
+/// `gw-a` on wwwroot's address and `gw-b` on another loopback port, the same config
+/// (wwwroot included: both serve its `Host`) but for `listen`, `[admin]`, the state
+/// file's directory and the store's `name`; once both have synchronised with `redis`,
+/// so that neither deals a student on its own.
+async fn sharing(cluster: &Cluster, redis: &RedisServer, client: &HttpClient) -> Vec<Gateway> {
+    let other: SocketAddr = format!("127.0.0.1:{}", processes::free_port())
+        .parse()
+        .unwrap();
+    let mut gateways = Vec::new();
+    for (name, listen) in [("gw-a", cluster.public), ("gw-b", other)] {
+        let admin = admin_addr();
+        let mut config = gateway_config(cluster, listen, admin);
+        config.push_str(&store_section(&redis.url(), name));
+        gateways.push(Gateway::start(&config, listen, admin, client));
+    }
+    for gateway in &gateways {
+        gateway.synchronised().await;
+    }
+    gateways
+}
+
+/// One gateway of a shared store, for the summary: its name, what it served and
+/// dealt, and how many sessions it had to find in Redis (bound on the other one a
+/// moment before pub/sub told it).
+async fn shared_figures(gateway: &Gateway, metrics: &BTreeMap<String, f64>, dealt: f64) -> String {
+    let (_, gateways) = gateway.admin_get("/gateways").await;
+    let sum = |prefix: &str| -> f64 {
+        let series = metrics.iter().filter(|(key, _)| key.starts_with(prefix));
+        series.map(|(_, value)| value).sum()
+    };
+    format!(
+        "{} on {} served {} requests, dealt {dealt}, Redis lookups found {}",
+        gateways["this"].as_str().unwrap_or("?"),
+        gateway.public,
+        sum("moodle_gateway_requests_total{"),
+        sum("moodle_gateway_store_lookups_total{result=\"found\"}"),
+    )
 }
 
 /// New sessions, one after another, go round the nodes in order: nothing else (the
@@ -400,29 +541,46 @@ fn per_node(outcomes: &[&Outcome]) -> BTreeMap<String, usize> {
     counts
 }
 
-/// After every visit, the admin table holds exactly each student's post-logout session,
-/// anonymous, on the node the student was dealt.
-async fn table_matches(env: &Env, all: &[&Outcome], deal: &BTreeMap<String, usize>) {
-    let (status, table) = env.gateway.admin_get("/affinity?limit=1000").await;
-    assert_eq!(status, StatusCode::OK, "{table}");
-    assert_eq!(table["total"]["live"], all.len(), "{}", table["total"]);
-    assert_eq!(table["total"]["logged_in"], 0, "{}", table["total"]);
+/// After every visit, `gateway`'s admin table holds exactly each student's
+/// post-logout session, anonymous, on the node the student was dealt: with several
+/// gateways, every one holds the whole table, once the last logouts have reached it.
+async fn table_matches(
+    env: &Env,
+    gateway: &Gateway,
+    all: &[&Outcome],
+    deal: &BTreeMap<String, usize>,
+) {
+    let started = Instant::now();
+    let table = loop {
+        let (status, table) = gateway.admin_get("/affinity?limit=1000").await;
+        assert_eq!(status, StatusCode::OK, "{table}");
+        let total = &table["total"];
+        if (total["live"] == all.len() && total["logged_in"] == 0)
+            || started.elapsed() >= env.patience()
+        {
+            break table;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let on = gateway.public;
+    assert_eq!(
+        table["total"]["live"],
+        all.len(),
+        "{on}: {}",
+        table["total"]
+    );
+    assert_eq!(table["total"]["logged_in"], 0, "{on}: {}", table["total"]);
     for row in table["nodes"].as_array().unwrap() {
         let name = row["name"].as_str().unwrap();
-        assert_eq!(row["live"], deal[name], "{name}: {row}");
+        assert_eq!(row["live"], deal[name], "{on}: {name}: {row}");
     }
     for outcome in all {
-        let entry = env
-            .gateway
+        let entry = gateway
             .lookup(&outcome.after_logout)
             .await
             .expect("still bound");
-        assert_eq!(
-            entry["node"],
-            outcome.dealt.as_str(),
-            "{}",
-            outcome.username
-        );
+        let student = &outcome.username;
+        assert_eq!(entry["node"], outcome.dealt.as_str(), "{on}: {student}");
     }
 }
 

@@ -219,6 +219,8 @@ fn asset_paths(html: &str, wwwroot: &str) -> Vec<String> {
 
 /// The real `moodle-gateway` binary, run from its own directory; killed on drop.
 pub struct Gateway {
+    /// Where students reach it.
+    pub public: SocketAddr,
     pub admin: SocketAddr,
     pub token: String,
     client: HttpClient,
@@ -258,6 +260,7 @@ impl Gateway {
                 && std::net::TcpStream::connect(admin).is_ok()
         });
         Gateway {
+            public,
             admin,
             token: TOKEN.to_string(),
             client: client.clone(),
@@ -294,6 +297,21 @@ impl Gateway {
             .filter_map(|line| line.rsplit_once(' '))
             .map(|(key, value)| (key.to_owned(), value.parse().unwrap_or(f64::NAN)))
             .collect()
+    }
+
+    /// Waits until the gateway has connected to its shared store and read what Redis
+    /// holds (`store_resyncs_total` ≥ 1): before that it would deal on its own.
+    pub async fn synchronised(&self) {
+        let started = std::time::Instant::now();
+        let resyncs = "moodle_gateway_store_resyncs_total";
+        while self.metrics().await.get(resyncs).copied().unwrap_or(0.0) < 1.0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the gateway on {} never synchronised with Redis",
+                self.public
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Every nonzero `session_losses_total` sample.
@@ -336,8 +354,15 @@ impl Gateway {
 /// The suite's gateway config for `cluster`: its nodes, the data server, both listeners
 /// on loopback, the token file, and a health probe that works on real Moodle.
 pub fn config_for(cluster: &Cluster, admin: SocketAddr) -> String {
+    gateway_config(cluster, cluster.public, admin)
+}
+
+/// [`config_for`] a gateway that listens on `listen` rather than on wwwroot's own
+/// address: one of several behind one name (DNS round robin). `[site] wwwroot` stays
+/// the cluster's, so the `Host` students send is still the one it serves.
+pub fn gateway_config(cluster: &Cluster, listen: SocketAddr, admin: SocketAddr) -> String {
     let mut text = format!(
-        r#"listen = "{public}"
+        r#"listen = "{listen}"
 
 [site]
 wwwroot = "http://{public}"
@@ -384,6 +409,17 @@ file = "gateway.state"
         );
     }
     text
+}
+
+/// The secret every gateway of a shared store must have (`store.secret`).
+const STORE_SECRET: &str = "real-moodle-suite-store-secret-0123456789";
+
+/// The `[store]` section of gateway `name` sharing the Redis at `url`.
+pub fn store_section(url: &str, name: &str) -> String {
+    format!(
+        "\n# Several gateways, one affinity table and one deal.\n\
+         [store]\nkind = \"redis\"\nurl = \"{url}\"\nname = \"{name}\"\nsecret = \"{STORE_SECRET}\"\n"
+    )
 }
 
 /// A free loopback address for an admin listener.

@@ -2,24 +2,86 @@
 //! login, dashboard, course, the SCORM player and its files and tracking, a file
 //! resource, logout. Every step checks what Moodle and the gateway's admin API say.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
+use serde_json::Value;
 
 use crate::cluster::{Cluster, Gateway, Store};
 use crate::export::pool_path;
+use crate::redis::RedisServer;
 use crate::site::{Site, StoredFile, StudentAccount};
 use crate::student::{between, encode, requests, Browser, HttpClient, Page};
 
 /// What a journey needs.
 pub struct Env {
-    // Field order is drop order: the gateway first, MariaDB last.
-    pub gateway: Gateway,
+    // Field order is drop order: the gateways first, then Redis, MariaDB last.
+    /// One gateway on wwwroot's address; or several behind wwwroot's one name (DNS
+    /// round robin), sharing `redis`, the first on wwwroot's address.
+    pub gateways: Vec<Gateway>,
+    pub redis: Option<RedisServer>,
     pub cluster: Cluster,
     pub site: Site,
     pub client: HttpClient,
     /// Sessionless theme and JavaScript paths the login page links to.
     pub assets: Vec<String>,
+    /// Browsers opened so far: with several gateways, each starts at the next one
+    /// (a resolver rotates the addresses it hands out).
+    pub browsers: AtomicUsize,
+}
+
+impl Env {
+    /// The gateway on wwwroot's address (the only one, but in the round-robin tests).
+    pub fn gateway(&self) -> &Gateway {
+        &self.gateways[0]
+    }
+
+    /// A new student's browser: to wwwroot, or taking the gateways in turn.
+    pub fn browser(&self) -> Browser {
+        let wwwroot = self.cluster.wwwroot();
+        if self.gateways.len() == 1 {
+            return Browser::new(self.client.clone(), &wwwroot);
+        }
+        let addresses: Vec<_> = self.gateways.iter().map(|g| g.public).collect();
+        let first = self.browsers.fetch_add(1, Ordering::Relaxed);
+        Browser::round_robin(self.client.clone(), &wwwroot, &addresses, first)
+    }
+
+    /// How long a gateway may take to learn what another one changed (pub/sub, a few
+    /// milliseconds): nothing at all with one gateway, whose table changes before
+    /// the answer leaves.
+    pub fn patience(&self) -> Duration {
+        match self.gateways.len() {
+            1 => Duration::ZERO,
+            _ => Duration::from_secs(2),
+        }
+    }
+}
+
+/// Asks every gateway for `id`'s entry until `holds` is true of it, within
+/// [`Env::patience`]; panics naming `what` and the last answer.
+pub async fn on_every_gateway(
+    env: &Env,
+    id: &str,
+    what: &str,
+    holds: impl Fn(&Option<Value>) -> bool,
+) {
+    for gateway in &env.gateways {
+        let started = Instant::now();
+        loop {
+            let entry = gateway.lookup(id).await;
+            if holds(&entry) {
+                break;
+            }
+            assert!(
+                started.elapsed() < env.patience(),
+                "{what}, on the gateway on {}: {entry:?}",
+                gateway.public
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// How one student's visit went.
@@ -50,7 +112,7 @@ struct Files<'a> {
 
 /// Runs one student's whole visit.
 pub async fn journey(env: &Env, account: &StudentAccount) -> Outcome {
-    let mut b = Browser::new(env.client.clone(), &env.cluster.wwwroot());
+    let mut b = env.browser();
 
     // The theme and JavaScript a page pulls need no session: none is started.
     for path in &env.assets {
@@ -64,11 +126,13 @@ pub async fn journey(env: &Env, account: &StudentAccount) -> Outcome {
         session,
         node,
     } = log_in(env, &mut b, account).await;
-    assert_eq!(
-        env.gateway.lookup(&anonymous).await,
-        None,
-        "the pre-login id is forgotten"
-    );
+    on_every_gateway(
+        env,
+        &anonymous,
+        "the pre-login id is forgotten",
+        Option::is_none,
+    )
+    .await;
 
     let course = page(
         &mut b,
@@ -98,11 +162,13 @@ pub async fn journey(env: &Env, account: &StudentAccount) -> Outcome {
     );
     let after_logout = hops[0].sets_session().expect("logout starts a new session");
     assert_ne!(after_logout, session);
-    assert_eq!(
-        env.gateway.lookup(&session).await,
-        None,
-        "the logged-in id is forgotten"
-    );
+    on_every_gateway(
+        env,
+        &session,
+        "the logged-in id is forgotten",
+        Option::is_none,
+    )
+    .await;
     agree(env, &after_logout, &node, "anonymous").await;
     let hops = b.get("/my/").await;
     assert!(
@@ -545,15 +611,14 @@ fn sesskey(page: &Page) -> String {
         .to_string()
 }
 
-/// The gateway's table and Moodle's session files agree that `id` lives on `node`.
+/// Every gateway's table and Moodle's session files agree that `id` lives on `node`.
 async fn agree(env: &Env, id: &str, node: &str, state: &str) {
-    let entry = env
-        .gateway
-        .lookup(id)
-        .await
-        .expect("the gateway knows the session");
-    assert_eq!(entry["node"], node, "{entry}");
-    assert_eq!(entry["state"], state, "{entry}");
+    on_every_gateway(env, id, "the gateway knows the session", Option::is_some).await;
+    for gateway in &env.gateways {
+        let entry = gateway.lookup(id).await.expect("still bound");
+        assert_eq!(entry["node"], node, "{}: {entry}", gateway.public);
+        assert_eq!(entry["state"], state, "{}: {entry}", gateway.public);
+    }
     let file = format!("sess_{id}");
     // PHP writes the session as the script ends, just after the answer has gone.
     let holders = || -> Vec<String> {

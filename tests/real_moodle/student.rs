@@ -3,6 +3,7 @@
 //! rotation (login, logout) from a lost session.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -105,6 +106,11 @@ pub struct Browser {
     client: HttpClient,
     /// `http://127.0.0.1:PORT`: the gateway, Moodle's wwwroot.
     origin: String,
+    /// Several gateways behind wwwroot's one name (DNS round robin): each request
+    /// goes to the next of these, with wwwroot's `Host`. Empty: to `origin` itself.
+    gateways: Vec<SocketAddr>,
+    /// The turn of the next request among `gateways`.
+    turn: usize,
     cookies: BTreeMap<String, String>,
     /// Whether the student is logged in (between a login and a logout).
     pub logged_in: bool,
@@ -125,12 +131,30 @@ impl Browser {
         Browser {
             client,
             origin: origin.to_string(),
+            gateways: Vec::new(),
+            turn: 0,
             cookies: BTreeMap::new(),
             logged_in: false,
             sessions: Vec::new(),
             lost: Vec::new(),
             served: Vec::new(),
             requests: 0,
+        }
+    }
+
+    /// A browser whose every request (each redirect hop included) goes to the next of
+    /// `gateways` in turn, starting with `gateways[first % len]`, as a client of a
+    /// round-robin DNS name does: the address changes, wwwroot's `Host` does not.
+    pub fn round_robin(
+        client: HttpClient,
+        origin: &str,
+        gateways: &[SocketAddr],
+        first: usize,
+    ) -> Browser {
+        Browser {
+            gateways: gateways.to_vec(),
+            turn: first,
+            ..Browser::new(client, origin)
         }
     }
 
@@ -148,8 +172,9 @@ impl Browser {
     /// route without a session), counted like the rest.
     pub async fn get_bare(&mut self, path: &str) -> Page {
         self.requests += 1;
-        let url = format!("{}{path}", self.origin);
-        exchange(&self.client, Method::GET, &url, &[], None).await
+        let mut headers = Vec::new();
+        let url = self.target(path, &mut headers);
+        exchange(&self.client, Method::GET, &url, &headers, None).await
     }
 
     /// One request with the jar and `extra` headers, no redirect followed (a Range or
@@ -188,8 +213,8 @@ impl Browser {
         extra: &[(&str, String)],
     ) -> Page {
         self.requests += 1;
-        let url = format!("{}{path}", self.origin);
         let mut headers = extra.to_vec();
+        let url = self.target(path, &mut headers);
         if !self.cookies.is_empty() {
             let jar: Vec<String> = self
                 .cookies
@@ -205,6 +230,20 @@ impl Browser {
         }
         self.learn(&page);
         page
+    }
+
+    /// The URL for `path`: on wwwroot itself, or on the next gateway, with wwwroot's
+    /// authority added to `headers` as `Host` (hyper keeps an explicit one), which
+    /// Moodle and the gateway's `[site]` hosts check.
+    fn target(&mut self, path: &str, headers: &mut Vec<(&str, String)>) -> String {
+        if self.gateways.is_empty() {
+            return format!("{}{path}", self.origin);
+        }
+        let gateway = self.gateways[self.turn % self.gateways.len()];
+        self.turn += 1;
+        let authority = self.origin.trim_start_matches("http://");
+        headers.push(("host", authority.to_string()));
+        format!("http://{gateway}{path}")
     }
 
     fn learn(&mut self, page: &Page) {
