@@ -34,35 +34,20 @@ pub(super) async fn supervise(
     loop {
         match connected(&shared).await {
             Ok((conn, pubsub)) => {
-                let since = std::time::Instant::now();
-                let generation = shared.link.set(conn.clone());
-                shared.meters.set_up(true);
-                // On the roll at once, not a beat later.
-                if let Some(linked) = shared.link.current() {
-                    beat_once(&shared, &*local, &linked).await;
-                }
                 let again = if outage {
                     " again: resynchronising"
                 } else {
                     ""
                 };
                 tracing::info!(gateway = %shared.config.name, "connected to Redis at {target}{again}");
-                let resync = tokio::spawn(resync(shared.clone(), local.clone(), conn, generation));
-                let stopped = listen(&shared, &*local, pubsub, generation, &mut stop).await;
-                resync.abort();
-                if stopped {
+                let Some(lasted) = linked(&shared, &local, conn, pubsub, &mut stop).await else {
                     // The link stays for the writer's last changes and the heartbeat's goodbye.
                     return;
-                }
-                shared.link.clear();
-                shared.meters.lost();
-                // Redis may come back empty (a restart without persistence, a
-                // failover to a replica that lagged): the table is written back then.
-                shared.dirty.store(true, Ordering::Relaxed);
+                };
                 outage = true;
                 // Only a link that stayed up a while earns a quick retry: one that
                 // breaks at once (a refused subscription) must not spin.
-                if since.elapsed() >= HEALTHY {
+                if lasted >= HEALTHY {
                     delay = RETRY_FIRST;
                 }
                 tracing::warn!(
@@ -82,6 +67,36 @@ pub(super) async fn supervise(
         }
         delay = (delay * 2).min(RETRY_MAX);
     }
+}
+
+/// One connection's life: made the live link, on the roll, resynchronised, and
+/// listened to until it is lost (how long it lasted) or the gateway stops (`None`).
+async fn linked(
+    shared: &Arc<Shared>,
+    local: &Arc<dyn Local>,
+    conn: MultiplexedConnection,
+    pubsub: PubSub,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<Duration> {
+    let since = std::time::Instant::now();
+    let generation = shared.link.set(conn.clone());
+    shared.meters.set_up(true);
+    // On the roll at once, not a beat later.
+    if let Some(linked) = shared.link.current() {
+        beat_once(shared, &**local, &linked).await;
+    }
+    let resync = tokio::spawn(resync(shared.clone(), local.clone(), conn, generation));
+    let stopped = listen(shared, &**local, pubsub, generation, stop).await;
+    resync.abort();
+    if stopped {
+        return None;
+    }
+    shared.link.clear();
+    shared.meters.lost();
+    // Redis may come back empty (a restart without persistence, a failover to a
+    // replica that lagged): the table is written back then.
+    shared.dirty.store(true, Ordering::Relaxed);
+    Some(since.elapsed())
 }
 
 /// Failures to connect are logged once a minute: Redis may be away for hours.
