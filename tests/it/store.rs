@@ -675,3 +675,38 @@ async fn a_running_gateway_switched_to_the_shared_store_moves_no_student() {
     }
     assert_eq!(site.cluster.lost_sessions(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn least_sessions_counts_every_gateways_sessions() {
+    let balance = "session.balance = \"least-sessions\"\n";
+    let site = Site::start(2, &["gw-b"], balance).await;
+    // gw-a may only deal web1 (web2 is disabled in its own file, not shared).
+    let web2 = site.cluster.node_toml("web2").unwrap();
+    let a_config = site
+        .config("gw-a", balance)
+        .replace(&web2, &format!("{web2}state = \"disabled\"\n"));
+    let a = ready(TestGateway::start(&a_config).await).await;
+    for _ in 0..4 {
+        assert_eq!(new_visitor(&a).await, "web1");
+    }
+    let b = site.gw(0);
+    let web1 = b
+        .app
+        .gateway()
+        .settings()
+        .upstreams
+        .by_name("web1")
+        .unwrap()
+        .id;
+    eventually(
+        Duration::from_secs(1),
+        "gw-b counts gw-a's sessions",
+        || b.app.gateway().table().live(web1) == 4,
+    )
+    .await;
+    // gw-b sees web1 holding four and web2 none: its new students go to web2.
+    for n in 0..4 {
+        assert_eq!(new_visitor(b).await, "web2", "student {n} at gw-b");
+    }
+}
