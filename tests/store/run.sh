@@ -25,7 +25,7 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 dir=$(mktemp -d)
 redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no --dir "$dir" >"$dir/log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 50); do
     redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break
     sleep 0.1
@@ -33,5 +33,6 @@ done
 redis-cli -p "$port" ping | grep -q PONG || { echo "redis-server did not start:" >&2; cat "$dir/log" >&2; exit 1; }
 echo "== $(redis-server --version | cut -d' ' -f1-3) answers on 127.0.0.1:$port"
 kill "$pid"
+wait "$pid" 2>/dev/null || true
 
 cargo test --locked --test it store -- --ignored "$@"
