@@ -18,6 +18,18 @@ use serde_json::Value;
 use crate::site::{eventually, metric, ready, Site, SECRET, TOKEN};
 use crate::support::{logged_in, RedisServer, TestGateway};
 
+/// The student's next page, through the gateway at `addr`: from their own node, and
+/// no new session (a new one would mean they were logged out).
+async fn stays_home(student: &Browser, addr: std::net::SocketAddr, node: &str, who: &str) {
+    let mut there = student.at(addr);
+    let page = there.get("/my/").await.unwrap();
+    assert_eq!(
+        (page.status, page.upstream(), page.issued.as_deref()),
+        (StatusCode::OK, node, None),
+        "{who}"
+    );
+}
+
 /// The key the gateways' tables hold for a student's session.
 fn key_of(
     gateway: &TestGateway,
@@ -64,14 +76,9 @@ async fn a_session_bound_on_one_gateway_is_routed_the_same_by_the_others_at_once
         let (student, node) = logged_in(site.gw(n % 3), n).await;
         // The very next request, on each other gateway, with no pause at all.
         for other in 1..3 {
-            let mut there = student.at(site.gw((n + other) % 3).addr);
-            let page = there.get("/my/").await.unwrap();
-            assert_eq!(
-                (page.status, page.upstream(), page.issued.as_deref()),
-                (StatusCode::OK, node.as_str(), None),
-                "student {n} on gateway {}",
-                (n + other) % 3
-            );
+            let to = (n + other) % 3;
+            let who = format!("student {n} on gateway {to}");
+            stays_home(&student, site.gw(to).addr, &node, &who).await;
         }
     }
     assert_eq!(site.cluster.lost_sessions(), 0, "nobody was logged out");
@@ -91,13 +98,7 @@ async fn a_session_this_gateway_never_heard_of_is_looked_up_in_redis_before_it_i
         })
         .await;
         b.app.gateway().table().forget(key);
-        let mut there = student.at(b.addr);
-        let page = there.get("/my/").await.unwrap();
-        assert_eq!(
-            (page.status, page.upstream(), page.issued.as_deref()),
-            (StatusCode::OK, node.as_str(), None),
-            "student {n}"
-        );
+        stays_home(&student, b.addr, &node, &format!("student {n}")).await;
         assert_eq!(
             bound_to(b, key).as_deref(),
             Some(node.as_str()),
@@ -247,13 +248,13 @@ async fn redis_killed_mid_run_fails_no_student_and_its_return_resynchronises_eve
         let mut pages = 0;
         for round in 0..30 {
             for (n, (student, node)) in students.iter_mut().enumerate() {
-                let mut there = student.at(if (round + n) % 2 == 0 { a } else { b });
-                let page = there.get("/my/").await.unwrap();
-                assert_eq!(
-                    (page.status, page.upstream(), page.issued.as_deref()),
-                    (StatusCode::OK, node.as_str(), None),
-                    "student {n}, round {round}"
-                );
+                stays_home(
+                    student,
+                    if (round + n) % 2 == 0 { a } else { b },
+                    node,
+                    &format!("student {n}, round {round}"),
+                )
+                .await;
                 pages += 1;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -293,12 +294,7 @@ async fn redis_killed_mid_run_fails_no_student_and_its_return_resynchronises_eve
             bound_to(site.gw(1), key).as_deref() == Some(node.as_str())
         })
         .await;
-        let mut there = student.at(b);
-        let page = there.get("/my/").await.unwrap();
-        assert_eq!(
-            (page.status, page.upstream(), page.issued.as_deref()),
-            (StatusCode::OK, node.as_str(), None)
-        );
+        stays_home(student, b, node, "the student").await;
     }
     assert_eq!(site.cluster.lost_sessions(), 0, "nobody was logged out");
 }
@@ -316,13 +312,7 @@ async fn a_restarted_gateway_routes_every_session_where_it_was() {
     b.shutdown().await;
     let b = site.gateway("gw-b", "").await;
     for (n, (student, node)) in students.iter().enumerate() {
-        let mut there = student.at(b.addr);
-        let page = there.get("/my/").await.unwrap();
-        assert_eq!(
-            (page.status, page.upstream(), page.issued.as_deref()),
-            (StatusCode::OK, node.as_str(), None),
-            "student {n}"
-        );
+        stays_home(student, b.addr, node, &format!("student {n}")).await;
     }
     assert_eq!(site.cluster.lost_sessions(), 0);
 }
@@ -475,13 +465,7 @@ async fn a_site_whose_redis_and_gateway_restart_together_keeps_every_student_by_
     site.redis.restart();
     let gateway = site.gateway("gw-a", &state).await;
     for (n, (student, node)) in students.iter_mut().enumerate() {
-        let mut there = student.at(gateway.addr);
-        let page = there.get("/my/").await.unwrap();
-        assert_eq!(
-            (page.status, page.upstream(), page.issued.as_deref()),
-            (StatusCode::OK, node.as_str(), None),
-            "student {n}"
-        );
+        stays_home(student, gateway.addr, node, &format!("student {n}")).await;
         let key = key_of(&gateway, student);
         let stored = site.redis.get(&format!("moodle-gateway:s:{key}"));
         assert_eq!(
@@ -558,13 +542,8 @@ async fn behind_sentinel_a_failover_to_the_replica_keeps_every_student_on_their_
         || metric(&gateway, "store_resyncs_total") >= 2.0,
     )
     .await;
-    for (n, (student, node)) in students.iter_mut().enumerate() {
-        let page = student.get("/my/").await.unwrap();
-        assert_eq!(
-            (page.status, page.upstream(), page.issued.as_deref()),
-            (StatusCode::OK, node.as_str(), None),
-            "student {n}"
-        );
+    for (n, (student, node)) in students.iter().enumerate() {
+        stays_home(student, gateway.addr, node, &format!("student {n}")).await;
     }
     let (late, node) = logged_in(&gateway, 9).await;
     let key = format!("moodle-gateway:s:{}", key_of(&gateway, &late));
@@ -617,13 +596,7 @@ async fn a_redis_restarted_empty_while_nobody_is_asking_gets_every_session_back(
     // So a gateway that starts now, with nothing of its own, routes them all.
     let b = site.gateway("gw-b", "").await;
     for (n, (student, node)) in students.iter().enumerate() {
-        let mut there = student.at(b.addr);
-        let page = there.get("/my/").await.unwrap();
-        assert_eq!(
-            (page.status, page.upstream(), page.issued.as_deref()),
-            (StatusCode::OK, node.as_str(), None),
-            "student {n}"
-        );
+        stays_home(student, b.addr, node, &format!("student {n}")).await;
     }
     assert_eq!(site.cluster.lost_sessions(), 0);
 }
@@ -649,13 +622,7 @@ async fn a_running_gateway_switched_to_the_shared_store_moves_no_student() {
     // Today: the same gateway with [store] kind = "redis" and a new secret.
     site.gateways.push(site.gateway("gw-a", &state).await);
     for (n, (student, node)) in students.iter_mut().enumerate() {
-        let mut there = student.at(site.gw(0).addr);
-        let page = there.get("/my/").await.unwrap();
-        assert_eq!(
-            (page.status, page.upstream(), page.issued.as_deref()),
-            (StatusCode::OK, node.as_str(), None),
-            "student {n}"
-        );
+        stays_home(student, site.gw(0).addr, node, &format!("student {n}")).await;
         let key = format!("moodle-gateway:s:{}", key_of(site.gw(0), student));
         assert_eq!(
             site.redis.get(&key),
