@@ -207,9 +207,9 @@ impl Store {
     pub async fn ticket(&self) -> Option<usize> {
         let shared = self.0.as_ref()?;
         let ticket = shared
-            .ask(Some(Fallback::Deal), |mut conn, keys| async move {
+            .ask(Some(Fallback::Deal), |mut conn| async move {
                 redis::cmd("INCR")
-                    .arg(keys.deal())
+                    .arg(shared.keys.deal())
                     .query_async::<u64>(&mut conn)
                     .await
             })
@@ -230,7 +230,7 @@ impl Store {
         let message = wire::message(&shared.sender, &[change]);
         pipe.publish(shared.keys.events(), message).ignore();
         let written = shared
-            .ask(None, |mut conn, _| async move {
+            .ask(None, |mut conn| async move {
                 pipe.query_async::<()>(&mut conn).await
             })
             .await;
@@ -305,8 +305,8 @@ impl Shared {
     /// A session's value and TTL; the outer `None` when Redis did not answer.
     async fn read(&self, key: SessionKey, fallback: Option<Fallback>) -> Option<Option<Stored>> {
         let (value, pttl) = self
-            .ask(fallback, |mut conn, keys| async move {
-                let redis_key = keys.session(key);
+            .ask(fallback, |mut conn| async move {
+                let redis_key = self.keys.session(key);
                 let asked = redis::pipe().get(&redis_key).pttl(&redis_key).clone();
                 asked.query_async::<(Option<String>, i64)>(&mut conn).await
             })
@@ -328,7 +328,7 @@ impl Shared {
     async fn ask<T, F>(
         &self,
         fallback: Option<Fallback>,
-        call: impl FnOnce(MultiplexedConnection, wire::Keys) -> F,
+        call: impl FnOnce(MultiplexedConnection) -> F,
     ) -> Option<T>
     where
         F: std::future::Future<Output = redis::RedisResult<T>>,
@@ -340,7 +340,7 @@ impl Shared {
             fell_back();
             return None;
         };
-        let asked = call(linked.conn.clone(), self.keys.clone());
+        let asked = call(linked.conn.clone());
         match tokio::time::timeout(self.config.timeout, asked).await {
             Ok(Ok(answer)) => Some(answer),
             Ok(Err(error)) => {

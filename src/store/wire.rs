@@ -52,6 +52,9 @@ pub enum Change {
 #[derive(Debug, Clone)]
 pub struct Keys {
     prefix: String,
+    /// The two names a new session uses, made once: the deal and the channel.
+    deal: String,
+    events: String,
 }
 
 impl Keys {
@@ -59,6 +62,8 @@ impl Keys {
     pub fn new(prefix: &str) -> Self {
         Self {
             prefix: prefix.to_owned(),
+            deal: format!("{prefix}deal"),
+            events: format!("{prefix}events"),
         }
     }
 
@@ -93,8 +98,8 @@ impl Keys {
     }
 
     /// The deal counter.
-    pub fn deal(&self) -> String {
-        format!("{}deal", self.prefix)
+    pub fn deal(&self) -> &str {
+        &self.deal
     }
 
     /// One gateway's heartbeat.
@@ -108,8 +113,8 @@ impl Keys {
     }
 
     /// The channel.
-    pub fn events(&self) -> String {
-        format!("{}events", self.prefix)
+    pub fn events(&self) -> &str {
+        &self.events
     }
 }
 
