@@ -1,12 +1,15 @@
 //! The nodes: who they are (stable ids, addresses, weights, admin state), whether
 //! they are up (active probes, passive marks), and who gets the next session (the
-//! lock-free deal).
+//! lock-free deal), and how many requests each works on at once (its slots, and
+//! the line of requests waiting for them).
 //!
 //! It owns the nodes only. It must never import `sessions` or `gateway`: it does
 //! not know which sessions a node holds. Of `http` it uses only the keep-alive
 //! connection list each upstream owns ([`Conns`](crate::http::pool::Conns)) and
-//! whose fault a failed connect is ([`fault`](crate::http::fault)).
+//! whose fault a failed connect is ([`fault`](crate::http::fault)), and the [`Held`](crate::http::pool::Held)
+//! a node's response body keeps its slot with.
 
 pub mod balancer;
 pub mod health;
+pub mod slots;
 pub mod upstreams;

@@ -22,6 +22,7 @@ use http::uri::Authority;
 
 use crate::cluster::balancer::Balancer;
 use crate::cluster::health::Health;
+use crate::cluster::slots::{Crowd, Slots};
 use crate::config::{Balance, Config, NodeState, UpstreamConfig};
 use crate::http::pool::Conns;
 
@@ -47,6 +48,9 @@ pub struct Upstream {
     pub health: Arc<Health>,
     /// Idle keep-alive connections, shared like `health`.
     pub conns: Arc<Conns>,
+    /// Its cap and the requests waiting for it, shared with every generation of
+    /// the same name (a reload never drops a waiting request).
+    pub slots: Arc<Slots>,
     /// The admin state as a [`NodeState`] index, shared like `health`.
     state: Arc<AtomicU8>,
     /// The state the config file asked for, to tell an admin's change from a file's.
@@ -128,6 +132,8 @@ pub struct Upstreams {
     /// Deals positions in `nodes`.
     balancer: Balancer,
     balance: Balance,
+    /// What every node's line shares, kept across generations.
+    crowd: Arc<Crowd>,
 }
 
 impl Upstreams {
@@ -140,20 +146,26 @@ impl Upstreams {
         ids: &NodeIds,
         previous: Option<&Upstreams>,
     ) -> Result<Self, String> {
+        let crowd = match previous {
+            Some(p) => p.crowd.clone(),
+            None => Arc::new(Crowd::new(config.surge.max_waiting)),
+        };
+        crowd.set_max_waiting(config.surge.max_waiting);
         let mut nodes = Vec::with_capacity(config.nodes.len());
         for node in &config.nodes {
             let kept = previous.and_then(|p| p.by_name(&node.name));
-            nodes.push(Arc::new(upstream(
-                node,
-                ids.id(&node.name)?,
-                kept.map(|k| &**k),
-            )));
+            let (id, cap) = (ids.id(&node.name)?, node.cap(&config.surge));
+            let built = upstream(node, id, cap, &crowd, kept.map(|k| &**k));
+            nodes.push(Arc::new(built));
         }
         let kept_data = previous
             .map(|p| &p.data)
             .filter(|d| d.name == config.data.name);
         let data_id = ids.id(&config.data.name)?;
-        let data = Arc::new(upstream(&config.data, data_id, kept_data.map(|d| &**d)));
+        // The data server is not capped: without [offload] it serves SCORM files
+        // only, which no class of student should wait for behind another.
+        let data = upstream(&config.data, data_id, 0, &crowd, kept_data.map(|d| &**d));
+        let data = Arc::new(data);
         let mut by_id = vec![None; nodes.iter().map(|n| n.id + 1).max().unwrap_or(0)];
         for node in &nodes {
             by_id[node.id] = Some(node.clone());
@@ -165,6 +177,7 @@ impl Upstreams {
             nodes: nodes.into(),
             data,
             balance: config.session.balance,
+            crowd,
         })
     }
 
@@ -188,6 +201,11 @@ impl Upstreams {
         &self.data
     }
 
+    /// What every node's line shares: the waiting room reads its expected wait.
+    pub fn crowd(&self) -> &Arc<Crowd> {
+        &self.crowd
+    }
+
     /// The node for a new session, per `[session] balance`, among the nodes that
     /// take new sessions, other than `except`; `live(id)` counts a node's sessions.
     pub fn deal(&self, live: impl Fn(NodeId) -> u64, except: Option<NodeId>) -> Option<NodeId> {
@@ -208,7 +226,31 @@ impl Upstreams {
             let node = &self.nodes[position];
             node.takes_new() && Some(node.id) != except
         };
-        let position = match self.balance {
+        // A node whose line is long is passed over while another has room (a
+        // ticket landing on it is used up, and counted); when every node is
+        // crowded the deal goes on as if none were.
+        let roomy = |position: usize| {
+            let slots = &self.nodes[position].slots;
+            let passed = eligible(position) && slots.crowded();
+            if passed && self.balance == Balance::RoundRobin {
+                slots.passed_over();
+            }
+            eligible(position) && !passed
+        };
+        let crowded = self.nodes.iter().any(|n| n.slots.crowded());
+        let position = crowded.then(|| self.pick(shared, &live, roomy)).flatten();
+        let position = position.or_else(|| self.pick(shared, &live, eligible))?;
+        Some(self.nodes[position].id)
+    }
+
+    /// The deal's choice among the positions `eligible` allows.
+    fn pick(
+        &self,
+        shared: Option<usize>,
+        live: &impl Fn(NodeId) -> u64,
+        eligible: impl Fn(usize) -> bool + Copy,
+    ) -> Option<usize> {
+        match self.balance {
             Balance::RoundRobin => shared
                 .map(|ticket| self.balancer.at(ticket))
                 .filter(|&position| eligible(position))
@@ -216,8 +258,7 @@ impl Upstreams {
             Balance::LeastSessions => self
                 .balancer
                 .least_sessions(|p| live(self.nodes[p].id), eligible),
-        }?;
-        Some(self.nodes[position].id)
+        }
     }
 
     /// How new sessions are dealt.
@@ -267,7 +308,13 @@ impl Upstreams {
 /// previous generation (an admin's drain survives a reload, even one that moves the
 /// node to a new address), and its health when the address is the same (a new
 /// address is a new machine as far as health goes).
-fn upstream(config: &UpstreamConfig, id: NodeId, kept: Option<&Upstream>) -> Upstream {
+fn upstream(
+    config: &UpstreamConfig,
+    id: NodeId,
+    cap: usize,
+    crowd: &Arc<Crowd>,
+    kept: Option<&Upstream>,
+) -> Upstream {
     let state = match kept {
         Some(k) => {
             if k.configured != config.state {
@@ -280,6 +327,13 @@ fn upstream(config: &UpstreamConfig, id: NodeId, kept: Option<&Upstream>) -> Ups
     let same_address = kept.filter(|k| k.authority == config.authority);
     let health = same_address.map_or_else(Arc::default, |k| k.health.clone());
     let conns = same_address.map_or_else(Arc::default, |k| k.conns.clone());
+    let slots = match kept {
+        Some(k) => {
+            k.slots.set_cap(cap);
+            k.slots.clone()
+        }
+        None => Arc::new(Slots::new(cap, crowd.clone())),
+    };
     Upstream {
         id,
         name: config.name.clone(),
@@ -287,6 +341,7 @@ fn upstream(config: &UpstreamConfig, id: NodeId, kept: Option<&Upstream>) -> Ups
         weight: config.weight,
         health,
         conns,
+        slots,
         state,
         configured: config.state,
     }

@@ -41,12 +41,14 @@ mod operations;
 mod refusals;
 mod secrets;
 mod store;
+mod surge;
 #[cfg(test)]
 mod tests;
 mod upstreams;
 mod values;
 
 pub use store::{RedisConfig, RedisTarget, StoreConfig, STORE_SECRET_ENV};
+pub use surge::MAX_ROOM_PAGE_BYTES;
 
 /// `listen` default: all interfaces, a port that needs no privileges.
 pub const DEFAULT_LISTEN: SocketAddr =
@@ -191,6 +193,8 @@ pub struct Config {
     pub access_log: AccessLogConfig,
     /// Where the affinity table, the deal and the admin state live (`[store]`).
     pub store: StoreConfig,
+    /// Each node's cap, the line in the gateway and the waiting room (`[surge]`).
+    pub surge: SurgeConfig,
     /// Directory of the config file, for resolving relative paths.
     pub base_dir: PathBuf,
 }
@@ -571,6 +575,54 @@ pub struct UpstreamConfig {
     pub weight: u32,
     /// `state`: `active` (default), `draining` or `disabled` (always active for `[data]`).
     pub state: NodeState,
+    /// `max_active`: this node's own cap, overriding `surge.max_active` (never set
+    /// for `[data]`).
+    pub max_active: Option<usize>,
+}
+
+impl UpstreamConfig {
+    /// The requests this node works on at once under `surge` (0: no cap).
+    pub fn cap(&self, surge: &SurgeConfig) -> usize {
+        self.max_active.unwrap_or(surge.max_active)
+    }
+}
+
+/// `[surge]`: what the gateway does when more students arrive than the nodes'
+/// PHP workers can take. Everything is inert while no node has a cap.
+#[derive(Debug, Clone)]
+pub struct SurgeConfig {
+    /// `max_active`: requests one node works on at once, the rest wait in the
+    /// gateway; 0 (default): no cap, every request goes to its node at once.
+    pub max_active: usize,
+    /// `max_waiting`: requests waiting across all nodes. Default 10,000.
+    pub max_waiting: usize,
+    /// `aging`: the class step of the queue's aging rule. Default 10 s.
+    pub aging: Duration,
+    /// `patience`: a logged-in student's request waits at most this. Default 60 s.
+    pub patience: Duration,
+    /// `post_patience`: a logged-in student's POST. Default 180 s.
+    pub post_patience: Duration,
+    /// `anonymous_patience`: a session that has not logged in. Default 45 s.
+    pub anonymous_patience: Duration,
+    /// `newcomer_patience`: a request with no known session. Default 30 s.
+    pub newcomer_patience: Duration,
+    /// The waiting room (`waiting_room`, default on): `None` when turned off.
+    pub waiting_room: Option<RoomConfig>,
+}
+
+/// The waiting room of `[surge]`.
+#[derive(Debug, Clone)]
+pub struct RoomConfig {
+    /// `room_opens_at`: the expected wait for a newcomer that opens it. Default 5 s.
+    pub opens_at: Duration,
+    /// `place_kept`: how long a place in line is kept for a visitor who stopped
+    /// refreshing. Default 5 min.
+    pub place_kept: Duration,
+    /// `room_cookie`: the cookie that holds a visitor's place. Default
+    /// `MoodleGatewayPlace`.
+    pub cookie: String,
+    /// `room_page`: the page's template as read (UTF-8); `None`: the built-in page.
+    pub page: Option<String>,
 }
 
 /// `nodes[].state`: what an admin wants of a node. The admin API can change it

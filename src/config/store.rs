@@ -277,7 +277,7 @@ impl Checker<'_> {
         }
     }
 
-    fn bounded(
+    pub(super) fn bounded(
         &mut self,
         s: &Section,
         name: &str,

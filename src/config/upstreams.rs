@@ -6,6 +6,7 @@
 use http::uri::Authority;
 
 use super::check::{Checker, Section, Span};
+use super::surge::MAX_ACTIVE;
 use super::values::{node_name, parse_node_state, server_key, upstream_authority};
 use super::{
     NodeState, OffloadConfig, UpstreamConfig, DEFAULT_OFFLOAD_PREFIX, DEFAULT_WEIGHT, MAX_NODES,
@@ -14,7 +15,7 @@ use super::{
 
 const OFFLOAD_KEYS: &str = "url prefix";
 
-const NODE_KEYS: &str = "name url weight state";
+const NODE_KEYS: &str = "name url weight state max_active";
 // No `state`: the data server is not dealt sessions, so draining it means nothing,
 // and disabling it would leave SCORM files nowhere to go.
 const DATA_KEYS: &str = "name url";
@@ -27,6 +28,7 @@ struct Upstream {
     url: Option<(Authority, Span)>,
     weight: u32,
     state: NodeState,
+    max_active: Option<usize>,
 }
 
 impl Upstream {
@@ -37,6 +39,7 @@ impl Upstream {
             authority,
             weight: self.weight,
             state: self.state,
+            max_active: self.max_active,
         })
     }
 }
@@ -125,12 +128,15 @@ impl Checker<'_> {
         let weight = weight.flatten().map_or(DEFAULT_WEIGHT, |w| w as u32);
         let state = node.then(|| self.parsed(&s, "state", parse_node_state));
         let state = state.flatten().map_or(NodeState::Active, |v| v.0);
+        let max_active = node.then(|| self.int_in(&s, "max_active", 0..=MAX_ACTIVE));
+        let max_active = max_active.flatten().and_then(|n| usize::try_from(n).ok());
         Upstream {
             key: s.key,
             name,
             url,
             weight,
             state,
+            max_active,
         }
     }
 

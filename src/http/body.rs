@@ -129,6 +129,11 @@ impl<B> IdleLimited<B> {
         self.inner
     }
 
+    /// The wrapped body, to hand it something to hold.
+    pub fn inner_mut(&mut self) -> &mut B {
+        &mut self.inner
+    }
+
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if !self.waiting {
             self.waiting = true;

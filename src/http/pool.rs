@@ -321,12 +321,33 @@ impl Lease {
 /// and returns the connection for reuse once the body has been read in full. A body
 /// dropped before its end (the student left) drops the connection with it: a
 /// half-read response cannot be reused.
-#[derive(Debug)]
 pub struct NodeBody {
     incoming: Incoming,
     lease: Option<Lease>,
     /// The body said it ended (a chunked one never reports `is_end_stream`).
     done: bool,
+    /// The node's slot this exchange holds (a cap per node): let go the moment the
+    /// body ends, because the PHP worker is free then, or when it is dropped.
+    held: Option<Arc<dyn Held>>,
+}
+
+/// Something a request holds of its node while the node works for it, such as a
+/// slot under the node's cap, let go once the node's answer has been read. A
+/// trait so that `http` knows nothing of what it is; an `Arc` so that handing one
+/// over allocates nothing.
+pub trait Held: Send + Sync {
+    /// The node is done with the request.
+    fn release(&self);
+}
+
+impl std::fmt::Debug for NodeBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeBody")
+            .field("lease", &self.lease)
+            .field("done", &self.done)
+            .field("held", &self.held.is_some())
+            .finish()
+    }
 }
 
 impl NodeBody {
@@ -336,6 +357,7 @@ impl NodeBody {
             incoming,
             lease: Some(lease),
             done: false,
+            held: None,
         }
     }
 
@@ -345,6 +367,18 @@ impl NodeBody {
             incoming,
             lease: None,
             done: false,
+            held: None,
+        }
+    }
+
+    /// Keeps `held` until this body ends or is dropped.
+    pub fn hold(&mut self, held: Arc<dyn Held>) {
+        self.held = Some(held);
+    }
+
+    fn let_go(&mut self) {
+        if let Some(held) = self.held.take() {
+            held.release();
         }
     }
 }
@@ -376,6 +410,7 @@ impl Body for NodeBody {
         }
         if let Poll::Ready(None) = frame {
             this.done = true;
+            this.let_go();
         }
         frame
     }
@@ -391,6 +426,7 @@ impl Body for NodeBody {
 
 impl Drop for NodeBody {
     fn drop(&mut self) {
+        self.let_go();
         if self.done || self.incoming.is_end_stream() {
             if let Some(lease) = self.lease.take() {
                 lease.release();

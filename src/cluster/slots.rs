@@ -1,0 +1,473 @@
+//! Each node's slots: at most `max_active` requests inside a node's PHP at once, the
+//! rest waiting here, in the gateway, in an order that knows who is asking.
+//!
+//! Why the gateway queues instead of PHP: PHP-FPM's listen queue and Apache's accept
+//! queue are first come, first served and blind, so on exam day a logged-in
+//! student's quiz autosave waits behind hundreds of newcomers' login pages. Held
+//! here, the next request a freed slot goes to is chosen by [`Class`] first, then by
+//! arrival.
+//!
+//! The aging rule (why no class starves): a waiter's place in line is its arrival
+//! plus a handicap of one `aging` per class below the first: a logged-in request at
+//! its arrival, an anonymous one at arrival + `aging`, a newcomer at arrival +
+//! 2 × `aging`. The smallest place goes first. A request arriving later than a
+//! waiter by more than the waiter's handicap lines up behind it, so a newcomer who
+//! has waited 2 × `aging` goes before every logged-in request that comes after, and
+//! each waiter is served after at most its handicap's worth of later arrivals.
+//!
+//! Why a mutex: a slot is handed from the request that frees it straight to the
+//! first waiter, and "is anyone waiting, else give the slot back" must be one step,
+//! or a slot could be freed while a waiter sleeps. One short lock per request and
+//! node, uncontended but under a surge; a node without a cap takes no lock at all.
+//!
+//! A slot is held from before the request is sent until the node's response has
+//! been read to its end or dropped (the PHP worker is busy until then), which the
+//! [`Held`](crate::http::pool::Held) in the node's body does. It knows nothing of
+//! sessions or HTTP: the gateway says which class a request is in.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::http::pool::Held;
+
+/// Who is asking, in the order a freed slot goes to them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Class {
+    /// A logged-in student: Moodle's real work (quiz pages, autosave, SCORM
+    /// tracking, forum posts, uploads).
+    LoggedIn,
+    /// A session the nodes issued that has not logged in: the login form, the login
+    /// POST of someone already let in.
+    Anonymous,
+    /// No session the gateway knows: a first visit.
+    Newcomer,
+}
+
+impl Class {
+    /// Every class, first to last.
+    pub const ALL: [Class; 3] = [Class::LoggedIn, Class::Anonymous, Class::Newcomer];
+
+    /// The label in `/metrics`, the dashboard and the access log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::LoggedIn => "logged_in",
+            Class::Anonymous => "anonymous",
+            Class::Newcomer => "newcomer",
+        }
+    }
+
+    /// Its position in [`ALL`](Self::ALL).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// How far back in line its requests stand: one `aging` per class above it.
+    fn handicap(self, aging: Duration) -> Duration {
+        aging * self as u32
+    }
+}
+
+/// What one request asks of its node's slots.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask {
+    /// Its class.
+    pub class: Class,
+    /// When it arrived, for its place in line: the request's own arrival, or a
+    /// waiting-room visitor's first arrival, so an admitted visitor keeps its turn.
+    pub arrived: Instant,
+    /// The class step of the aging rule.
+    pub aging: Duration,
+    /// The longest it waits, from now.
+    pub patience: Duration,
+}
+
+/// Why a request got no slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// `max_waiting` requests were waiting already, none of a lower class.
+    Full,
+    /// It waited its class's patience.
+    Timeout,
+}
+
+/// What every node's line shares: the bound on waiters across the gateway, and the
+/// pace slots free at, which the waiting room's estimate reads.
+#[derive(Debug)]
+pub struct Crowd {
+    max_waiting: AtomicUsize,
+    waiting: AtomicUsize,
+    /// Capped slots handed back since the start (a finished request).
+    freed: AtomicU64,
+    pace: Mutex<Pace>,
+}
+
+/// The recent pace slots free at, sampled at most once a second.
+#[derive(Debug)]
+struct Pace {
+    at: Instant,
+    freed: u64,
+    /// Slots freed per second, smoothed.
+    per_second: f64,
+}
+
+/// How much of the last pace a new sample replaces: a few seconds' memory.
+const PACE_WEIGHT: f64 = 0.5;
+
+impl Crowd {
+    /// A crowd that lets at most `max_waiting` requests wait.
+    pub fn new(max_waiting: usize) -> Self {
+        Self {
+            max_waiting: AtomicUsize::new(max_waiting),
+            waiting: AtomicUsize::new(0),
+            freed: AtomicU64::new(0),
+            pace: Mutex::new(Pace {
+                at: Instant::now(),
+                freed: 0,
+                per_second: 0.0,
+            }),
+        }
+    }
+
+    /// Applies a reloaded `max_waiting`; those already waiting stay.
+    pub fn set_max_waiting(&self, max: usize) {
+        self.max_waiting.store(max, Ordering::Relaxed);
+    }
+
+    /// Requests waiting for a slot now, every node's.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Slots freed per second lately (0 before anything finished).
+    pub fn pace(&self) -> f64 {
+        let mut pace = self.pace.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let elapsed = now.duration_since(pace.at).as_secs_f64();
+        if elapsed >= 1.0 {
+            let freed = self.freed.load(Ordering::Relaxed);
+            let sample = (freed - pace.freed) as f64 / elapsed;
+            pace.per_second = match pace.per_second {
+                0.0 => sample,
+                last => last * (1.0 - PACE_WEIGHT) + sample * PACE_WEIGHT,
+            };
+            (pace.at, pace.freed) = (now, freed);
+        }
+        pace.per_second
+    }
+
+    /// How long a request joining the line now would wait behind everybody already
+    /// waiting (Little's law: waiters over the pace they leave at); `None` when
+    /// requests wait and none has finished lately (the nodes are stuck).
+    pub fn expected_wait(&self) -> Option<Duration> {
+        let waiting = self.waiting();
+        if waiting == 0 {
+            return Some(Duration::ZERO);
+        }
+        let pace = self.pace();
+        (pace > 0.0).then(|| Duration::from_secs_f64(waiting as f64 / pace))
+    }
+
+    fn join(&self) -> bool {
+        let max = self.max_waiting.load(Ordering::Relaxed);
+        if self.waiting.fetch_add(1, Ordering::Relaxed) >= max {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    fn leave(&self) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One node's slots and the requests waiting for them.
+#[derive(Debug)]
+pub struct Slots {
+    /// `max_active`; 0: no cap.
+    cap: AtomicUsize,
+    line: Mutex<Line>,
+    /// Waiters, readable without the lock (the deal asks on every new session).
+    queued: AtomicUsize,
+    /// New sessions the deal gave another node because this one's line was long.
+    passed_over: AtomicU64,
+    crowd: Arc<Crowd>,
+}
+
+#[derive(Debug, Default)]
+struct Line {
+    /// Requests holding a slot.
+    active: usize,
+    waiters: BTreeMap<Place, Waiter>,
+    per_class: [usize; 3],
+    next_seq: u64,
+}
+
+/// A place in line: the aged arrival, then who came first among equals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Place {
+    due: Instant,
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    class: Class,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// What a waiter is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// A slot is its own now.
+    Slot,
+    /// A request of a higher class took its place in a full line.
+    Displaced,
+}
+
+/// One node's slots as the dashboard and `/metrics` show them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotsNow {
+    /// `max_active` (0: no cap).
+    pub cap: usize,
+    /// Requests holding a slot (counted only under a cap).
+    pub active: usize,
+    /// Requests waiting, per [`Class`].
+    pub queued: [usize; 3],
+    /// New sessions dealt past this node because its line was long.
+    pub passed_over: u64,
+}
+
+impl Slots {
+    /// Slots for a node with cap `cap` (0: none), sharing `crowd`'s bound.
+    pub fn new(cap: usize, crowd: Arc<Crowd>) -> Self {
+        Self {
+            cap: AtomicUsize::new(cap),
+            line: Mutex::default(),
+            queued: AtomicUsize::new(0),
+            passed_over: AtomicU64::new(0),
+            crowd,
+        }
+    }
+
+    /// The cap (0: none).
+    pub fn cap(&self) -> usize {
+        self.cap.load(Ordering::Relaxed)
+    }
+
+    /// Applies a reloaded cap. Nobody waiting loses a place: a higher cap (or none)
+    /// lets the first waiters in at once; a lower one lets requests finish until the
+    /// node is under it.
+    pub fn set_cap(&self, cap: usize) {
+        self.cap.store(cap, Ordering::Relaxed);
+        let mut line = self.lock();
+        while !line.waiters.is_empty() && (cap == 0 || line.active < cap) {
+            line.active += 1;
+            if !self.hand_over(&mut line) {
+                line.active -= 1;
+            }
+        }
+    }
+
+    /// Requests waiting for this node.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Its line is longer than one round of its workers: the deal of a new session
+    /// should pass it over while another node has room.
+    pub fn crowded(&self) -> bool {
+        let cap = self.cap();
+        cap > 0 && self.queued() > cap
+    }
+
+    /// Counts a new session dealt past this node.
+    pub fn passed_over(&self) {
+        self.passed_over.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// What the dashboard shows.
+    pub fn now(&self) -> SlotsNow {
+        let line = self.lock();
+        SlotsNow {
+            cap: self.cap(),
+            active: line.active,
+            queued: line.per_class,
+            passed_over: self.passed_over.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A slot on this node: at once while it is under its cap and nobody waits,
+    /// else when its turn comes by the aging rule. Dropping the future gives the
+    /// place up (and a slot handed over in that very moment back).
+    pub async fn acquire(self: &Arc<Self>, ask: Ask) -> Result<Permit, Ended> {
+        let (place, answer) = {
+            let mut line = self.lock();
+            let cap = self.cap();
+            if cap == 0 {
+                return Ok(Permit { slots: None });
+            }
+            if line.active < cap && line.waiters.is_empty() {
+                line.active += 1;
+                return Ok(Permit {
+                    slots: Some(self.clone()),
+                });
+            }
+            let place = Place {
+                due: ask.arrived + ask.class.handicap(ask.aging),
+                seq: line.next_seq,
+            };
+            line.next_seq += 1;
+            if !self.crowd.join() && !self.displace(&mut line, place) {
+                return Err(Ended::Full);
+            }
+            let (answer, told) = oneshot::channel();
+            line.waiters.insert(
+                place,
+                Waiter {
+                    class: ask.class,
+                    answer,
+                },
+            );
+            line.per_class[ask.class.index()] += 1;
+            self.queued.store(line.waiters.len(), Ordering::Relaxed);
+            (place, told)
+        };
+        let mut waiting = Waiting {
+            slots: self,
+            place,
+            answer: Some(answer),
+        };
+        let told = waiting.answer.as_mut().expect("just set");
+        match tokio::time::timeout(ask.patience, told).await {
+            Ok(told) => {
+                waiting.answer = None;
+                match told {
+                    Ok(Answer::Slot) => Ok(Permit {
+                        slots: Some(self.clone()),
+                    }),
+                    // Displaced, or the line itself went (it outlives this borrow).
+                    Ok(Answer::Displaced) | Err(_) => Err(Ended::Full),
+                }
+            }
+            // Patience ran out: `waiting` gives the place up as it drops, or frees
+            // a slot handed over between the timer and its lock.
+            Err(_) => Err(Ended::Timeout),
+        }
+    }
+
+    /// In a full gateway line, a request takes the place of the last waiter of a
+    /// lower class on this node (told it is displaced), so a logged-in student is
+    /// never the one turned away while newcomers wait.
+    fn displace(&self, line: &mut Line, place: Place) -> bool {
+        let last = line.waiters.last_key_value().map(|(p, w)| (*p, w.class));
+        let Some((last, class)) = last.filter(|(last, _)| *last > place) else {
+            return false;
+        };
+        let waiter = line.waiters.remove(&last).expect("just seen");
+        line.per_class[class.index()] -= 1;
+        // Its place in the crowd passes to the newcomer: no `leave`.
+        let _ = waiter.answer.send(Answer::Displaced);
+        true
+    }
+
+    /// Takes a waiter out of line; `false` when it was not there any more.
+    fn remove(&self, line: &mut Line, place: Place) -> bool {
+        let Some(waiter) = line.waiters.remove(&place) else {
+            return false;
+        };
+        line.per_class[waiter.class.index()] -= 1;
+        self.queued.store(line.waiters.len(), Ordering::Relaxed);
+        self.crowd.leave();
+        true
+    }
+
+    /// Gives one slot to the first waiter still there; `false` when nobody was.
+    fn hand_over(&self, line: &mut Line) -> bool {
+        while let Some((_, waiter)) = line.waiters.pop_first() {
+            line.per_class[waiter.class.index()] -= 1;
+            self.queued.store(line.waiters.len(), Ordering::Relaxed);
+            self.crowd.leave();
+            if waiter.answer.send(Answer::Slot).is_ok() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A request is done with its slot: the next waiter gets it, else it is free.
+    fn release(&self) {
+        self.crowd.freed.fetch_add(1, Ordering::Relaxed);
+        let mut line = self.lock();
+        let cap = self.cap();
+        let over = cap != 0 && line.active > cap;
+        if over || !self.hand_over(&mut line) {
+            line.active = line.active.saturating_sub(1);
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Line> {
+        self.line.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A waiter's place, given up if its future is dropped before an answer.
+struct Waiting<'a> {
+    slots: &'a Arc<Slots>,
+    place: Place,
+    /// `None` once the answer (or the timeout) was taken in hand.
+    answer: Option<oneshot::Receiver<Answer>>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let Some(mut answer) = self.answer.take() else {
+            return;
+        };
+        let mut line = self.slots.lock();
+        if self.slots.remove(&mut line, self.place) {
+            return;
+        }
+        drop(line);
+        // Out of line already: a slot handed to a request that left is freed again.
+        if answer.try_recv() == Ok(Answer::Slot) {
+            self.slots.release();
+        }
+    }
+}
+
+/// A slot held on a node (or nothing, on a node without a cap), freed when dropped
+/// or, once the request was sent, when the node's response body ends.
+#[derive(Debug)]
+pub struct Permit {
+    slots: Option<Arc<Slots>>,
+}
+
+impl Permit {
+    /// The slot, to travel with the node's response body: `None` without a cap.
+    pub fn into_held(mut self) -> Option<Arc<dyn Held>> {
+        self.slots.take().map(|slots| slots as Arc<dyn Held>)
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(slots) = self.slots.take() {
+            slots.release();
+        }
+    }
+}
+
+impl Held for Slots {
+    fn release(&self) {
+        Slots::release(self);
+    }
+}
+
+#[cfg(test)]
+mod tests;

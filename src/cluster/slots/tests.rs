@@ -1,0 +1,291 @@
+//! The line's rules: the cap, the order (class, arrival, aging) and each ending.
+
+use super::*;
+
+const AGING: Duration = Duration::from_secs(10);
+const FOREVER: Duration = Duration::from_secs(3600);
+
+fn node(cap: usize, max_waiting: usize) -> Arc<Slots> {
+    Arc::new(Slots::new(cap, Arc::new(Crowd::new(max_waiting))))
+}
+
+fn ask(class: Class, arrived: Instant) -> Ask {
+    Ask {
+        class,
+        arrived,
+        aging: AGING,
+        patience: FOREVER,
+    }
+}
+
+/// Starts waiting for a slot on `slots`; the task reports its name when it gets one
+/// and then holds the slot until told to let go.
+fn waiter(
+    slots: &Arc<Slots>,
+    ask: Ask,
+    name: &'static str,
+    served: &tokio::sync::mpsc::UnboundedSender<&'static str>,
+) -> tokio::task::JoinHandle<Result<(), Ended>> {
+    let (slots, served) = (slots.clone(), served.clone());
+    tokio::spawn(async move {
+        let permit = slots.acquire(ask).await?;
+        served.send(name).unwrap();
+        drop(permit);
+        Ok(())
+    })
+}
+
+/// Lets the spawned waiters run until each has joined the line or finished.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn under_the_cap_a_request_goes_at_once_and_the_next_waits_for_a_freed_slot() {
+    let slots = node(2, 100);
+    let now = Instant::now();
+    let first = slots.acquire(ask(Class::Newcomer, now)).await.unwrap();
+    let _second = slots.acquire(ask(Class::Newcomer, now)).await.unwrap();
+    assert_eq!(slots.now().active, 2);
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let third = waiter(&slots, ask(Class::Newcomer, now), "third", &served);
+    settle().await;
+    assert_eq!(slots.queued(), 1, "over the cap it waits in the gateway");
+    assert!(order.try_recv().is_err());
+    drop(first);
+    assert_eq!(order.recv().await, Some("third"));
+    third.await.unwrap().unwrap();
+    assert_eq!(slots.now().active, 1, "third gave its slot back");
+}
+
+#[tokio::test]
+async fn a_freed_slot_goes_to_logged_in_then_anonymous_then_newcomers_then_by_arrival() {
+    let slots = node(1, 100);
+    let t0 = Instant::now();
+    let busy = slots.acquire(ask(Class::LoggedIn, t0)).await.unwrap();
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let ms = Duration::from_millis;
+    let tasks = [
+        waiter(&slots, ask(Class::Newcomer, t0), "newcomer", &served),
+        waiter(
+            &slots,
+            ask(Class::Anonymous, t0 + ms(1)),
+            "anonymous",
+            &served,
+        ),
+        waiter(
+            &slots,
+            ask(Class::LoggedIn, t0 + ms(3)),
+            "student 2",
+            &served,
+        ),
+        waiter(
+            &slots,
+            ask(Class::LoggedIn, t0 + ms(2)),
+            "student 1",
+            &served,
+        ),
+        waiter(
+            &slots,
+            ask(Class::Newcomer, t0 + ms(4)),
+            "newcomer 2",
+            &served,
+        ),
+    ];
+    settle().await;
+    assert_eq!(slots.now().queued, [2, 1, 2]);
+    drop(busy);
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let got: Vec<_> = std::iter::from_fn(|| order.try_recv().ok()).collect();
+    assert_eq!(
+        got,
+        [
+            "student 1",
+            "student 2",
+            "anonymous",
+            "newcomer",
+            "newcomer 2"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_newcomer_who_waited_two_agings_goes_before_students_who_keep_arriving() {
+    let slots = node(1, 100);
+    let t0 = Instant::now();
+    let busy = slots.acquire(ask(Class::LoggedIn, t0)).await.unwrap();
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let s = Duration::from_secs;
+    let tasks = [
+        waiter(&slots, ask(Class::Newcomer, t0), "newcomer", &served),
+        // Within the newcomer's handicap (2 × aging): ahead of it.
+        waiter(
+            &slots,
+            ask(Class::LoggedIn, t0 + s(19)),
+            "early student",
+            &served,
+        ),
+        // Past it: behind, however many more come.
+        waiter(
+            &slots,
+            ask(Class::LoggedIn, t0 + s(21)),
+            "late student",
+            &served,
+        ),
+        waiter(
+            &slots,
+            ask(Class::Anonymous, t0 + s(11)),
+            "late guest",
+            &served,
+        ),
+    ];
+    settle().await;
+    drop(busy);
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let got: Vec<_> = std::iter::from_fn(|| order.try_recv().ok()).collect();
+    assert_eq!(
+        got,
+        ["early student", "newcomer", "late student", "late guest"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_waited_its_patience_ends_and_leaves_no_place_behind() {
+    let slots = node(1, 100);
+    let now = Instant::now();
+    let busy = slots.acquire(ask(Class::LoggedIn, now)).await.unwrap();
+    let patient = Ask {
+        patience: Duration::from_secs(30),
+        ..ask(Class::Newcomer, now)
+    };
+    let started = Instant::now();
+    assert_eq!(slots.acquire(patient).await.unwrap_err(), Ended::Timeout);
+    assert_eq!(started.elapsed(), Duration::from_secs(30), "not before");
+    assert_eq!((slots.queued(), slots.crowd.waiting()), (0, 0));
+    drop(busy);
+    assert_eq!(
+        slots.now().active,
+        0,
+        "the freed slot found nobody and is free"
+    );
+}
+
+#[tokio::test]
+async fn a_full_line_turns_away_a_newcomer_but_a_student_takes_a_newcomers_place() {
+    let slots = node(1, 2);
+    let t0 = Instant::now();
+    let busy = slots.acquire(ask(Class::LoggedIn, t0)).await.unwrap();
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let guest = waiter(&slots, ask(Class::Anonymous, t0), "guest", &served);
+    let newcomer = waiter(&slots, ask(Class::Newcomer, t0), "newcomer", &served);
+    settle().await;
+    let late = slots.acquire(ask(Class::Newcomer, t0)).await;
+    assert_eq!(
+        late.unwrap_err(),
+        Ended::Full,
+        "nobody below it to displace"
+    );
+    let student = waiter(&slots, ask(Class::LoggedIn, t0), "student", &served);
+    settle().await;
+    assert_eq!(newcomer.await.unwrap().unwrap_err(), Ended::Full);
+    assert_eq!(slots.now().queued, [1, 1, 0]);
+    drop(busy);
+    student.await.unwrap().unwrap();
+    guest.await.unwrap().unwrap();
+    let got: Vec<_> = std::iter::from_fn(|| order.try_recv().ok()).collect();
+    assert_eq!(got, ["student", "guest"]);
+    assert_eq!((slots.crowd.waiting(), slots.now().active), (0, 0));
+}
+
+#[tokio::test]
+async fn a_waiter_that_leaves_gives_up_its_place_and_never_keeps_a_slot() {
+    let slots = node(1, 100);
+    let now = Instant::now();
+    let busy = slots.acquire(ask(Class::LoggedIn, now)).await.unwrap();
+    let (served, _order) = tokio::sync::mpsc::unbounded_channel();
+    let gone = waiter(&slots, ask(Class::LoggedIn, now), "gone", &served);
+    settle().await;
+    gone.abort();
+    let _ = gone.await;
+    assert_eq!((slots.queued(), slots.crowd.waiting()), (0, 0));
+    drop(busy);
+    assert_eq!(slots.now().active, 0);
+    // A slot handed over in the instant its waiter leaves comes back too.
+    let busy = slots.acquire(ask(Class::LoggedIn, now)).await.unwrap();
+    let mut leaving = Box::pin(slots.acquire(ask(Class::LoggedIn, now)));
+    use futures_util::FutureExt;
+    assert!(leaving.as_mut().now_or_never().is_none(), "it waits");
+    drop(busy);
+    drop(leaving);
+    assert_eq!(
+        slots.now().active,
+        0,
+        "the slot given to a leaver is free again"
+    );
+}
+
+#[tokio::test]
+async fn a_reload_that_raises_the_cap_or_removes_it_lets_the_waiters_in() {
+    for new_cap in [4, 0] {
+        let slots = node(1, 100);
+        let now = Instant::now();
+        let busy = slots.acquire(ask(Class::LoggedIn, now)).await.unwrap();
+        let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+        let tasks: Vec<_> = ["a", "b", "c"]
+            .into_iter()
+            .map(|name| waiter(&slots, ask(Class::Newcomer, now), name, &served))
+            .collect();
+        settle().await;
+        assert_eq!(slots.queued(), 3);
+        slots.set_cap(new_cap);
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        let got: Vec<_> = std::iter::from_fn(|| order.try_recv().ok()).collect();
+        assert_eq!(
+            got,
+            ["a", "b", "c"],
+            "in while the first slot is still busy"
+        );
+        drop(busy);
+        assert_eq!((slots.queued(), slots.now().active), (0, 0));
+    }
+}
+
+#[tokio::test]
+async fn a_slot_kept_by_a_node_body_is_freed_by_its_release() {
+    let slots = node(1, 100);
+    let held = (slots.acquire(ask(Class::LoggedIn, Instant::now())).await)
+        .unwrap()
+        .into_held()
+        .expect("a capped node's slot");
+    assert_eq!(slots.now().active, 1, "handing it over keeps it");
+    held.release();
+    assert_eq!(slots.now().active, 0);
+    let uncapped = node(0, 100);
+    let permit = uncapped.acquire(ask(Class::LoggedIn, Instant::now())).await;
+    assert!(permit.unwrap().into_held().is_none(), "nothing to hold");
+}
+
+#[test]
+fn the_crowds_expected_wait_is_its_waiters_over_the_pace_slots_free_at() {
+    let crowd = Crowd::new(100);
+    assert_eq!(crowd.expected_wait(), Some(Duration::ZERO), "nobody waits");
+    assert!(crowd.join() && crowd.join());
+    assert_eq!(
+        crowd.expected_wait(),
+        None,
+        "waiters and no pace yet: stuck"
+    );
+    let mut pace = crowd.pace.lock().unwrap();
+    pace.per_second = 4.0;
+    pace.at = Instant::now();
+    drop(pace);
+    assert_eq!(crowd.expected_wait(), Some(Duration::from_millis(500)));
+}
