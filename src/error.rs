@@ -66,6 +66,11 @@ pub enum GatewayError {
     PayloadTooLarge,
     /// More requests in flight than `max_in_flight`.
     Overloaded,
+    /// `surge.max_waiting` requests were waiting for a node already, none of a
+    /// lower class than this one.
+    LineFull,
+    /// The request waited its class's patience (`surge.*patience`) for a node slot.
+    WaitedTooLong,
     /// The data server's file export refused, was unreachable or broke off.
     FileExportUnreachable,
     /// The data server's file export did not answer within `response_headers`.
@@ -96,6 +101,8 @@ impl GatewayError {
             Self::NoNodeAvailable
             | Self::DataServerDown
             | Self::Overloaded
+            | Self::LineFull
+            | Self::WaitedTooLong
             | Self::OutOfConnections => StatusCode::SERVICE_UNAVAILABLE,
             Self::MalformedRequest => StatusCode::BAD_REQUEST,
             Self::UnknownHost => StatusCode::MISDIRECTED_REQUEST,
@@ -141,6 +148,18 @@ impl GatewayError {
             Self::Overloaded => {
                 concat!(
                     "service unavailable: too many requests right now; ",
+                    come_back!()
+                )
+            }
+            Self::LineFull => {
+                concat!(
+                    "service unavailable: too many students are waiting for the site right now; ",
+                    come_back!()
+                )
+            }
+            Self::WaitedTooLong => {
+                concat!(
+                    "service unavailable: the site is very busy and could not take your request in time; ",
                     come_back!()
                 )
             }
@@ -244,6 +263,8 @@ impl GatewayError {
             Self::UriTooLong => "uri_too_long",
             Self::PayloadTooLarge => "payload_too_large",
             Self::Overloaded => "overloaded",
+            Self::LineFull => "line_full",
+            Self::WaitedTooLong => "waited_too_long",
             Self::FileExportUnreachable => "file_export_unreachable",
             Self::FileExportTimeout => "file_export_timeout",
             Self::FileNotOnDataServer => "file_not_on_data_server",
@@ -261,6 +282,8 @@ impl GatewayError {
             Self::UriTooLong => Some("max_uri_bytes"),
             Self::PayloadTooLarge => Some("max_body_bytes"),
             Self::Overloaded => Some("max_in_flight"),
+            Self::LineFull => Some("max_waiting"),
+            Self::WaitedTooLong => Some("patience"),
             Self::ClientTimeout => Some("body_idle"),
             Self::UploadTooSlow => Some("upload_min_rate"),
             Self::UploadTooLong => Some("upload"),
@@ -316,6 +339,8 @@ mod tests {
             (GatewayError::UriTooLong, 414),
             (GatewayError::PayloadTooLarge, 413),
             (GatewayError::Overloaded, 503),
+            (GatewayError::LineFull, 503),
+            (GatewayError::WaitedTooLong, 503),
             (GatewayError::FileExportUnreachable, 502),
             (GatewayError::FileExportTimeout, 504),
             (GatewayError::FileNotOnDataServer, 404),
@@ -356,6 +381,8 @@ mod tests {
             GatewayError::NoNodeAvailable,
             GatewayError::DataServerDown,
             GatewayError::Overloaded,
+            GatewayError::LineFull,
+            GatewayError::WaitedTooLong,
             GatewayError::OutOfConnections,
         ];
         for error in unavailable {

@@ -35,6 +35,7 @@ pub(super) fn snapshot(gateway: &Gateway) -> Snapshot {
             .collect(),
         in_flight: gateway.in_flight(),
         table_len: gateway.table().len(),
+        room: gateway.room_now(),
     }
 }
 
@@ -51,5 +52,6 @@ fn now(gateway: &Gateway, upstream: &Upstream, node: bool) -> UpstreamNow {
         } else {
             0
         },
+        slots: upstream.slots.now(),
     }
 }

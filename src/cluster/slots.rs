@@ -160,16 +160,12 @@ impl Crowd {
         pace.per_second
     }
 
-    /// How long a request joining the line now would wait behind everybody already
-    /// waiting (Little's law: waiters over the pace they leave at); `None` when
-    /// requests wait and none has finished lately (the nodes are stuck).
-    pub fn expected_wait(&self) -> Option<Duration> {
-        let waiting = self.waiting();
-        if waiting == 0 {
-            return Some(Duration::ZERO);
+    /// The crowd now, as the waiting room weighs it.
+    pub fn load(&self) -> Load {
+        Load {
+            waiting: self.waiting(),
+            pace: self.pace(),
         }
-        let pace = self.pace();
-        (pace > 0.0).then(|| Duration::from_secs_f64(waiting as f64 / pace))
     }
 
     fn join(&self) -> bool {
@@ -183,6 +179,27 @@ impl Crowd {
 
     fn leave(&self) {
         self.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The crowd at one moment: requests waiting, and the pace slots free at.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Load {
+    /// Requests waiting for a slot, every node's.
+    pub waiting: usize,
+    /// Slots freed per second lately.
+    pub pace: f64,
+}
+
+impl Load {
+    /// How long a request joining the line now would wait behind everybody already
+    /// waiting (Little's law: waiters over the pace they leave at); `None` when
+    /// requests wait and none has finished lately (the nodes are stuck).
+    pub fn expected_wait(&self) -> Option<Duration> {
+        if self.waiting == 0 {
+            return Some(Duration::ZERO);
+        }
+        (self.pace > 0.0).then(|| Duration::from_secs_f64(self.waiting as f64 / self.pace))
     }
 }
 

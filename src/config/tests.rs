@@ -263,7 +263,7 @@ upstream_idle = "400 days""#;
 1: listen: "localhost:80" is not an ip:port address (like "0.0.0.0:8080")
 2: trusted_proxies[0]: "10.0.0.0/33" is not an IP address or CIDR (like "10.0.0.0/8")
 2: trusted_proxies[1]: expected a string, found integer
-3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, limits, tls, offload, access_log, store, nodes, data)
+3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, limits, tls, offload, access_log, store, surge, nodes, data)
 5: site.path: "moodle" must start with "/" (like "/moodle")
 7: session.cookie: "Moodle Session" is not a valid cookie name
 8: session.cookie_path: "moodle/" must start with "/"
@@ -360,7 +360,7 @@ url = "192.168.1.2""#;
 2: nodes[0].name: "web 2" may only contain letters, digits, ".", "_" and "-"
 3: nodes[0].url: "ftp://x" is not an http:// URL
 4: nodes[0].weight: must be between 1 and 1000, got 1001
-5: nodes[0].port: unknown key (expected one of: name, url, weight, state)
+5: nodes[0].port: unknown key (expected one of: name, url, weight, state, max_active)
 7: nodes[1].name: must not be empty
 8: nodes[1].url: "https://x": TLS to upstreams is not supported yet
 9: nodes[1].weight: expected an integer, found string

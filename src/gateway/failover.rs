@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 
 use super::{Gateway, Known, Route, Settings};
 use crate::cluster::health::Change;
+use crate::cluster::slots::Ask;
 use crate::config::SessionStore;
 use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
@@ -27,12 +28,20 @@ impl Gateway {
     /// (nothing of it reached the node, so nothing can happen twice; see
     /// [`Gateway::again`] for where). Anything else is never replayed. Returns the
     /// route taken, the response, and how long the answering node took to its head.
+    ///
+    /// Each attempt first takes a slot on its node (`[surge] max_active`), noting in
+    /// `waited` how long that took; the slot travels in the response body and is
+    /// freed when the node's answer has been read. An upgrade takes none: a
+    /// WebSocket holds no PHP worker for its life.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn forward(
         &self,
         mut route: Route,
         known: Option<Known>,
         request: Request<Incoming>,
         peer: Peer<'_>,
+        ask: Ask,
+        waited: &mut Option<Duration>,
         settings: &Settings,
     ) -> Result<(Route, Response<IdleLimited>, Option<Duration>), GatewayError> {
         if tunnel::is_upgrade(&request) {
@@ -64,6 +73,9 @@ impl Gateway {
             hold: None,
         };
         loop {
+            let (slotted, permit, took_slot) = self.slot(route, known, ask, settings).await?;
+            route = slotted;
+            *waited = took_slot.map(|t| t + waited.unwrap_or_default());
             let upstream = settings
                 .upstream(route)
                 .ok_or(GatewayError::NoNodeAvailable)?;
@@ -79,16 +91,21 @@ impl Gateway {
                 unsent,
                 refused,
             } = match forwarded.await {
-                Ok(response) => {
+                Ok(mut response) => {
                     upstream.health.request_succeeded();
                     let took = sent.elapsed();
                     if let Some(meters) = self.metrics.node(upstream.id) {
                         meters.answered(response.status().as_u16(), took);
                     }
+                    if let Some(held) = permit.into_held() {
+                        response.body_mut().inner_mut().hold(held);
+                    }
                     return Ok((route, response, Some(took)));
                 }
                 Err(failed) => failed,
             };
+            // Nothing of the node's is in use any more: the next try waits afresh.
+            drop(permit);
             if error.is_upstream_error() {
                 self.metrics.upstream_error(&upstream.name, error.kind());
             }

@@ -17,6 +17,8 @@
 mod failover;
 mod learning;
 mod peers;
+mod surge;
+pub mod waiting_room;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,7 +34,7 @@ use ipnet::IpNet;
 
 use crate::admin::LOGIN_COOKIE;
 use crate::cluster::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
-use crate::config::{Config, HealthConfig, SessionStore, StoreConfig};
+use crate::config::{Config, HealthConfig, SessionStore, StoreConfig, SurgeConfig};
 use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
 use crate::http::edge::EdgeRules;
@@ -40,12 +42,13 @@ use crate::http::offload::{self, Asked, Offload};
 use crate::http::pool::Pool;
 use crate::http::proxy::{self, Bounds, Client, Peer, Withheld};
 use crate::logs::Every;
-use crate::metrics::{Metrics, MoveCause};
+use crate::metrics::{Metrics, MoveCause, RoomNow};
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
 use crate::sessions::affinity::{AffinityTable, Limits, SessionKey, SessionState};
 use crate::sessions::clock::Clock;
 use crate::sessions::route_cookie::RouteCookie;
 use crate::store::Store;
+use waiting_room::{Entry, WaitingRoom};
 
 /// What a student receives: the node's streaming body, or the gateway's own short page.
 pub type ProxyBody = Either<IdleLimited, Full<Bytes>>;
@@ -105,6 +108,8 @@ pub struct Settings {
     /// The file offload (`[offload]`): SCORM files go to the nodes, and their
     /// `X-Accel-Redirect` answers are served from the data server's export.
     offload: Option<Offload>,
+    /// The line's patience and aging (`[surge]`); the caps live in the upstreams.
+    surge: SurgeConfig,
 }
 
 impl Settings {
@@ -131,6 +136,7 @@ impl Settings {
             sessiontimeout: config.session.sessiontimeout,
             offload: (config.offload.as_ref())
                 .map(|o| Offload::new(o.authority.clone(), o.prefix.clone())),
+            surge: config.surge.clone(),
         })
     }
 
@@ -163,6 +169,10 @@ pub struct Gateway {
     /// The snapshot of this gateway's table from before it joined a shared store,
     /// keyed under its old secret: emptied as its students come back (`peers`).
     legacy: Option<AffinityTable>,
+    /// Newcomers held while the nodes' lines are long (`[surge]`); its tickets are
+    /// signed with the table's secret, so they outlive a restart and every gateway
+    /// of a shared store honours them.
+    room: WaitingRoom,
 }
 
 impl Gateway {
@@ -188,6 +198,7 @@ impl Gateway {
                 Store::redis(redis, limits(config), metrics.store().clone())
             }
         };
+        let room = WaitingRoom::new(&table.secret());
         Self {
             site: Site::new(&config.site.path, &session.cookie, &session.cookie_path),
             table: Arc::new(table),
@@ -204,6 +215,7 @@ impl Gateway {
             withheld: Withheld::new(LOGIN_COOKIE),
             store,
             legacy: None,
+            room,
         }
         .registered()
     }
@@ -261,6 +273,13 @@ impl Gateway {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// The waiting room now, for the dashboard and `/metrics`.
+    pub fn room_now(&self) -> RoomNow {
+        let settings = self.settings.load();
+        let room = settings.surge.waiting_room.as_ref();
+        self.room.now(room, settings.upstreams.crowd().load())
+    }
+
     /// Closes the upstream connections that idled past `timeouts.upstream_idle` or
     /// that their node closed; returns how many are kept.
     pub fn prune_connections(&self) -> usize {
@@ -290,6 +309,7 @@ impl Gateway {
         client: &Client,
         served: &mut Served,
     ) -> Response<ProxyBody> {
+        let arrived = tokio::time::Instant::now();
         let settings = self.settings.load();
         if let Err(refused) = settings.edge.admit(&mut request) {
             return self.refused(refused, &request, client);
@@ -324,8 +344,28 @@ impl Gateway {
         let secure = self.route_cookie.is_some() && proxy::is_https(request.headers(), peer);
         // The node will ignore how the student asked for a file; the export must not.
         let asked = settings.offload.as_ref().map(|_| Asked::of(&request));
+        let secure_place = proxy::is_https(request.headers(), peer);
+        let mut ask = surge::ask(
+            &settings.surge,
+            surge::class_of(known),
+            asked_for.is_post,
+            arrived,
+        );
+        if known.is_none() && matches!(kind, RequestKind::Page(_)) {
+            match self.waiting_room(&request, secure_place, &settings) {
+                Entry::Go(Some(first_arrival)) => {
+                    ask.arrived = waiting_room::instant_of(first_arrival)
+                }
+                Entry::Go(None) => {}
+                Entry::Wait(page) => return page.map(Either::Right),
+            }
+        }
         let forwarded = match self.route(kind, known, &settings).await {
-            Ok(route) => self.forward(route, known, request, peer, &settings).await,
+            Ok(route) => {
+                let waited = &mut served.waited;
+                let forward = self.forward(route, known, request, peer, ask, waited, &settings);
+                forward.await
+            }
             Err(error) => Err(error),
         };
         let (route, mut response, took) = match forwarded {
@@ -574,6 +614,9 @@ pub struct Served {
     pub upstream_time: Option<Duration>,
     /// The key of the session it carried, or else of the one its node issued.
     pub session: Option<SessionKey>,
+    /// How long it waited in the gateway for a slot on its node (`None` when the
+    /// node has no cap).
+    pub waited: Option<Duration>,
 }
 
 /// What the learning rule needs of a request after it was forwarded.

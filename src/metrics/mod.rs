@@ -20,14 +20,18 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use crate::cluster::slots::{Class, SlotsNow};
 use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
 
 mod node;
 mod store;
+mod surge;
 
 use node::class;
 pub use node::{LossCause, MoveCause, NodeMeters, NodeTotals};
 pub use store::{Degradation, Fallback, StoreMeters};
+pub use surge::RoomNow;
+use surge::SurgeMeters;
 
 /// Status classes by the first digit of a status: 1xx to 5xx.
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -54,6 +58,8 @@ pub struct Snapshot {
     pub in_flight: usize,
     /// Entries in the affinity table.
     pub table_len: usize,
+    /// The waiting room.
+    pub room: RoomNow,
 }
 
 /// One upstream at scrape time.
@@ -71,6 +77,8 @@ pub struct UpstreamNow {
     pub live: u64,
     /// Of those, logged in.
     pub logged_in: u64,
+    /// Its cap, the requests holding a slot and those waiting.
+    pub slots: SlotsNow,
 }
 
 /// The gateway's metrics: the registry and the handles that feed it.
@@ -98,6 +106,7 @@ pub struct Metrics {
     scraping: std::sync::Mutex<()>,
     nodes: Box<[OnceLock<NodeMeters>]>,
     store: OnceLock<StoreMeters>,
+    surge: SurgeMeters,
 }
 
 impl Default for Metrics {
@@ -192,6 +201,7 @@ impl Metrics {
             table_len: gauge(&registry, "table_entries", "Entries in the affinity table."),
             nodes: (0..MAX_NODE_IDS).map(|_| OnceLock::new()).collect(),
             store: OnceLock::new(),
+            surge: SurgeMeters::new(&registry),
             registry,
             requests,
             latency,
@@ -251,6 +261,31 @@ impl Metrics {
             .inc();
     }
 
+    /// A request that got its node slot after `waited` in the gateway's line.
+    pub fn waited(&self, class: Class, waited: std::time::Duration) {
+        self.surge.waited(class, waited);
+    }
+
+    /// A request that got no node slot (`reason`: the error's kind).
+    pub fn turned_away(&self, class: Class, reason: &str) {
+        self.surge.turned_away(class, reason);
+    }
+
+    /// A waiting page served.
+    pub fn waiting_page(&self) {
+        self.surge.waiting_page();
+    }
+
+    /// A visitor let in from the waiting room's line.
+    pub fn admitted(&self) {
+        self.surge.admitted();
+    }
+
+    /// The waiting room opened.
+    pub fn room_opened(&self) {
+        self.surge.opened();
+    }
+
     /// A request or connection one of the gateway's limits turned away.
     pub fn rejected(&self, limit: &str) {
         self.rejections.with_label_values(&[limit]).inc();
@@ -280,6 +315,8 @@ impl Metrics {
         self.sessions.reset();
         self.up.reset();
         self.admin_state.reset();
+        self.surge.reset();
+        self.surge.room(&now.room);
         for upstream in &now.upstreams {
             let name = upstream.name.as_str();
             self.up
@@ -290,6 +327,7 @@ impl Metrics {
                 self.admin_state.with_label_values(&[name, state]).set(on);
             }
             if upstream.node {
+                self.surge.node(name, &upstream.slots);
                 let anonymous = upstream.live.saturating_sub(upstream.logged_in);
                 let sessions = |state| self.sessions.with_label_values(&[name, state]);
                 sessions("logged_in").set(gauge_value(upstream.logged_in));
@@ -391,6 +429,7 @@ mod tests {
                 state: "active",
                 live: 1,
                 logged_in: 1,
+                slots: SlotsNow::default(),
             }],
             ..Snapshot::default()
         };
@@ -422,6 +461,7 @@ mod tests {
             state: "active",
             live,
             logged_in: 1,
+            slots: SlotsNow::default(),
         };
         let first = metrics.render(&Snapshot {
             upstreams: vec![web1(3)],

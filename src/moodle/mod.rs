@@ -111,6 +111,12 @@ impl Site {
         }
     }
 
+    /// The session cookie's `Path`: the gateway's own cookies use it too, so they
+    /// travel with every request that carries the session.
+    pub fn cookie_path(&self) -> &str {
+        &self.cookie_path
+    }
+
     /// Classifies a request from its path and raw query, decided on the path as PHP will read it.
     ///
     /// Outside the site's sub-path nothing is Moodle, so only the static-file rule applies there.

@@ -274,18 +274,41 @@ async fn a_slot_kept_by_a_node_body_is_freed_by_its_release() {
 }
 
 #[test]
-fn the_crowds_expected_wait_is_its_waiters_over_the_pace_slots_free_at() {
-    let crowd = Crowd::new(100);
-    assert_eq!(crowd.expected_wait(), Some(Duration::ZERO), "nobody waits");
-    assert!(crowd.join() && crowd.join());
+fn the_expected_wait_is_the_waiters_over_the_pace_slots_free_at() {
+    let load = |waiting, pace| Load { waiting, pace };
     assert_eq!(
-        crowd.expected_wait(),
-        None,
-        "waiters and no pace yet: stuck"
+        load(0, 0.0).expected_wait(),
+        Some(Duration::ZERO),
+        "nobody waits"
     );
-    let mut pace = crowd.pace.lock().unwrap();
-    pace.per_second = 4.0;
-    pace.at = Instant::now();
-    drop(pace);
-    assert_eq!(crowd.expected_wait(), Some(Duration::from_millis(500)));
+    assert_eq!(
+        load(2, 0.0).expected_wait(),
+        None,
+        "waiters and no pace: stuck"
+    );
+    assert_eq!(
+        load(2, 4.0).expected_wait(),
+        Some(Duration::from_millis(500))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_pace_is_the_slots_freed_per_second() {
+    let slots = node(1, 100);
+    for _ in 0..10 {
+        drop(
+            slots
+                .acquire(ask(Class::LoggedIn, Instant::now()))
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(
+        slots.crowd.load(),
+        Load {
+            waiting: 0,
+            pace: 5.0
+        }
+    );
 }

@@ -1,0 +1,194 @@
+//! A request's wait for its node's slot under `[surge] max_active`: which class it
+//! is in, how patient it is, and what happens when its node goes while it waits.
+//!
+//! Why here and not in `cluster::slots`: the class comes from the session (the
+//! table's logged-in mark), and a node that goes down while a bound request waits
+//! for it must follow the failover rule of that session (hold for a node-local
+//! session, move a shared one), which only the gateway knows. A busy node is never
+//! a reason to move: a bound request waits for its own node, however long its line.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use http::Request;
+
+use super::waiting_room::{self, Entry};
+use super::{Gateway, Known, Route, Settings};
+use crate::cluster::slots::{Ask, Class, Ended, Permit};
+use crate::cluster::upstreams::Upstream;
+use crate::config::SurgeConfig;
+use crate::error::GatewayError;
+use crate::logs::Every;
+use crate::sessions::affinity::SessionState;
+
+/// How often a waiting request looks whether its node can still serve it.
+const LOOK_AGAIN: Duration = Duration::from_millis(250);
+
+/// Requests turned away by the line are logged at most once every ten seconds:
+/// under a surge there may be thousands, and `/metrics` counts each.
+static TURNED_AWAY: Every = Every::new(Duration::from_secs(10));
+
+/// The class of a request by the session it carries: a session recovered from its
+/// route cookie counts as logged in, the safe side (as the table records it).
+pub(super) fn class_of(known: Option<Known>) -> Class {
+    match known.map(|k| k.state) {
+        Some(SessionState::LoggedIn) => Class::LoggedIn,
+        Some(_) => Class::Anonymous,
+        None => Class::Newcomer,
+    }
+}
+
+/// What a request arriving at `arrived` asks of its node's line.
+pub(super) fn ask(surge: &SurgeConfig, class: Class, is_post: bool, arrived: Instant) -> Ask {
+    let patience = match class {
+        // A logged-in student's POST is the work that must not be lost.
+        Class::LoggedIn if is_post => surge.post_patience,
+        Class::LoggedIn => surge.patience,
+        Class::Anonymous => surge.anonymous_patience,
+        Class::Newcomer => surge.newcomer_patience,
+    };
+    Ask {
+        class,
+        arrived,
+        aging: surge.aging,
+        patience,
+    }
+}
+
+impl Gateway {
+    /// The waiting room's word on a newcomer's request: held only when the room is
+    /// on, some node taking newcomers has a cap, and it is a page view.
+    pub(super) fn waiting_room<B>(
+        &self,
+        request: &Request<B>,
+        secure: bool,
+        settings: &Settings,
+    ) -> Entry {
+        let Some(room) = &settings.surge.waiting_room else {
+            return Entry::Go(None);
+        };
+        let upstreams = &settings.upstreams;
+        let capacity: usize = (upstreams.nodes().iter())
+            .filter(|n| n.takes_new())
+            .map(|n| n.slots.cap())
+            .sum();
+        if capacity == 0 || !waiting_room::is_page_view(request.method(), request.headers()) {
+            return Entry::Go(None);
+        }
+        let cookie = (self.site.cookie_path(), secure);
+        let load = upstreams.crowd().load();
+        let entry = self.room.enter(
+            request.headers(),
+            room,
+            load,
+            capacity,
+            cookie,
+            &self.metrics,
+        );
+        entry
+    }
+
+    /// A slot on the route's node, waiting in its line when it is at its cap; the
+    /// route may change only if the node stops serving the request meanwhile (see
+    /// [`rerouted`](Self::rerouted)). Returns the route, the slot and how long it
+    /// waited (`None` on a node without a cap).
+    pub(super) async fn slot(
+        &self,
+        mut route: Route,
+        known: Option<Known>,
+        mut ask: Ask,
+        settings: &Settings,
+    ) -> Result<(Route, Permit, Option<Duration>), GatewayError> {
+        let started = Instant::now();
+        let deadline = started + ask.patience;
+        loop {
+            let upstream = settings
+                .upstream(route)
+                .ok_or(GatewayError::NoNodeAvailable)?;
+            let capped = upstream.slots.cap() > 0;
+            ask.patience = deadline.saturating_duration_since(Instant::now());
+            let got = tokio::select! {
+                // First, so that a slot free at once starts no timer.
+                biased;
+                got = upstream.slots.acquire(ask) => got,
+                () = unable(upstream, route) => {
+                    route = self.rerouted(route, known, settings).await?;
+                    continue;
+                }
+            };
+            let waited = capped.then(|| started.elapsed());
+            return match got {
+                Ok(permit) => {
+                    if let Some(waited) = waited {
+                        self.metrics.waited(ask.class, waited);
+                    }
+                    Ok((route, permit, waited))
+                }
+                Err(ended) => Err(self.turned_away(upstream, ask.class, ended)),
+            };
+        }
+    }
+
+    /// Where a waiting request goes when its node can no longer serve it: a bound
+    /// session by the failover rule (held for a node-local store, moved for a
+    /// shared one), a new visitor or a sessionless asset to the next node.
+    async fn rerouted(
+        &self,
+        route: Route,
+        known: Option<Known>,
+        settings: &Settings,
+    ) -> Result<Route, GatewayError> {
+        let rerouted = match route {
+            Route::Sticky(node) | Route::Moved(node) => match known {
+                Some(known) => return self.sticky(Known { node, ..known }, settings).await,
+                None => None,
+            },
+            Route::Deal(node) => self.deal(settings, Some(node)).map(Route::Deal),
+            Route::Spread(node) => settings.upstreams.spread(Some(node)).map(Route::Spread),
+            Route::Data => Some(Route::Data),
+        };
+        rerouted.ok_or(GatewayError::NoNodeAvailable)
+    }
+
+    /// The end of a wait that got no slot: counted, logged now and then, a 503.
+    fn turned_away(&self, upstream: &Upstream, class: Class, ended: Ended) -> GatewayError {
+        let (error, why) = match ended {
+            Ended::Full => (
+                GatewayError::LineFull,
+                "the line is full (surge.max_waiting)",
+            ),
+            Ended::Timeout => (GatewayError::WaitedTooLong, "it waited its patience"),
+        };
+        self.metrics.turned_away(class, error.kind());
+        if let Some(held_back) = TURNED_AWAY.allow() {
+            tracing::warn!(
+                node = %upstream.name,
+                class = class.as_str(),
+                held_back,
+                "a request waiting for a node slot was turned away: {why}"
+            );
+        }
+        error
+    }
+}
+
+/// Resolves once `upstream` can no longer serve a request on `route`: down, or
+/// disabled (a bound session), or no longer taking new ones (a new visitor or an
+/// asset). Pending for ever on a node without a cap, where nobody waits.
+async fn unable(upstream: &Upstream, route: Route) {
+    if upstream.slots.cap() == 0 {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(LOOK_AGAIN).await;
+        let serves = match route {
+            Route::Sticky(_) | Route::Moved(_) => upstream.keeps_sessions(),
+            Route::Deal(_) | Route::Spread(_) => upstream.takes_new(),
+            Route::Data => true,
+        };
+        if !serves || !upstream.health.is_up() {
+            return;
+        }
+    }
+}

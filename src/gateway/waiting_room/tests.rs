@@ -1,0 +1,228 @@
+//! The room's rules: when it opens, who is let in, and what a place cookie keeps.
+
+use super::*;
+use http::header::{COOKIE, RETRY_AFTER, SET_COOKIE};
+use http::StatusCode;
+use http_body_util::BodyExt;
+
+const SECRET: [u8; 16] = [3; 16];
+
+fn room() -> RoomConfig {
+    RoomConfig {
+        opens_at: Duration::from_secs(5),
+        place_kept: Duration::from_secs(300),
+        cookie: "Place".into(),
+        page: Some("place {{place}} wait {{wait_seconds}} refresh {{refresh_seconds}}".into()),
+    }
+}
+
+/// Nodes that free 10 slots a second with `waiting` requests in their lines.
+fn load(waiting: usize) -> Load {
+    Load {
+        waiting,
+        pace: 10.0,
+    }
+}
+
+const SURGE: usize = 200; // 20 s of waiting: the room opens.
+const EASED: usize = 30; // 3 s: 2 s under the bound, 20 visitors' worth.
+
+/// A browser: the headers of a page view, with the place cookie it was given.
+#[derive(Default)]
+struct Visitor {
+    cookie: Option<String>,
+}
+
+impl Visitor {
+    fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(ACCEPT, HeaderValue::from_static("text/html,*/*;q=0.8"));
+        if let Some(cookie) = &self.cookie {
+            headers.insert(COOKIE, HeaderValue::from_str(cookie).unwrap());
+        }
+        headers
+    }
+
+    /// Asks once; `Ok(first arrival)` when let in, `Err(page text)` when shown the
+    /// waiting page (whose cookie it keeps).
+    async fn ask(&mut self, room: &WaitingRoom, load: Load) -> Result<Option<u64>, String> {
+        let metrics = Metrics::new();
+        let entry = room.enter(
+            &self.headers(),
+            &self::room(),
+            load,
+            8,
+            ("/", false),
+            &metrics,
+        );
+        match entry {
+            Entry::Go(arrived) => Ok(arrived),
+            Entry::Wait(page) => {
+                assert_eq!(page.status(), StatusCode::SERVICE_UNAVAILABLE);
+                assert!(page.headers().contains_key(RETRY_AFTER));
+                let line = page.headers()[SET_COOKIE].to_str().unwrap();
+                assert!(
+                    line.contains("; Max-Age=300; HttpOnly; SameSite=Lax"),
+                    "{line}"
+                );
+                self.cookie = Some(line.split(';').next().unwrap().to_owned());
+                let body = page.into_body().collect().await.unwrap().to_bytes();
+                Err(String::from_utf8(body.to_vec()).unwrap())
+            }
+        }
+    }
+}
+
+fn place(page: &str) -> usize {
+    page.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_newcomer_goes_straight_in_while_the_lines_are_short() {
+    let room = WaitingRoom::new(&SECRET);
+    let mut visitor = Visitor::default();
+    assert_eq!(visitor.ask(&room, load(10)).await, Ok(None));
+    assert!(!room.now(Some(&self::room()), load(10)).open);
+}
+
+#[tokio::test]
+async fn in_a_surge_newcomers_get_places_in_order_and_a_refresh_keeps_its_place() {
+    let room = WaitingRoom::new(&SECRET);
+    let mut first = Visitor::default();
+    let mut second = Visitor::default();
+    assert_eq!(place(&first.ask(&room, load(SURGE)).await.unwrap_err()), 1);
+    assert_eq!(place(&second.ask(&room, load(SURGE)).await.unwrap_err()), 2);
+    assert_eq!(
+        place(&first.ask(&room, load(SURGE)).await.unwrap_err()),
+        1,
+        "a refresh keeps the place"
+    );
+    let now = room.now(Some(&self::room()), load(SURGE));
+    assert!(now.open);
+    assert_eq!(now.in_line, 2);
+}
+
+#[tokio::test]
+async fn as_the_lines_ease_the_first_in_line_go_first_at_the_nodes_pace() {
+    let room = WaitingRoom::new(&SECRET);
+    let mut visitors: Vec<Visitor> = (0..25).map(|_| Visitor::default()).collect();
+    for visitor in &mut visitors {
+        assert!(visitor.ask(&room, load(SURGE)).await.is_err());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // The last ones refresh first: they are still behind the first twenty.
+    let last = visitors.last_mut().unwrap();
+    assert_eq!(place(&last.ask(&room, load(EASED)).await.unwrap_err()), 25);
+    let mut arrivals = Vec::new();
+    for visitor in &mut visitors[..20] {
+        let arrived = visitor.ask(&room, load(EASED)).await;
+        arrivals.push(
+            arrived
+                .expect("within the allowance")
+                .expect("with its arrival"),
+        );
+    }
+    assert!(
+        arrivals.is_sorted(),
+        "let in with their first arrival, in order"
+    );
+    let fifth = &mut visitors[20];
+    assert_eq!(place(&fifth.ask(&room, load(SURGE)).await.unwrap_err()), 1);
+}
+
+#[tokio::test]
+async fn a_forged_cookie_or_a_place_left_too_long_is_a_place_at_the_end() {
+    let room = WaitingRoom::new(&SECRET);
+    let mut first = Visitor::default();
+    let mut second = Visitor::default();
+    first.ask(&room, load(SURGE)).await.unwrap_err();
+    second.ask(&room, load(SURGE)).await.unwrap_err();
+    let tickets = Tickets::new(&SECRET);
+    let mut forger = Visitor {
+        cookie: Some(format!("Place=1.1.{}.AAAAAAAAAAAAAAAAAAAAAA", unix_ms())),
+    };
+    assert_eq!(place(&forger.ask(&room, load(SURGE)).await.unwrap_err()), 3);
+    let long_gone = Ticket {
+        arrived: 1,
+        id: 1,
+        seen: unix_ms() - 301_000,
+    };
+    let mut returning = Visitor {
+        cookie: Some(format!("Place={}", tickets.value(long_gone))),
+    };
+    assert_eq!(
+        place(&returning.ask(&room, load(SURGE)).await.unwrap_err()),
+        4
+    );
+    let other = Tickets::new(&[4; 16]).value(Ticket {
+        seen: unix_ms(),
+        ..long_gone
+    });
+    let mut stranger = Visitor {
+        cookie: Some(format!("Place={other}")),
+    };
+    assert_eq!(
+        place(&stranger.ask(&room, load(SURGE)).await.unwrap_err()),
+        5
+    );
+}
+
+#[tokio::test]
+async fn another_gateway_or_the_next_process_honours_the_place() {
+    let before = WaitingRoom::new(&SECRET);
+    let mut early = Visitor::default();
+    early.ask(&before, load(SURGE)).await.unwrap_err();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // The same secret (the store's, or the table's from the snapshot), an empty line.
+    let after = WaitingRoom::new(&SECRET);
+    let mut late = Visitor::default();
+    late.ask(&after, load(SURGE)).await.unwrap_err();
+    assert_eq!(
+        place(&early.ask(&after, load(SURGE)).await.unwrap_err()),
+        1,
+        "the earlier arrival goes ahead of the one this gateway saw first"
+    );
+}
+
+#[tokio::test]
+async fn the_room_closes_once_its_line_is_empty_and_the_wait_is_short() {
+    let room = WaitingRoom::new(&SECRET);
+    let mut visitor = Visitor::default();
+    visitor.ask(&room, load(SURGE)).await.unwrap_err();
+    assert!(visitor.ask(&room, load(0)).await.is_ok());
+    assert!(!room.now(Some(&self::room()), load(0)).open);
+    let mut next = Visitor::default();
+    assert_eq!(
+        next.ask(&room, load(10)).await,
+        Ok(None),
+        "closed: straight in"
+    );
+}
+
+#[tokio::test]
+async fn stuck_nodes_open_the_room() {
+    let room = WaitingRoom::new(&SECRET);
+    let stuck = Load {
+        waiting: 3,
+        pace: 0.0,
+    };
+    assert!(Visitor::default().ask(&room, stuck).await.is_err());
+}
+
+#[test]
+fn only_a_page_view_can_be_held() {
+    let html = |accept: &'static str| {
+        let mut headers = HeaderMap::new();
+        headers.insert(ACCEPT, HeaderValue::from_static(accept));
+        headers
+    };
+    let page = html("text/html,application/xhtml+xml,*/*;q=0.8");
+    assert!(is_page_view(&Method::GET, &page));
+    assert!(is_page_view(&Method::HEAD, &page));
+    assert!(
+        !is_page_view(&Method::POST, &page),
+        "a POST is never replayed"
+    );
+    assert!(!is_page_view(&Method::GET, &html("application/json")));
+    assert!(!is_page_view(&Method::GET, &HeaderMap::new()));
+}
