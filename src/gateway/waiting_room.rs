@@ -269,9 +269,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, ms)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, ms)
 }
 
 /// Orders the visitors of one millisecond: in the order this process saw them,

@@ -21,6 +21,7 @@ mod site;
 mod slowloris;
 mod store;
 mod support;
+mod surge;
 mod systemd;
 mod tls;
 mod toolchain;

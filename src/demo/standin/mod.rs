@@ -25,7 +25,8 @@
 //! For tests of health checks and failover, a stand-in can be switched at run time:
 //! [`StandIn::stop`] and [`StandIn::restart`] (the node dies and comes back on the
 //! same address, its sessions intact), [`StandIn::set_maintenance`] (Moodle's
-//! climaintenance page) and [`StandIn::set_hang`] (requests read, never answered).
+//! climaintenance page), [`StandIn::set_hang`] (requests read, never answered) and
+//! [`StandIn::set_workers`] (a few PHP workers, slow pages, a blind backlog).
 //! Every request is still recorded in [`StandIn::requests`]; a hang comes first, then
 //! maintenance, then the directives and session logic above.
 
@@ -38,6 +39,7 @@ mod registry;
 mod serving;
 #[cfg(test)]
 mod tests;
+mod workers;
 
 pub use cluster::Cluster;
 pub use registry::Registry;
@@ -109,6 +111,8 @@ struct Inner {
     maintenance: AtomicBool,
     /// The node hangs; a watch so hung requests can wait for it to end.
     hang: watch::Sender<bool>,
+    /// Its PHP workers, when limited.
+    workers: workers::Workers,
 }
 
 /// One stand-in. Dropping it (or calling [`StandIn::stop`]) closes its port and cuts
@@ -138,6 +142,7 @@ impl StandIn {
             probes: AtomicU64::new(0),
             maintenance: AtomicBool::new(false),
             hang: watch::Sender::new(false),
+            workers: workers::Workers::default(),
         });
         let serving = Mutex::new(Some(Serving::start(listener, inner.clone())?));
         Ok(StandIn {
@@ -240,6 +245,18 @@ impl StandIn {
         self.inner.hang.send_replace(on);
     }
 
+    /// Gives the node `count` PHP workers, each page taking `page` (`None`: no
+    /// limit and no delay, the default): more requests than workers wait in the
+    /// node's own backlog, first come first served, like PHP-FPM's listen queue.
+    pub fn set_workers(&self, workers: Option<(usize, std::time::Duration)>) {
+        self.inner.workers.set(workers);
+    }
+
+    /// The most requests (health probes aside) its workers were ever on at once.
+    pub fn busiest(&self) -> usize {
+        self.inner.workers.busiest()
+    }
+
     fn seen(&self) -> MutexGuard<'_, Vec<SeenRequest>> {
         self.inner.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -278,6 +295,7 @@ async fn handle(
             });
     }
     inner.unless_hung().await;
+    let _worker = inner.workers.work(probe).await;
     let mut response = match scripted(&parts.headers) {
         _ if inner.maintenance.load(Ordering::SeqCst) => outages::maintenance_page(),
         Some(Ok(script)) => script.respond().await,

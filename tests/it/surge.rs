@@ -1,0 +1,402 @@
+//! Exam day on stand-in nodes with few PHP workers and slow pages: the gateway holds
+//! the surge in its own line, a logged-in student goes first, a bound student waits
+//! for their own node, newcomers meet the waiting room, and every wait has an end.
+
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use moodle_gateway::demo::standin::Cluster;
+use moodle_gateway::demo::Browser;
+use tokio::task::JoinSet;
+
+use crate::site::{eventually, metric};
+use crate::support::{self, TestGateway};
+
+/// What an XHR or an asset sends: never a page a waiting room could stand in for.
+const NOT_A_PAGE: (&str, &str) = ("accept", "application/json");
+/// What a browser's navigation sends.
+const A_PAGE: (&str, &str) = ("accept", "text/html,application/xhtml+xml,*/*;q=0.8");
+
+/// `nodes` stand-ins behind a gateway with `surge` as its `[surge]` section.
+async fn site(nodes: usize, surge: &str) -> (Cluster, TestGateway) {
+    site_with(nodes, "", surge).await
+}
+
+/// [`site`], with `keys` (dotted keys of other sections) in the config too.
+async fn site_with(nodes: usize, keys: &str, surge: &str) -> (Cluster, TestGateway) {
+    let cluster = Cluster::spawn(nodes, "", "MoodleSession").unwrap();
+    let gateway = TestGateway::start(&config(&cluster, keys, surge)).await;
+    (cluster, gateway)
+}
+
+fn config(cluster: &Cluster, keys: &str, surge: &str) -> String {
+    let extra = format!("{keys}\n[surge]\n{surge}\n");
+    cluster.config_toml("127.0.0.1:0", None, &extra)
+}
+
+/// Gives every node of `cluster` PHP workers taking `page` each: one more than the
+/// gateway's cap `cap`, as a site should size it, so a health probe finds a worker.
+fn slow(cluster: &Cluster, cap: usize, page: Duration) {
+    for node in cluster.nodes() {
+        node.set_workers(Some((cap + 1, page)));
+    }
+}
+
+/// `count` newcomers' requests at once, each from a fresh browser.
+fn newcomers(
+    gateway: &TestGateway,
+    count: usize,
+    header: (&'static str, &'static str),
+) -> JoinSet<StatusCode> {
+    let mut set = JoinSet::new();
+    for _ in 0..count {
+        let addr = gateway.addr;
+        set.spawn(async move {
+            let mut browser = Browser::new(addr, "", "MoodleSession");
+            let headers = [header];
+            let reply = browser.send(Method::GET, "/", None, &headers);
+            reply.await.unwrap().status
+        });
+    }
+    set
+}
+
+/// The requests waiting in the gateway for the first node, per class.
+fn queued(gateway: &TestGateway) -> [usize; 3] {
+    let settings = gateway.app.gateway().settings();
+    settings.upstreams.nodes()[0].slots.now().queued
+}
+
+async fn until_queued(gateway: &TestGateway, at_least: usize) {
+    eventually(
+        Duration::from_secs(10),
+        "requests wait in the gateway",
+        || queued(gateway).iter().sum::<usize>() >= at_least,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_never_works_on_more_than_its_cap_and_the_rest_wait_in_the_gateway() {
+    let (cluster, gateway) = site(1, "max_active = 2\nwaiting_room = false").await;
+    // The node could take six at once: the cap, not the node, keeps it at two.
+    cluster.nodes()[0].set_workers(Some((6, Duration::from_millis(100))));
+    let mut crowd = newcomers(&gateway, 12, NOT_A_PAGE);
+    until_queued(&gateway, 1).await;
+    while let Some(status) = crowd.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::OK, "waiting is not an error");
+    }
+    assert_eq!(cluster.nodes()[0].busiest(), 2);
+    assert_eq!(
+        metric(&gateway, r#"queue_wait_seconds_count{class="newcomer"}"#),
+        12.0
+    );
+    let slots = gateway.app.gateway().settings().upstreams.nodes()[0]
+        .slots
+        .now();
+    assert_eq!(
+        (slots.active, slots.queued),
+        (0, [0, 0, 0]),
+        "every slot back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logged_in_students_request_goes_before_the_newcomers_who_came_first() {
+    let (cluster, gateway) = site(1, "max_active = 1\nwaiting_room = false").await;
+    let (mut student, _) = support::logged_in(&gateway, 1).await;
+    slow(&cluster, 1, Duration::from_millis(150));
+    cluster.nodes()[0].clear_requests();
+    let mut crowd = newcomers(&gateway, 8, NOT_A_PAGE);
+    until_queued(&gateway, 7).await;
+    let page = student.send(Method::GET, "/mod/quiz/attempt.php", None, &[NOT_A_PAGE]);
+    let page = page.await.unwrap();
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(!page.sent_to_login(), "still logged in");
+    let order: Vec<bool> = (cluster.nodes()[0].requests().iter())
+        .map(|r| r.uri.path() == "/mod/quiz/attempt.php")
+        .collect();
+    assert_eq!(
+        order.iter().position(|&quiz| quiz),
+        Some(1),
+        "the student's page came right after the one already on the node: {order:?}"
+    );
+    while let Some(status) = crowd.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::OK);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_student_waits_for_their_own_busy_node_while_another_is_idle() {
+    let (cluster, gateway) = site(2, "max_active = 1\nwaiting_room = false").await;
+    let (mut student, home) = support::logged_in(&gateway, 1).await;
+    let busy = cluster.by_name(&home).unwrap();
+    busy.set_workers(Some((2, Duration::from_millis(300))));
+    // Hold the student's node: two slow requests of the student's own.
+    let mut holders = JoinSet::new();
+    for _ in 0..2 {
+        let mut same = student.at(gateway.addr);
+        holders.spawn(async move { same.get("/course/view.php?id=2").await.unwrap().status });
+    }
+    until_queued_on(&gateway, &home).await;
+    let page = student.get("/my/").await.unwrap();
+    assert_eq!(page.upstream(), home, "never moved to the idle node");
+    assert!(!page.sent_to_login());
+    assert_eq!(cluster.lost_sessions(), 0);
+    while let Some(status) = holders.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::OK);
+    }
+}
+
+async fn until_queued_on(gateway: &TestGateway, node: &str) {
+    let gateway = gateway.app.gateway();
+    eventually(
+        Duration::from_secs(10),
+        "a request waits for the node",
+        || {
+            let settings = gateway.settings();
+            let node = settings.upstreams.by_name(node).unwrap();
+            node.slots.queued() >= 1
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_in_a_surge_gets_the_waiting_page_keeps_a_place_and_is_let_in() {
+    let (cluster, gateway) = site(1, "max_active = 1\nroom_opens_at = \"1s\"").await;
+    let (mut student, _) = support::logged_in(&gateway, 1).await;
+    slow(&cluster, 1, Duration::from_millis(100));
+    // Forty requests ahead, a tenth of a second each: four seconds to wait.
+    let mut crowd = newcomers(&gateway, 40, NOT_A_PAGE);
+    until_queued(&gateway, 35).await;
+    // The gateway must have seen the pace slots free at before it can expect a wait.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut newcomer = Browser::new(gateway.addr, "", "MoodleSession");
+    let page = newcomer
+        .send(Method::GET, "/", None, &[A_PAGE])
+        .await
+        .unwrap();
+    assert_eq!(
+        page.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        page.text()
+    );
+    assert!(page.text().contains("place in line"), "{}", page.text());
+    assert!(page.header("retry-after").parse::<u64>().unwrap() >= 2);
+    assert_eq!(page.header("refresh"), page.header("retry-after"));
+    assert_eq!(page.header("cache-control"), "no-store");
+    let place = page
+        .header("set-cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert!(place.starts_with("MoodleGatewayPlace="), "{place}");
+    assert_eq!(newcomer.session(), None, "no node saw the newcomer");
+    // A logged-in student never sees it, and a newcomer's POST waits in line instead.
+    let quiz = student
+        .send(Method::GET, "/my/", None, &[A_PAGE])
+        .await
+        .unwrap();
+    assert_eq!(quiz.status, StatusCode::OK);
+    let mut poster = Browser::new(gateway.addr, "", "MoodleSession");
+    let post = poster.post("/login/index.php", "username=x").await.unwrap();
+    assert_ne!(post.status, StatusCode::SERVICE_UNAVAILABLE);
+    while let Some(status) = crowd.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::OK);
+    }
+    // The lines have drained: the refresh with the place cookie goes in.
+    let cookie = [A_PAGE, ("cookie", place.as_str())];
+    let home = newcomer
+        .send(Method::GET, "/", None, &cookie)
+        .await
+        .unwrap();
+    assert_eq!(home.status, StatusCode::OK, "{}", home.text());
+    assert!(
+        newcomer.session().is_some(),
+        "let in: the node gave a session"
+    );
+    assert!(metric(&gateway, "waiting_room_pages_total") >= 1.0);
+    assert_eq!(metric(&gateway, "waiting_room_admitted_total"), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_waited_its_patience_gets_a_503_that_says_when_to_come_back() {
+    let surge = "max_active = 1\nwaiting_room = false\nnewcomer_patience = \"1s\"";
+    let (cluster, gateway) = site(1, surge).await;
+    slow(&cluster, 1, Duration::from_millis(2500));
+    let mut first = newcomers(&gateway, 1, NOT_A_PAGE);
+    until_busy(&cluster).await;
+    let started = Instant::now();
+    let mut late = Browser::new(gateway.addr, "", "MoodleSession");
+    let reply = late
+        .send(Method::GET, "/", None, &[NOT_A_PAGE])
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.header("retry-after"), "10");
+    assert!(reply.text().contains("very busy"), "{}", reply.text());
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_millis(2400),
+        "after its patience, not before and not when the node freed: {waited:?}"
+    );
+    let timeouts = r#"queue_turned_away_total{class="newcomer",reason="waited_too_long"}"#;
+    assert_eq!(metric(&gateway, timeouts), 1.0);
+    assert_eq!(first.join_next().await.unwrap().unwrap(), StatusCode::OK);
+    let settings = gateway.app.gateway().settings();
+    let node = &settings.upstreams.nodes()[0];
+    assert!(
+        node.health.is_up(),
+        "a 503 of the line is never a health mark"
+    );
+}
+
+async fn until_busy(cluster: &Cluster) {
+    eventually(Duration::from_secs(10), "the node works", || {
+        cluster.nodes()[0].busiest() >= 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_line_turns_a_newcomer_away_but_gives_a_student_a_newcomers_place() {
+    let surge = "max_active = 1\nwaiting_room = false\nmax_waiting = 2";
+    let (cluster, gateway) = site(1, surge).await;
+    let (mut student, _) = support::logged_in(&gateway, 1).await;
+    slow(&cluster, 1, Duration::from_millis(400));
+    let mut crowd = newcomers(&gateway, 3, NOT_A_PAGE);
+    until_queued(&gateway, 2).await;
+    let mut late = Browser::new(gateway.addr, "", "MoodleSession");
+    let turned = late
+        .send(Method::GET, "/", None, &[NOT_A_PAGE])
+        .await
+        .unwrap();
+    assert_eq!(
+        turned.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "nobody to displace"
+    );
+    let page = student
+        .send(Method::GET, "/my/", None, &[NOT_A_PAGE])
+        .await
+        .unwrap();
+    assert_eq!(
+        page.status,
+        StatusCode::OK,
+        "the student took a newcomer's place"
+    );
+    let mut statuses = Vec::new();
+    while let Some(status) = crowd.join_next().await {
+        statuses.push(status.unwrap());
+    }
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::SERVICE_UNAVAILABLE
+        ]
+    );
+    let full = r#"queue_turned_away_total{class="newcomer",reason="line_full"}"#;
+    assert_eq!(metric(&gateway, full), 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deal_passes_over_a_node_whose_line_is_long() {
+    let (cluster, gateway) = site(2, "max_active = 1\nwaiting_room = false").await;
+    let mut bound = Vec::new();
+    while bound.len() < 3 {
+        let (student, node) = support::logged_in(&gateway, bound.len()).await;
+        if node == "web1" {
+            bound.push(student);
+        }
+    }
+    // web1's students keep it busy: a line longer than its cap.
+    let web1 = cluster.by_name("web1").unwrap();
+    web1.set_workers(Some((2, Duration::from_millis(300))));
+    let mut holders = JoinSet::new();
+    for mut student in bound {
+        holders.spawn(async move { student.get("/my/").await.unwrap().status });
+    }
+    until_queued_on(&gateway, "web1").await;
+    eventually(Duration::from_secs(5), "web1's line is long", || {
+        gateway
+            .app
+            .gateway()
+            .settings()
+            .upstreams
+            .by_name("web1")
+            .unwrap()
+            .slots
+            .crowded()
+    })
+    .await;
+    let dealt: Vec<String> = {
+        let mut dealt = Vec::new();
+        for _ in 0..4 {
+            let mut newcomer = Browser::new(gateway.addr, "", "MoodleSession");
+            dealt.push(newcomer.get("/").await.unwrap().upstream().to_owned());
+        }
+        dealt
+    };
+    assert_eq!(dealt, ["web2"; 4], "new sessions go where there is room");
+    let settings = gateway.app.gateway().settings();
+    let web1 = settings.upstreams.by_name("web1").unwrap();
+    assert!(web1.slots.now().passed_over >= 1, "and says so");
+    while let Some(status) = holders.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::OK);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_raises_the_cap_drops_no_waiting_request() {
+    let (cluster, gateway) = site(1, "max_active = 1\nwaiting_room = false").await;
+    cluster.nodes()[0].set_workers(Some((4, Duration::from_millis(200))));
+    let mut crowd = newcomers(&gateway, 8, NOT_A_PAGE);
+    until_queued(&gateway, 6).await;
+    let raised = config(&cluster, "", "max_active = 3\nwaiting_room = false");
+    let raised =
+        moodle_gateway::Config::parse(&raised, std::path::Path::new("."), Default::default());
+    gateway.app.gateway().apply(&raised.unwrap()).unwrap();
+    while let Some(status) = crowd.join_next().await {
+        assert_eq!(
+            status.unwrap(),
+            StatusCode::OK,
+            "nobody waiting was dropped"
+        );
+    }
+    assert_eq!(cluster.nodes()[0].busiest(), 3, "the new cap, and no more");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_shared_store_a_request_waiting_for_a_node_that_dies_moves_to_another() {
+    let keys = "session.store = \"shared\"\nhealth.interval = \"100ms\"\nhealth.timeout = \"50ms\"\nhealth.fall = 1";
+    let (cluster, gateway) = site_with(2, keys, "max_active = 1\nwaiting_room = false").await;
+    let (mut student, home) = support::logged_in(&gateway, 1).await;
+    let node = cluster.by_name(&home).unwrap();
+    node.set_workers(Some((2, Duration::from_secs(2))));
+    let mut holder = student.at(gateway.addr);
+    let held = tokio::spawn(async move { holder.get("/my/").await.map(|r| r.status) });
+    until_busy_on(node).await;
+    let waiting = tokio::spawn(async move { student.get("/my/").await.unwrap() });
+    until_queued_on(&gateway, &home).await;
+    node.stop();
+    // The stand-ins keep node-local sessions whatever the gateway is told, so the
+    // live node's answer is its login page: what matters is who gave it.
+    let page = waiting.await.unwrap();
+    assert!(!page.status.is_server_error(), "{}", page.text());
+    assert_ne!(page.upstream(), home, "moved, as a shared session may be");
+    assert!(!page.upstream().is_empty(), "answered by a node");
+    let _ = held.await;
+}
+
+async fn until_busy_on(node: &moodle_gateway::demo::standin::StandIn) {
+    eventually(Duration::from_secs(10), "the node works", || {
+        node.busiest() >= 1
+    })
+    .await;
+}
