@@ -462,6 +462,7 @@ fn trail(gateway: &Gateway, served: Served) -> Trail {
     Trail {
         upstream: served.upstream.and_then(name),
         upstream_time: served.upstream_time,
+        queue_time: served.waited,
         session: served.session.map(|key| key.to_string()),
     }
 }

@@ -12,7 +12,8 @@ use crate::moodle;
 
 /// The combined log format, then the gateway's own fields as `key=value`:
 /// `1.2.3.4 - - [01/Dec/2026:12:00:00 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8"
-/// upstream=web1 upstream_time=0.004 request_time=0.005 session=1f…`.
+/// upstream=web1 upstream_time=0.004 queue_time=0.000 request_time=0.005 session=1f…`
+/// (`queue_time`: the wait for a slot on a capped node, `-` on a node without a cap).
 pub(super) fn combined(p: &Pending) -> String {
     let b = &p.begun;
     let quoted = |v: &Option<String>| v.as_deref().map_or_else(|| "-".into(), escape);
@@ -31,6 +32,11 @@ pub(super) fn combined(p: &Pending) -> String {
     match t.upstream_time {
         Some(time) => write!(line, " upstream_time={:.3}", time.as_secs_f64()),
         None => write!(line, " upstream_time=-"),
+    }
+    .ok();
+    match t.queue_time {
+        Some(time) => write!(line, " queue_time={:.3}", time.as_secs_f64()),
+        None => write!(line, " queue_time=-"),
     }
     .ok();
     let elapsed = b.started.elapsed().as_secs_f64();
@@ -52,6 +58,7 @@ pub(super) fn json(p: &Pending) -> String {
         "user_agent": b.user_agent,
         "upstream": t.upstream,
         "upstream_time": t.upstream_time.map(|d| d.as_secs_f64()),
+        "queue_time": t.queue_time.map(|d| d.as_secs_f64()),
         "request_time": b.started.elapsed().as_secs_f64(),
         "session": t.session,
     })

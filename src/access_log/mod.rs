@@ -136,6 +136,9 @@ pub struct Trail {
     pub upstream: Option<String>,
     /// From sending the request upstream to its response head.
     pub upstream_time: Option<Duration>,
+    /// How long it waited in the gateway for a slot on its node (`[surge]`);
+    /// `None` on a node without a cap.
+    pub queue_time: Option<Duration>,
     /// The keyed hash of the student's session (the admin API's handle).
     pub session: Option<String>,
 }

@@ -400,3 +400,28 @@ async fn until_busy_on(node: &moodle_gateway::demo::standin::StandIn) {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_says_how_long_each_request_waited_for_its_node() {
+    let dir = std::env::temp_dir().join(format!("mg-surge-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::TempDir(dir);
+    let file = dir.0.join("access.log");
+    let keys = format!("access_log.to = {:?}", file.display().to_string());
+    let (cluster, gateway) = site_with(1, &keys, "max_active = 1\nwaiting_room = false").await;
+    cluster.nodes()[0].set_workers(Some((2, Duration::from_millis(200))));
+    let mut crowd = newcomers(&gateway, 3, NOT_A_PAGE);
+    while let Some(status) = crowd.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::OK);
+    }
+    let lines = support::lines_of(&file, 3).await;
+    let mut waits: Vec<f64> = (lines.iter())
+        .map(|line| {
+            let field = line.split(" queue_time=").nth(1).expect(line);
+            field.split(' ').next().unwrap().parse().expect(line)
+        })
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    assert!(waits[0] < 0.15, "the first went at once: {waits:?}");
+    assert!(waits[2] >= 0.35, "the last waited for two pages: {waits:?}");
+}
