@@ -1,5 +1,5 @@
 //! The admin API: health, the affinity table, eviction; the upstreams, draining
-//! and reload live in `nodes`.
+//! and reload live in `nodes`, the gateway's line and waiting room in `surge`.
 //!
 //! Why its own listener: it reads and changes session routing, so it belongs on
 //! loopback or a management network behind a firewall, never on the address
@@ -39,17 +39,20 @@ mod guard;
 mod layers;
 mod metrics;
 mod nodes;
+mod surge;
 
 pub use login::COOKIE_NAME as LOGIN_COOKIE;
 pub use nodes::Reload;
 
-// The dashboard at `/`: routes, the page, its Gateways panel, its login, escaping, rates.
+// The dashboard at `/`: routes, the page, its Gateways and waiting-room panels, its
+// login, escaping, rates.
 mod dashboard;
 mod gateways_panel;
 mod html;
 mod login;
 mod page;
 mod rates;
+mod surge_panel;
 
 /// Default page size of `GET /affinity`.
 const DEFAULT_LIMIT: usize = 100;
@@ -81,6 +84,7 @@ pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
         .route("/affinity/{hash}", delete(evict))
         .route("/nodes", get(nodes::list))
         .route("/gateways", get(cluster::list))
+        .route("/surge", get(surge::show))
         .route("/nodes/{name}/{action}", post(nodes::set_state))
         .route("/reload", post(nodes::reload))
         .route("/metrics", get(metrics::scrape))
@@ -311,6 +315,7 @@ mod tests {
     use serde_json::{json, Value};
     use tower::ServiceExt;
 
+    use crate::cluster::slots::{Ask, Class};
     use crate::config::Config;
     use crate::config::NodeState;
     use crate::sessions::clock::Clock;
@@ -342,7 +347,11 @@ mod tests {
     }
 
     fn admin() -> Admin {
-        let config = Config::parse(CONFIG, ".".as_ref(), Default::default()).unwrap();
+        admin_with(CONFIG)
+    }
+
+    fn admin_with(text: &str) -> Admin {
+        let config = Config::parse(text, ".".as_ref(), Default::default()).unwrap();
         let token = config.admin.as_ref().unwrap().token.clone();
         let gateway = Arc::new(Gateway::new(&config, Clock::default()));
         let reload: Reload = Arc::new(|| Err(vec!["no config file in this test".into()]));
@@ -581,13 +590,83 @@ mod tests {
         assert!(since.as_u64().unwrap() > 1_600_000_000, "unix seconds");
         let web1 = json!({"name": "web1", "url": "http://10.0.0.1:8001", "weight": 1,
                           "state": "active", "health": "up", "health_since": null,
-                          "live": 2, "logged_in": 1, "anonymous": 1});
+                          "live": 2, "logged_in": 1, "anonymous": 1,
+                          "max_active": null, "active": null,
+                          "queued": {"logged_in": 0, "anonymous": 0, "newcomer": 0}});
         assert_eq!(body["nodes"][0], web1);
         assert_eq!(body["nodes"][1]["url"], "http://10.0.0.2");
         body["data"]["health_since"].take();
         let data = json!({"name": "data", "url": "http://10.0.0.9", "state": "active",
                           "health": "up", "health_since": null});
         assert_eq!(body["data"], data);
+    }
+
+    /// [`CONFIG`] with `[surge] max_active = 1`, web2 with its own cap of 3.
+    fn capped() -> Admin {
+        let text = CONFIG.replace(
+            "[[nodes]]\n        name = \"web2\"",
+            "[[nodes]]\n        name = \"web2\"\n        max_active = 3",
+        );
+        admin_with(&format!("[surge]\nmax_active = 1\n{text}"))
+    }
+
+    fn ask(class: Class) -> Ask {
+        let patience = Duration::from_secs(60);
+        let (arrived, aging) = (tokio::time::Instant::now(), Duration::from_secs(10));
+        Ask {
+            class,
+            arrived,
+            aging,
+            patience,
+        }
+    }
+
+    #[tokio::test]
+    async fn nodes_shows_each_nodes_cap_in_flight_and_line_per_class() {
+        let admin = capped();
+        let web1 = admin.0.settings().upstreams.nodes()[0].slots.clone();
+        let _held = web1.acquire(ask(Class::LoggedIn)).await.unwrap();
+        let mut waiters = tokio::task::JoinSet::new();
+        for class in [Class::Newcomer, Class::LoggedIn, Class::Newcomer] {
+            let web1 = web1.clone();
+            waiters.spawn(async move { web1.acquire(ask(class)).await.map(drop) });
+        }
+        while web1.queued() < 3 {
+            tokio::task::yield_now().await;
+        }
+        let body = admin.json("/nodes").await;
+        let slots = |node: &Value| {
+            let fields = ["max_active", "active", "queued"];
+            fields.map(|f| node[f].clone())
+        };
+        let queued = json!({"logged_in": 1, "anonymous": 0, "newcomer": 2});
+        assert_eq!(slots(&body["nodes"][0]), [json!(1), json!(1), queued]);
+        let idle = json!({"logged_in": 0, "anonymous": 0, "newcomer": 0});
+        assert_eq!(slots(&body["nodes"][1]), [json!(3), json!(0), idle]);
+        assert!(body["data"].get("max_active").is_none(), "{}", body["data"]);
+        let surge = admin.json("/surge").await;
+        assert_eq!(surge["capped_nodes"], 2);
+        assert_eq!(
+            (&surge["waiting"], &surge["max_waiting"]),
+            (&json!(3), &json!(10_000))
+        );
+        let room = json!({"open": false, "in_line": 0, "admitted_last_minute": 0,
+                          "opens_at_ms": 5000});
+        assert_eq!(surge["room"], room);
+        // Three wait and none has finished yet: nobody can say how long.
+        assert_eq!(surge["expected_wait_ms"], Value::Null);
+        waiters.abort_all();
+    }
+
+    #[tokio::test]
+    async fn surge_without_a_cap_or_a_room_says_so() {
+        let surge = admin().json("/surge").await;
+        let idle = json!({"capped_nodes": 0, "waiting": 0, "max_waiting": 10_000,
+                          "expected_wait_ms": 0, "room": {"open": false, "in_line": 0,
+                          "admitted_last_minute": 0, "opens_at_ms": 5000}});
+        assert_eq!(surge, idle);
+        let off = admin_with(&format!("[surge]\nwaiting_room = false\n{CONFIG}"));
+        assert_eq!(off.json("/surge").await["room"], Value::Null);
     }
 
     #[tokio::test]

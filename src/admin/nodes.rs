@@ -28,6 +28,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::{bad_request, counts, not_found, ApiError, Counts};
+use crate::cluster::slots::{Class, SlotsNow};
 use crate::cluster::upstreams::Upstream;
 use crate::cluster::upstreams::Upstreams;
 use crate::config::NodeState;
@@ -57,6 +58,45 @@ pub(super) struct Node {
     /// Draining or disabled with no logged-in session left: safe to stop.
     #[serde(skip_serializing_if = "Option::is_none")]
     drained: Option<bool>,
+    /// Its slots under `[surge]` (`GET /nodes` only, PHP nodes only).
+    #[serde(flatten)]
+    slots: Option<Slots>,
+}
+
+/// One node's slots as `GET /nodes` shows them.
+#[derive(Debug, Serialize)]
+struct Slots {
+    /// Requests it works on at once (`[surge] max_active`, or the node's own), the
+    /// rest waiting in the gateway; `null`: no cap, every request goes in at once.
+    max_active: Option<usize>,
+    /// Requests holding one of its slots now, in PHP or streaming their answer;
+    /// `null` without a cap (nothing is counted then).
+    active: Option<usize>,
+    /// Requests waiting in the gateway for one of its slots, by class, in the order
+    /// a freed slot goes to them (with aging); all 0 without a cap.
+    queued: Queued,
+}
+
+/// Waiting requests per [`Class`], named as `/metrics` labels them.
+#[derive(Debug, Serialize)]
+struct Queued {
+    logged_in: usize,
+    anonymous: usize,
+    newcomer: usize,
+}
+
+fn slots(now: SlotsNow) -> Slots {
+    let capped = now.cap > 0;
+    let of = |class: Class| now.queued[class.index()];
+    Slots {
+        max_active: capped.then_some(now.cap),
+        active: capped.then_some(now.active),
+        queued: Queued {
+            logged_in: of(Class::LoggedIn),
+            anonymous: of(Class::Anonymous),
+            newcomer: of(Class::Newcomer),
+        },
+    }
 }
 
 fn row(gateway: &Gateway, upstream: &Upstream, details: bool, sessions: bool) -> Node {
@@ -77,6 +117,7 @@ fn row(gateway: &Gateway, upstream: &Upstream, details: bool, sessions: bool) ->
         maintenance: upstream.health.in_maintenance(),
         counts: sessions.then(|| counts(live, logged_in)),
         drained: (sessions && state != NodeState::Active).then_some(logged_in == 0),
+        slots: (details && sessions).then(|| slots(upstream.slots.now())),
     }
 }
 
@@ -92,7 +133,8 @@ struct NodesBody {
     data: Node,
 }
 
-/// `GET /nodes`: the upstreams in config order, with state, health and sessions.
+/// `GET /nodes`: the upstreams in config order, with state, health, sessions and
+/// (PHP nodes) their slots: `max_active`, `active`, `queued` per class.
 pub(super) async fn list(State(gateway): State<Arc<Gateway>>) -> Response {
     let settings = gateway.settings();
     let nodes = rows(&gateway, &settings, true);
