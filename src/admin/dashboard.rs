@@ -29,7 +29,7 @@ use super::html;
 use super::login::{self, Keys, Viewer};
 use super::page::{self, Card, Filters, Found, Row, View};
 use super::rates::Rates;
-use super::{cluster, gateways_panel, nodes, parse_key};
+use super::{cluster, gateways_panel, nodes, parse_key, surge};
 use crate::cluster::upstreams::{NodeId, Upstream};
 use crate::config::NodeState;
 use crate::gateway::{Gateway, Settings};
@@ -93,8 +93,8 @@ struct ShowQuery {
     found: Option<String>,
 }
 
-/// `GET /`: the cards, the Gateways panel (with a shared store), the find box and
-/// one page of the session table.
+/// `GET /`: the cards, the waiting-room panel (with a `[surge]` cap), the Gateways
+/// panel (with a shared store), the find box and one page of the session table.
 async fn show(
     State(dash): State<Dash>,
     viewer: Viewer,
@@ -115,13 +115,19 @@ async fn show(
     let names = upstreams(&settings).map(|u| u.name.clone()).collect();
     let gateways = gateways_panel::read(gateway, names).await;
     let (table, data) = (gateway.table(), settings.upstreams.data().id);
+    // Without a cap nothing waits: no slot figures, no panel.
+    let surge = Some(surge::now(gateway, &settings)).filter(|s| s.capped_nodes > 0);
+    let capped = surge.is_some();
     let view = View {
         now,
         can_log_out: matches!(viewer.login, login::Login::Cookie { .. }),
         csrf: viewer.csrf,
         flash: flash.clone(),
-        cards: upstreams(&settings).map(|u| card(&dash, u, data)).collect(),
+        cards: (upstreams(&settings))
+            .map(|u| card(&dash, u, data, capped))
+            .collect(),
         totals: (table.len() as u64, table.logged_in_total()),
+        surge,
         gateways,
         found,
         paged: query.after.is_some(),
@@ -138,7 +144,8 @@ async fn show(
     response
 }
 
-fn card(dash: &Dash, upstream: &Upstream, data: NodeId) -> Card {
+/// One upstream's card; `capped`: some node has a cap, so PHP nodes show their slots.
+fn card(dash: &Dash, upstream: &Upstream, data: NodeId, capped: bool) -> Card {
     let node = upstream.id != data;
     let table = dash.gateway.table();
     let meters = dash.gateway.metrics().node(upstream.id);
@@ -162,6 +169,7 @@ fn card(dash: &Dash, upstream: &Upstream, data: NodeId) -> Card {
         },
         rate,
         losses: totals.losses,
+        slots: (node && capped).then(|| upstream.slots.now()),
     }
 }
 

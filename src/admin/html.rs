@@ -44,7 +44,7 @@ impl fmt::Display for Esc<'_> {
 }
 
 /// Mobile first: one column of cards, two or more from 40em; system fonts; colour
-/// only where it means something (up, down, draining, disabled).
+/// only where it means something (up, down, draining, disabled, an open waiting room).
 const STYLE: &str = "\
 :root{color-scheme:light dark;--ok:#1a7f37;--bad:#c62828;--warn:#9a6700;--line:#8884}
 *{box-sizing:border-box}
@@ -57,7 +57,7 @@ h1{font-size:1.3rem;margin:.25rem 0}h2{font-size:1.1rem;margin:0}
 .card{border:1px solid var(--line);border-radius:.5rem;padding:.75rem;border-top:.35rem solid var(--ok)}
 .card.is-down{border-top-color:var(--bad)}.card.is-draining{border-top-color:var(--warn)}.card.is-disabled{border-top-color:#777}
 .badge{display:inline-block;font-size:.8rem;padding:0 .4rem;border-radius:1rem;border:1px solid currentColor;margin-left:.3rem}
-.badge.up{color:var(--ok)}.badge.down{color:var(--bad)}.state-draining{color:var(--warn)}.state-disabled{color:#777}
+.badge.up{color:var(--ok)}.badge.down{color:var(--bad)}.badge.open{color:var(--warn)}.state-draining{color:var(--warn)}.state-disabled{color:#777}
 .why{font-size:.85rem;color:#666;margin:.3rem 0;overflow-wrap:anywhere}
 dl{display:grid;grid-template-columns:auto auto;gap:.1rem 1rem;margin:.5rem 0}dt{color:#666}dd{margin:0;text-align:right;font-variant-numeric:tabular-nums}
 dl.narrow{max-width:24rem}

@@ -1,6 +1,7 @@
-//! The dashboard page itself: a card per upstream, the Gateways panel (with a
-//! shared store, written by `gateways_panel`), the find box and the session table,
-//! written from figures `dashboard` gathered.
+//! The dashboard page itself: a card per upstream, the waiting-room panel (with a
+//! `[surge]` cap, written by `surge_panel`), the Gateways panel (with a shared
+//! store, written by `gateways_panel`), the find box and the session table, written
+//! from figures `dashboard` gathered.
 //!
 //! Why every action is a plain `<form method="post">`: the page must work with
 //! JavaScript off. Each form carries the login's CSRF token; the answer is a
@@ -12,7 +13,10 @@ use std::fmt::Write as _;
 use super::gateways_panel::{self, Panel};
 use super::html::{duration, Esc};
 use super::rates::Rate;
+use super::surge::SurgeNow;
+use super::surge_panel;
 use crate::cluster::health::LastProbe;
+use crate::cluster::slots::SlotsNow;
 use crate::config::NodeState;
 use crate::sessions::affinity::SessionState;
 
@@ -33,6 +37,8 @@ pub(super) struct Card {
     pub(super) logged_in: u64,
     pub(super) rate: Option<Rate>,
     pub(super) losses: u64,
+    /// Its slots, on a PHP node while some node has a cap (`None`: not shown).
+    pub(super) slots: Option<SlotsNow>,
 }
 
 /// One row of the session table.
@@ -69,6 +75,8 @@ pub(super) struct View {
     pub(super) flash: Option<String>,
     pub(super) cards: Vec<Card>,
     pub(super) totals: (u64, u64),
+    /// The line and the waiting room (`None` while no node has a cap).
+    pub(super) surge: Option<SurgeNow>,
     /// Every live gateway (`None` without a shared store).
     pub(super) gateways: Option<Panel>,
     pub(super) found: Option<Result<Found, String>>,
@@ -88,6 +96,9 @@ pub(super) fn body(view: &View) -> String {
         write_card(&mut out, card, view);
     }
     out.push_str("</section>");
+    if let Some(surge) = &view.surge {
+        surge_panel::write(&mut out, surge);
+    }
     if let Some(panel) = &view.gateways {
         gateways_panel::write(&mut out, panel, view.now);
     }
@@ -194,6 +205,9 @@ fn figures(out: &mut String, card: &Card) {
         figure("Logged in", "logged-in", card.logged_in.to_string());
         figure("Anonymous", "anonymous", anonymous.to_string());
         figure("Weight", "weight", card.weight.to_string());
+    }
+    for (label, key, value) in card.slots.iter().flat_map(surge_panel::card_figures) {
+        figure(label, key, value);
     }
     let (per_second, errors) = match card.rate {
         Some(rate) => (
@@ -402,6 +416,7 @@ mod tests {
             logged_in: 0,
             rate: None,
             losses: 1,
+            slots: None,
         }
     }
 
@@ -413,6 +428,7 @@ mod tests {
             flash: Some("<i>flash</i>".into()),
             cards,
             totals: (3, 0),
+            surge: None,
             gateways: None,
             found: None,
             filters: Filters::default(),
@@ -478,6 +494,41 @@ mod tests {
             served: served.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
             dealt: [("web1".to_owned(), 2)].into(),
         }
+    }
+
+    #[test]
+    fn without_a_cap_the_page_shows_no_slots_and_no_waiting_room() {
+        let html = body(&view(vec![card("web1", "answered 200 OK")]));
+        assert!(!html.contains("data-figure=\"slots\"") && !html.contains("id=\"room\""));
+    }
+
+    #[test]
+    fn with_a_cap_each_node_shows_its_slots_and_the_page_its_waiting_room() {
+        let mut capped = card("web1", "answered 200 OK");
+        capped.slots = Some(SlotsNow {
+            cap: 4,
+            active: 3,
+            queued: [0, 0, 0],
+            passed_over: 0,
+        });
+        let mut free = card("web2", "answered 200 OK");
+        free.slots = Some(SlotsNow::default());
+        let mut page = view(vec![capped, free]);
+        page.surge = Some(SurgeNow {
+            capped_nodes: 1,
+            waiting: 0,
+            max_waiting: 100,
+            expected_wait_ms: Some(std::time::Duration::ZERO),
+            room: None,
+        });
+        let html = body(&page);
+        let web2 = html.split("id=\"node-web2\"").nth(1).unwrap();
+        assert!(html.contains("data-figure=\"slots\">3 / 4</dd>"));
+        assert!(web2.contains("data-figure=\"slots\">no cap</dd>"));
+        assert!(!web2.contains("queued-"), "nothing waits without a cap");
+        let room = html.find("id=\"room\"").unwrap();
+        assert!(html.find("</section>").unwrap() < room, "after the cards");
+        assert!(room < html.find("id=\"find\"").unwrap());
     }
 
     #[test]

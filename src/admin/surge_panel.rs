@@ -1,0 +1,208 @@
+//! The dashboard's surge figures (`[surge]` with a cap only): each node card's
+//! requests in flight against its cap and its line per class, and the waiting-room
+//! panel (open or closed, people in line, expected wait, admitted lately, and the
+//! gateway's whole line against `max_waiting`).
+//!
+//! Why only with a cap: without one nothing waits in the gateway and the room never
+//! opens, so every figure would be a 0 on every card; a site that does not use
+//! `[surge]` keeps the page it always had. With a cap on some nodes only, a node
+//! without one says "no cap" rather than a 0 that looks like an idle node.
+//!
+//! Every figure is a number or a fixed word: nothing here comes from outside, but
+//! the config's own values still go through [`duration`] and `Display`, never raw
+//! text.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::html::duration;
+use super::surge::SurgeNow;
+use crate::cluster::slots::{Class, SlotsNow};
+
+/// A card's figures for one node's slots: label, `data-figure` key, value (markup).
+pub(super) fn card_figures(slots: &SlotsNow) -> Vec<(&'static str, &'static str, String)> {
+    if slots.cap == 0 {
+        return vec![("In flight / cap", "slots", "no cap".into())];
+    }
+    let full = match slots.active >= slots.cap {
+        true => " <small>full</small>",
+        false => "",
+    };
+    let in_flight = format!("{} / {}{full}", slots.active, slots.cap);
+    let mut figures = vec![("In flight / cap", "slots", in_flight)];
+    for class in Class::ALL {
+        let (label, key) = match class {
+            Class::LoggedIn => ("Queued: logged in", "queued-logged-in"),
+            Class::Anonymous => ("Queued: anonymous", "queued-anonymous"),
+            Class::Newcomer => ("Queued: newcomers", "queued-newcomer"),
+        };
+        figures.push((label, key, slots.queued[class.index()].to_string()));
+    }
+    figures
+}
+
+/// The waiting-room panel's `<section>`.
+pub(super) fn write(out: &mut String, surge: &SurgeNow) {
+    let (badge, state) = match &surge.room {
+        Some(room) if room.open => ("<span class=\"badge open\">open</span>", "open"),
+        Some(_) => ("<span class=\"badge\">closed</span>", "closed"),
+        None => ("<span class=\"badge\">off</span>", "off"),
+    };
+    let _ = write!(
+        out,
+        "<section id=\"room\" data-room=\"{state}\"><h2>Waiting room{badge}</h2>"
+    );
+    match &surge.room {
+        Some(room) => {
+            let _ = write!(
+                out,
+                "<p class=\"why\">It opens while a newcomer joining the nodes' lines could \
+                 expect to wait over {}: newcomers asking for a page get the waiting page, \
+                 their place kept in a cookie, and are let in first come, first served as \
+                 slots free.</p>",
+                duration(room.opens_at_ms.as_secs())
+            );
+        }
+        None => out.push_str(
+            "<p class=\"why\">Off (<code>[surge] waiting_room = false</code>): newcomers \
+             wait in the nodes' lines like everyone else.</p>",
+        ),
+    }
+    out.push_str("<dl class=\"narrow\">");
+    let mut figure = |label: &str, key: &str, value: String| {
+        let _ = write!(
+            out,
+            "<dt>{label}</dt><dd data-figure=\"{key}\">{value}</dd>"
+        );
+    };
+    if let Some(room) = &surge.room {
+        figure("Waiting room", "room", state.into());
+        figure("People in line", "in-line", room.in_line.to_string());
+    }
+    figure(
+        "Expected wait",
+        "expected-wait",
+        expected(surge.expected_wait_ms, surge.waiting),
+    );
+    if let Some(room) = &surge.room {
+        let admitted = room.admitted_last_minute.to_string();
+        figure("Admitted in the last minute", "admitted", admitted);
+    }
+    let waiting = format!(
+        "{} <small>of at most {}</small>",
+        surge.waiting, surge.max_waiting
+    );
+    figure("Requests waiting for a node", "waiting", waiting);
+    out.push_str(
+        "</dl><p class=\"why\">Over its cap a node's requests wait here, in the gateway: \
+         logged-in students first, then anonymous sessions, then newcomers, each in \
+         order of arrival, and no class waits for ever behind the others (aging).</p>\
+         </section>",
+    );
+}
+
+/// The expected wait as the panel says it.
+fn expected(wait: Option<Duration>, waiting: usize) -> String {
+    match wait {
+        None => "unknown <small>requests wait and none finished lately</small>".into(),
+        Some(_) if waiting == 0 => "none <small>nobody waits</small>".into(),
+        Some(wait) if wait < Duration::from_secs(1) => "under 1s".into(),
+        Some(wait) => duration(wait.as_secs()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admin::surge::Room;
+
+    fn surge(room: Option<Room>, expected: Option<Duration>, waiting: usize) -> SurgeNow {
+        SurgeNow {
+            capped_nodes: 2,
+            waiting,
+            max_waiting: 10_000,
+            expected_wait_ms: expected,
+            room,
+        }
+    }
+
+    fn room(open: bool) -> Room {
+        Room {
+            open,
+            in_line: 3,
+            admitted_last_minute: 4,
+            opens_at_ms: Duration::from_secs(5),
+        }
+    }
+
+    fn shown(surge: &SurgeNow) -> String {
+        let mut out = String::new();
+        write(&mut out, surge);
+        out
+    }
+
+    #[test]
+    fn an_open_room_shows_its_line_its_wait_and_who_it_let_in() {
+        let html = shown(&surge(Some(room(true)), Some(Duration::from_secs(12)), 7));
+        assert!(html.contains("data-room=\"open\"><h2>Waiting room<span class=\"badge open\">"));
+        for (key, value) in [
+            ("room", "open"),
+            ("in-line", "3"),
+            ("expected-wait", "12s"),
+            ("admitted", "4"),
+            ("waiting", "7 <small>of at most 10000</small>"),
+        ] {
+            let figure = format!("data-figure=\"{key}\">{value}</dd>");
+            assert!(html.contains(&figure), "{figure} in {html}");
+        }
+        assert!(html.contains("expect to wait over 5s"));
+    }
+
+    #[test]
+    fn the_expected_wait_says_when_it_cannot_be_known_or_nobody_waits() {
+        let closed = Some(room(false));
+        let stuck = shown(&surge(closed, None, 2));
+        assert!(stuck.contains("data-room=\"closed\""));
+        assert!(stuck.contains("data-figure=\"expected-wait\">unknown <small>"));
+        let idle = shown(&surge(Some(room(false)), Some(Duration::ZERO), 0));
+        assert!(idle.contains("data-figure=\"expected-wait\">none <small>"));
+        let quick = shown(&surge(
+            Some(room(false)),
+            Some(Duration::from_millis(300)),
+            1,
+        ));
+        assert!(quick.contains("data-figure=\"expected-wait\">under 1s</dd>"));
+    }
+
+    #[test]
+    fn a_room_turned_off_says_so_and_shows_only_the_line() {
+        let html = shown(&surge(None, Some(Duration::ZERO), 0));
+        assert!(html.contains("data-room=\"off\"") && html.contains("waiting_room = false"));
+        assert!(!html.contains("data-figure=\"in-line\"") && !html.contains("admitted"));
+        assert!(html.contains("data-figure=\"waiting\">0 <small>"));
+    }
+
+    #[test]
+    fn a_capped_card_shows_in_flight_against_its_cap_and_each_class_s_line() {
+        let slots = SlotsNow {
+            cap: 2,
+            active: 2,
+            queued: [5, 1, 9],
+            passed_over: 0,
+        };
+        let figures = card_figures(&slots);
+        let keys: Vec<_> = figures.iter().map(|f| (f.1, f.2.as_str())).collect();
+        assert_eq!(
+            keys,
+            [
+                ("slots", "2 / 2 <small>full</small>"),
+                ("queued-logged-in", "5"),
+                ("queued-anonymous", "1"),
+                ("queued-newcomer", "9"),
+            ]
+        );
+        let uncapped = card_figures(&SlotsNow::default());
+        assert_eq!(uncapped.len(), 1);
+        assert_eq!((uncapped[0].1, uncapped[0].2.as_str()), ("slots", "no cap"));
+    }
+}
