@@ -170,7 +170,8 @@ impl Config {
              health checks: GET {}{} every {}, timeout {}; an upstream is marked down after {} \
              in a row, up after {}; healthy statuses: {}\n\
              snapshot: {snapshot}\nroute cookie: {route}\ntable store: {}\naccess log: {}\n\
-             session losses: a logged-in session Moodle replaces after {} idle timed out; sooner, it was lost\n",
+             session losses: a logged-in session Moodle replaces after {} idle timed out; sooner, it was lost\n\
+             {}",
             d(self.timeouts.shutdown),
             h.path,
             h.host
@@ -184,6 +185,53 @@ impl Config {
             self.describe_store(),
             self.describe_access_log(),
             d(self.session.sessiontimeout),
+            self.describe_surge(),
+        )
+    }
+
+    /// `[surge]`: the caps, the line's order and endings, the waiting room.
+    fn describe_surge(&self) -> String {
+        let u = &self.surge;
+        let caps: Vec<usize> = self.nodes.iter().map(|n| n.cap(u)).collect();
+        if caps.iter().all(|&c| c == 0) {
+            return "surge: no cap (every request goes to its node at once, and PHP's own \
+                    backlog queues the rest, first come first served)\n"
+                .to_owned();
+        }
+        let per_node = match caps.iter().all(|&c| c == caps[0]) {
+            true => format!("each node works on at most {} requests at once", caps[0]),
+            false => {
+                "each node works on at most its max_active requests at once (see nodes)".to_owned()
+            }
+        };
+        let room = match &u.waiting_room {
+            None => "off: newcomers wait in the line like everyone".to_owned(),
+            Some(r) => format!(
+                "when a newcomer's expected wait passes {}, newcomers' page views get the \
+                 waiting page (503 with Retry-After, refreshing itself, {}) and a place kept \
+                 for {} in cookie {}, let in first come first served",
+                d(r.opens_at),
+                match r.page {
+                    Some(_) => "your room_page",
+                    None => "the built-in page",
+                },
+                d(r.place_kept),
+                r.cookie
+            ),
+        };
+        format!(
+            "surge: {per_node}; the rest wait in the gateway, a bound session for its own \
+             node: logged-in students first, then anonymous sessions, then newcomers, then by \
+             arrival, each class at most {} per step behind later arrivals; at most {} wait \
+             (503 beyond, a newcomer making way for a student); a wait ends in 503 after {} \
+             (logged in), {} (a logged-in POST), {} (anonymous), {} (newcomers)\n\
+             waiting room: {room}\n",
+            d(u.aging),
+            u.max_waiting,
+            d(u.patience),
+            d(u.post_patience),
+            d(u.anonymous_patience),
+            d(u.newcomer_patience),
         )
     }
 
@@ -228,8 +276,12 @@ impl Config {
                 NodeState::Draining => " (draining: keeps its sessions, gets no new ones)",
                 NodeState::Disabled => " (disabled: gets no requests)",
             };
+            let cap = match n.cap(&self.surge) {
+                0 => String::new(),
+                cap => format!(", at most {cap} requests at once"),
+            };
             out += &format!(
-                "  {} http://{} weight {}{state}\n",
+                "  {} http://{} weight {}{cap}{state}\n",
                 n.name, n.authority, n.weight
             );
         }

@@ -74,7 +74,12 @@ impl Checker<'_> {
         SurgeConfig {
             max_active,
             max_waiting,
-            aging: self.bounded(&s, "aging", DEFAULT_AGING, Duration::ZERO..=10 * minute),
+            aging: self.bounded(
+                &s,
+                "aging",
+                DEFAULT_AGING,
+                Duration::from_secs(1)..=10 * minute,
+            ),
             patience: patience(self, "patience", DEFAULT_PATIENCE),
             post_patience: patience(self, "post_patience", DEFAULT_POST_PATIENCE),
             anonymous_patience: patience(self, "anonymous_patience", DEFAULT_ANONYMOUS_PATIENCE),

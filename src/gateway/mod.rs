@@ -108,8 +108,9 @@ pub struct Settings {
     /// The file offload (`[offload]`): SCORM files go to the nodes, and their
     /// `X-Accel-Redirect` answers are served from the data server's export.
     offload: Option<Offload>,
-    /// The line's patience and aging (`[surge]`); the caps live in the upstreams.
-    surge: SurgeConfig,
+    /// The line's patience and aging, and the waiting room (`[surge]`); the caps
+    /// live in the upstreams.
+    pub surge: SurgeConfig,
 }
 
 impl Settings {

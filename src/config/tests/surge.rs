@@ -1,0 +1,93 @@
+//! `[surge]`: the caps, the line, the waiting room. Every default, the per-node
+//! override, and every message with its line.
+
+use super::*;
+
+fn valid(doc: &str) -> Config {
+    parse(&format!("{doc}\n{NODES}{DATA}"), None).unwrap()
+}
+
+#[test]
+fn without_a_surge_section_no_node_has_a_cap_and_the_room_waits_for_one() {
+    let c = valid("");
+    assert_eq!(c.nodes[0].cap(&c.surge), 0, "today's behaviour");
+    assert_eq!(c.surge.max_waiting, 10_000);
+    assert_eq!(c.surge.aging, Duration::from_secs(10));
+    assert_eq!(
+        [
+            c.surge.patience,
+            c.surge.post_patience,
+            c.surge.anonymous_patience,
+            c.surge.newcomer_patience
+        ],
+        [60, 180, 45, 30].map(Duration::from_secs)
+    );
+    let room = c
+        .surge
+        .waiting_room
+        .expect("on by default, inert without a cap");
+    assert_eq!(room.opens_at, Duration::from_secs(5));
+    assert_eq!(room.place_kept, Duration::from_secs(300));
+    assert_eq!(room.cookie, "MoodleGatewayPlace");
+    assert!(room.page.is_none(), "the built-in page");
+}
+
+#[test]
+fn a_node_may_have_its_own_cap() {
+    let text = format!(
+        "[surge]\nmax_active = 8\nwaiting_room = false\n{NODES}\
+         [[nodes]]\nname = \"web2\"\nurl = \"http://192.168.1.2\"\nmax_active = 3\n{DATA}"
+    );
+    let c = parse(&text, None).unwrap();
+    let caps: Vec<usize> = c.nodes.iter().map(|n| n.cap(&c.surge)).collect();
+    assert_eq!(caps, [8, 3]);
+    assert!(c.surge.waiting_room.is_none());
+}
+
+#[test]
+fn surge_mistakes_name_the_key_and_the_reason() {
+    check(
+        "[surge]\nmax_active = -1\nmax_waiting = 0\naging = \"11m\"\npatience = \"0s\"\n\
+         waiting_room = \"yes\"\nroom_opens_at = \"1h\"\nroom_cookie = \"MoodleSession\"\n\
+         room_page = \"missing.html\"\nqueue = 1",
+        r#"
+2: surge.max_active: must be between 0 and 100000, got -1
+3: surge.max_waiting: must be between 1 and 1000000, got 0
+4: surge.aging: must be between 1s and 10m
+5: surge.patience: "0s" must be greater than 0
+6: surge.waiting_room: expected true or false, found string
+7: surge.room_opens_at: must be between 1s and 10m
+8: surge.room_cookie: must not be the session cookie: the browser would lose its session
+9: surge.room_page: cannot read /nonexistent/missing.html: no such file or directory (os error 2)
+10: surge.queue: unknown key (expected one of: max_active, max_waiting, aging, patience, post_patience, anonymous_patience, newcomer_patience, waiting_room, room_opens_at, place_kept, room_cookie, room_page)"#,
+    );
+    let node = format!("{NODES}max_active = \"8\"\n{DATA}");
+    assert_eq!(
+        errors(&node),
+        "4: nodes[0].max_active: expected an integer, found string"
+    );
+}
+
+#[test]
+fn the_room_page_is_read_once_and_must_be_small_utf8() {
+    let dir = std::env::temp_dir().join(format!("mg-room-page-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let thai = "<p>ลำดับที่ {{place}}</p>";
+    std::fs::write(dir.join("room.html"), thai).unwrap();
+    std::fs::write(dir.join("latin1.html"), b"caf\xe9").unwrap();
+    std::fs::write(dir.join("big.html"), vec![b'x'; 64 * 1024 + 1]).unwrap();
+    let parse_in = |page: &str| {
+        let text = format!("[surge]\nroom_page = {page:?}\n{NODES}{DATA}");
+        Config::parse(&text, &dir, ConfigEnv::default())
+    };
+    let room = parse_in("room.html").unwrap().surge.waiting_room.unwrap();
+    assert_eq!(room.page.as_deref(), Some(thai));
+    let latin1 = parse_in("latin1.html").unwrap_err().to_string();
+    assert!(
+        latin1.contains("surge.room_page:") && latin1.contains("is not UTF-8"),
+        "{latin1}"
+    );
+    let big = parse_in("big.html").unwrap_err().to_string();
+    assert!(big.contains("is 65537 bytes: at most 65536"), "{big}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
