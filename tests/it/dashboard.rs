@@ -1,12 +1,15 @@
 //! The admin dashboard over real sockets, in front of stand-in nodes: the login and
 //! its brake, the cookie's attributes, the CSRF token on every button, the find box
-//! that never echoes a session id, and escaping of what nodes say.
+//! that never echoes a session id, and escaping of what nodes say; with a `[surge]`
+//! cap, each node's slots and line and the waiting-room panel, beside `/nodes` and
+//! `/surge`.
 
 use std::time::Duration;
 
 use axum::body::Body;
 use http::Response;
 use moodle_gateway::demo::standin::Cluster;
+use serde_json::json;
 
 use crate::support::{self, logged_in, Seen, TestGateway};
 
@@ -14,8 +17,14 @@ const TOKEN: &str = "dashboard-admin-token-0123456789";
 const FORM: (&str, &str) = ("content-type", "application/x-www-form-urlencoded");
 
 async fn start(cluster: &Cluster) -> TestGateway {
-    let extra = "health.interval = \"100ms\"\nhealth.timeout = \"100ms\"\n";
-    let config = cluster.config_toml("127.0.0.1:0", Some(("127.0.0.1:0", TOKEN)), extra);
+    start_with(cluster, "").await
+}
+
+/// The gateway in front of `cluster` with quick probes and `extra` config lines
+/// (dotted keys, as [`Cluster::config_toml`] takes them).
+async fn start_with(cluster: &Cluster, extra: &str) -> TestGateway {
+    let extra = format!("health.interval = \"100ms\"\nhealth.timeout = \"100ms\"\n{extra}");
+    let config = cluster.config_toml("127.0.0.1:0", Some(("127.0.0.1:0", TOKEN)), &extra);
     TestGateway::start(&config).await
 }
 
@@ -426,4 +435,250 @@ async fn disabling_a_node_with_logged_in_students_needs_the_box_ticked() {
         303
     );
     assert_eq!(node_state(&gateway).await, "disabled");
+}
+
+/// What an XHR or an asset sends: never a page the waiting room could stand in for.
+const NOT_A_PAGE: (&str, &str) = ("accept", "application/json");
+/// What a browser's navigation sends.
+const A_PAGE: (&str, &str) = ("accept", "text/html,application/xhtml+xml,*/*;q=0.8");
+/// How long the stand-in takes over the request that holds web1's only slot.
+const SLOW_PAGE_MS: &str = "3000";
+
+/// One node with `[surge] max_active = 1` (and `surge` lines more).
+async fn capped(surge: &str) -> (Cluster, TestGateway) {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let gateway = start_with(&cluster, &format!("surge.max_active = 1\n{surge}")).await;
+    (cluster, gateway)
+}
+
+/// A newcomer's slow request (not a page view) that takes web1's only slot for
+/// [`SLOW_PAGE_MS`]; its status when it ends.
+fn hold_the_slot(gateway: &TestGateway) -> tokio::task::JoinHandle<u16> {
+    let url = gateway.url("/course/view.php?id=2");
+    tokio::spawn(async move {
+        let headers = [("x-standin-delay-ms", SLOW_PAGE_MS), NOT_A_PAGE];
+        let seen = support::send(&url, "GET", &headers, Body::empty()).await;
+        seen.status.as_u16()
+    })
+}
+
+/// `GET {path}` of the JSON API with the token.
+async fn api(gateway: &TestGateway, path: &str) -> serde_json::Value {
+    let bearer = format!("Bearer {TOKEN}");
+    let url = admin_url(gateway, path);
+    let seen = support::send(&url, "GET", &[("authorization", &bearer)], Body::empty()).await;
+    assert_eq!(seen.status, 200, "{path}: {}", seen.text());
+    serde_json::from_slice(&seen.body).unwrap()
+}
+
+/// `GET /nodes` again and again until web1's row satisfies `done` (5 s at most).
+async fn web1_until(
+    gateway: &TestGateway,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let started = std::time::Instant::now();
+    loop {
+        let web1 = api(gateway, "/nodes").await["nodes"][0].take();
+        if done(&web1) {
+            return web1;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{what}: {web1}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of `data-figure="{key}"` inside the element with id `id`.
+fn figure(html: &str, id: &str, key: &str) -> String {
+    let within = html.split(&format!("id=\"{id}\"")).nth(1).expect(id);
+    let within = within.split("</section>").next().unwrap();
+    let within = within.split("</article>").next().unwrap();
+    let value = within.split(&format!("data-figure=\"{key}\">")).nth(1);
+    let value = value.unwrap_or_else(|| panic!("no {key} in #{id}: {within}"));
+    value.split("</dd>").next().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_cap_the_page_shows_no_slots_and_no_waiting_room() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster).await;
+    let cookie = log_in(&gateway).await;
+    let html = page(&gateway, "/", &cookie).await.text();
+    assert!(html.contains("id=\"node-web1\""));
+    assert!(!html.contains("data-figure=\"slots\"") && !html.contains("id=\"room\""));
+    let web1 = &api(&gateway, "/nodes").await["nodes"][0];
+    assert_eq!(
+        (&web1["max_active"], &web1["active"]),
+        (&json!(null), &json!(null))
+    );
+    assert_eq!(api(&gateway, "/surge").await["capped_nodes"], 0);
+}
+
+/// A logged-in student, a visitor on the login form and a newcomer wait behind a
+/// slow page on a node with one slot: the admin sees the cap, the one in flight and
+/// each class's line, on the card and in `/nodes`, and the line empty once it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_a_cap_the_card_and_nodes_show_in_flight_and_each_class_waiting() {
+    let (_cluster, gateway) = capped("").await;
+    let (mut student, _) = logged_in(&gateway, 1).await;
+    let mut visitor = moodle_gateway::demo::Browser::new(gateway.addr, "", "MoodleSession");
+    assert_eq!(visitor.get("/login/index.php").await.unwrap().status, 200);
+    let holder = hold_the_slot(&gateway);
+    web1_until(&gateway, "the slow page holds the slot", |n| {
+        n["active"] == 1
+    })
+    .await;
+    let mut waiting = tokio::task::JoinSet::new();
+    waiting.spawn(async move { student.get("/my/").await.unwrap().status.as_u16() });
+    waiting.spawn(async move {
+        visitor
+            .get("/login/index.php")
+            .await
+            .unwrap()
+            .status
+            .as_u16()
+    });
+    let url = gateway.url("/lib/ajax/service.php");
+    waiting.spawn(async move {
+        let seen = support::send(&url, "GET", &[NOT_A_PAGE], Body::empty()).await;
+        seen.status.as_u16()
+    });
+    let queued = json!({"logged_in": 1, "anonymous": 1, "newcomer": 1});
+    let web1 = web1_until(&gateway, "one of each class waits", |n| {
+        n["queued"] == queued
+    })
+    .await;
+    assert_eq!(
+        (&web1["max_active"], &web1["active"]),
+        (&json!(1), &json!(1))
+    );
+    let cookie = log_in(&gateway).await;
+    let html = page(&gateway, "/", &cookie).await.text();
+    assert_eq!(
+        figure(&html, "node-web1", "slots"),
+        "1 / 1 <small>full</small>"
+    );
+    for class in ["logged-in", "anonymous", "newcomer"] {
+        assert_eq!(
+            figure(&html, "node-web1", &format!("queued-{class}")),
+            "1",
+            "{class}"
+        );
+    }
+    assert!(!figure(&html, "node-data", "rate").is_empty());
+    assert!(!html
+        .split("id=\"node-data\"")
+        .nth(1)
+        .unwrap()
+        .contains("data-figure=\"slots\""));
+    assert_eq!(
+        figure(&html, "room", "waiting"),
+        "3 <small>of at most 10000</small>"
+    );
+    assert_eq!(
+        figure(&html, "room", "room"),
+        "closed",
+        "no newcomer asked for a page"
+    );
+    let surge = api(&gateway, "/surge").await;
+    assert_eq!(
+        (&surge["capped_nodes"], &surge["waiting"]),
+        (&json!(1), &json!(3))
+    );
+    // The slow page ends: each waiter gets the slot in turn, and the line empties.
+    assert_eq!(holder.await.unwrap(), 200);
+    let statuses = waiting.join_all().await;
+    assert_eq!(statuses, [200; 3], "every waiter was served");
+    let idle = json!({"logged_in": 0, "anonymous": 0, "newcomer": 0});
+    web1_until(&gateway, "the line empties", |n| {
+        n["active"] == 0 && n["queued"] == idle
+    })
+    .await;
+    let html = page(&gateway, "/", &cookie).await.text();
+    assert_eq!(figure(&html, "node-web1", "slots"), "0 / 1");
+    assert_eq!(
+        figure(&html, "room", "waiting"),
+        "0 <small>of at most 10000</small>"
+    );
+}
+
+/// A newcomer asking for a page while requests wait and none has finished gets the
+/// waiting page: the panel says the room is open, one in line, the wait unknown;
+/// when the slow page ends and they come back with their place, they are let in,
+/// the room closes and the panel counts the admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_room_panel_shows_it_open_with_its_line_then_closed_with_who_it_let_in() {
+    let (_cluster, gateway) = capped("").await;
+    let holder = hold_the_slot(&gateway);
+    web1_until(&gateway, "the slow page holds the slot", |n| {
+        n["active"] == 1
+    })
+    .await;
+    let url = gateway.url("/lib/ajax/service.php");
+    let waiter = tokio::spawn(async move {
+        support::send(&url, "GET", &[NOT_A_PAGE], Body::empty())
+            .await
+            .status
+            .as_u16()
+    });
+    web1_until(&gateway, "a request waits", |n| {
+        n["queued"]["newcomer"] == 1
+    })
+    .await;
+    let first = support::send(&gateway.url("/"), "GET", &[A_PAGE], Body::empty()).await;
+    assert_eq!(first.status, 503, "the waiting page: {}", first.text());
+    let place = header(&first, "set-cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let cookie = log_in(&gateway).await;
+    let html = page(&gateway, "/", &cookie).await.text();
+    assert!(html.contains("data-room=\"open\"><h2>Waiting room<span class=\"badge open\">open"));
+    assert_eq!(figure(&html, "room", "in-line"), "1");
+    assert!(
+        figure(&html, "room", "expected-wait").starts_with("unknown"),
+        "{html}"
+    );
+    assert_eq!(figure(&html, "room", "admitted"), "0");
+    assert!(
+        html.contains("expect to wait over 5s"),
+        "the default room_opens_at"
+    );
+    let surge = api(&gateway, "/surge").await;
+    let room = json!({"open": true, "in_line": 1, "admitted_last_minute": 0, "opens_at_ms": 5000});
+    assert_eq!(
+        (&surge["room"], &surge["expected_wait_ms"]),
+        (&room, &json!(null))
+    );
+    assert_eq!(holder.await.unwrap(), 200);
+    assert_eq!(waiter.await.unwrap(), 200);
+    // Back with their place, the line empty: let in, and the room closes.
+    let headers = [A_PAGE, ("cookie", place.as_str())];
+    let again = support::send(&gateway.url("/"), "GET", &headers, Body::empty()).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    let html = page(&gateway, "/", &cookie).await.text();
+    assert!(html.contains("data-room=\"closed\""), "{html}");
+    assert_eq!(figure(&html, "room", "in-line"), "0");
+    assert_eq!(figure(&html, "room", "admitted"), "1");
+    let room = &api(&gateway, "/surge").await["room"];
+    assert_eq!(
+        (&room["open"], &room["admitted_last_minute"]),
+        (&json!(false), &json!(1))
+    );
+}
+
+/// With `waiting_room = false` the panel says so and shows only the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_turned_off_is_shown_off() {
+    let (_cluster, gateway) = capped("surge.waiting_room = false\n").await;
+    let cookie = log_in(&gateway).await;
+    let html = page(&gateway, "/", &cookie).await.text();
+    assert!(html.contains("data-room=\"off\"") && html.contains("waiting_room = false"));
+    assert!(!html.contains("data-figure=\"in-line\""));
+    assert_eq!(
+        figure(&html, "room", "waiting"),
+        "0 <small>of at most 10000</small>"
+    );
+    assert_eq!(api(&gateway, "/surge").await["room"], json!(null));
 }
