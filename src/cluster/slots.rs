@@ -323,12 +323,12 @@ impl Slots {
     /// else when its turn comes by the aging rule. Dropping the future gives the
     /// place up (and a slot handed over in that very moment back).
     pub async fn acquire(self: &Arc<Self>, ask: Ask) -> Result<Permit, Ended> {
+        let cap = self.cap();
+        if cap == 0 {
+            return Ok(Permit { slots: None });
+        }
         let (place, answer) = {
             let mut line = self.lock();
-            let cap = self.cap();
-            if cap == 0 {
-                return Ok(Permit { slots: None });
-            }
             if line.active < cap && line.waiters.is_empty() {
                 line.active += 1;
                 return Ok(Permit {

@@ -78,15 +78,8 @@ impl Gateway {
         }
         let cookie = (self.site.cookie_path(), secure);
         let load = upstreams.crowd().load();
-        let entry = self.room.enter(
-            request.headers(),
-            room,
-            load,
-            capacity,
-            cookie,
-            &self.metrics,
-        );
-        entry
+        let headers = request.headers();
+        (self.room).enter(headers, room, load, capacity, cookie, &self.metrics)
     }
 
     /// A slot on the route's node, waiting in its line when it is at its cap; the
@@ -107,6 +100,14 @@ impl Gateway {
                 .upstream(route)
                 .ok_or(GatewayError::NoNodeAvailable)?;
             let capped = upstream.slots.cap() > 0;
+            if !capped {
+                // No cap, no line: no timer, no lock, nothing to wait for.
+                return match upstream.slots.acquire(ask).await {
+                    Ok(permit) => Ok((route, permit, None)),
+                    // A reload put a cap on the node in this very instant.
+                    Err(ended) => Err(self.turned_away(upstream, ask.class, ended)),
+                };
+            }
             ask.patience = deadline.saturating_duration_since(Instant::now());
             let got = tokio::select! {
                 // First, so that a slot free at once starts no timer.
