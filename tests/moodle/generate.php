@@ -3,16 +3,19 @@
 // printed as one JSON object on stdout (what tests/real_moodle/site.rs reads):
 // students with known passwords and names, one course they are enrolled in, a
 // SCORM activity from a real package shipped with Moodle, a file resource, and
-// for each student the keys of the token URL forms.
+// for each student the keys of the token URL forms; and as many newcomers, enrolled
+// the same way, for the surge (accounts of their own, so that a newcomer logging in
+// never shares an account with a student already logged in).
 //
-//   MOODLE_DIRROOT=… (plus config.php's variables) php generate.php --students=N
+//   MOODLE_DIRROOT=… (plus config.php's variables) php generate.php --students=N --newcomers=M
 define('CLI_SCRIPT', true);
 require(getenv('MOODLE_DIRROOT') . '/config.php');
 require_once($CFG->libdir . '/clilib.php');
 require_once($CFG->libdir . '/testing/generator/lib.php');
 
-[$options] = cli_get_params(['students' => 24]);
+[$options] = cli_get_params(['students' => 24, 'newcomers' => 0]);
 $count = (int) $options['students'];
+$newcomers = (int) $options['newcomers'];
 
 \core\session\manager::set_user(get_admin());
 
@@ -56,16 +59,16 @@ $resourcefile['url'] = '/pluginfile.php/' . $resourcecontext->id . '/mod_resourc
 $scoes = $DB->get_records('scorm_scoes', ['scorm' => $scorm->id, 'scormtype' => 'sco'], 'sortorder');
 $sco = reset($scoes);
 
-$students = [];
-for ($i = 1; $i <= $count; $i++) {
-    $n = sprintf('%02d', $i);
-    $password = "Student-pass-$n";
-    $user = $gen->create_user(['username' => "student$n", 'password' => $password,
-        'firstname' => 'Ada', 'lastname' => "Gatewaytester$n", 'email' => "student$n@example.com"]);
+// One account: username $prefix$n, password "Prefix-pass-$n", a last name no other
+// account's contains (the pages are checked for other students' names).
+$account = function (string $prefix, string $first, string $last, string $n) use ($gen, $course, $mobile) {
+    $password = ucfirst($prefix) . "-pass-$n";
+    $user = $gen->create_user(['username' => "$prefix$n", 'password' => $password,
+        'firstname' => $first, 'lastname' => "$last$n", 'email' => "$prefix$n@example.com"]);
     $gen->enrol_user($user->id, $course->id, 'student');
     $wstoken = \core_external\util::generate_token(EXTERNAL_TOKEN_PERMANENT, $mobile, $user->id,
         context_system::instance());
-    $students[] = [
+    return [
         'id' => (int) $user->id,
         'username' => $user->username,
         'password' => $password,
@@ -73,6 +76,14 @@ for ($i = 1; $i <= $count; $i++) {
         'files_key' => get_user_key('core_files', $user->id),
         'ws_token' => $wstoken,
     ];
+};
+$students = [];
+for ($i = 1; $i <= $count; $i++) {
+    $students[] = $account('student', 'Ada', 'Gatewaytester', sprintf('%02d', $i));
+}
+$arrivals = [];
+for ($i = 1; $i <= $newcomers; $i++) {
+    $arrivals[] = $account('newcomer', 'Ben', 'Surgetester', sprintf('%03d', $i));
 }
 
 echo json_encode([
@@ -92,4 +103,5 @@ echo json_encode([
         'file' => $resourcefile,
     ],
     'students' => $students,
+    'newcomers' => $arrivals,
 ], JSON_PRETTY_PRINT | JSON_UNESCAPED_SLASHES) . "\n";

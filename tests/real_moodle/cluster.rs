@@ -41,6 +41,10 @@ impl Store {
 /// The web nodes' names, in the gateway's config order.
 pub const NODES: [&str; 4] = ["web1", "web2", "web3", "web4"];
 
+/// PHP workers per `php -S` (`PHP_CLI_SERVER_WORKERS`) unless a test asks for fewer:
+/// how many requests one node runs at once, the rest waiting in its accept queue.
+pub const WORKERS: usize = 4;
+
 /// One `php -S` serving Moodle.
 pub struct Node {
     pub name: String,
@@ -70,19 +74,32 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the nodes and the data server for a gateway to come on `public`.
     pub fn start(site: &Site, store: Store) -> Cluster {
-        Cluster::launch(site, store, false)
+        Cluster::start_with(site, store, false, WORKERS)
     }
 
     /// The offload mode: node-local sessions, `$CFG->xsendfile = 'X-Accel-Redirect'` on
     /// every node, and the data server's file export.
     pub fn start_offload(site: &Site) -> Cluster {
-        Cluster::launch(site, Store::NodeLocal, true)
+        Cluster::start_with(site, Store::NodeLocal, true, WORKERS)
     }
 
-    fn launch(site: &Site, store: Store, offload: bool) -> Cluster {
+    /// Any mode (`offload` needs node-local sessions), with `workers` PHP workers per
+    /// node: a few make a node that a surge saturates at once, as a small PHP-FPM
+    /// pool would be.
+    pub fn start_with(site: &Site, store: Store, offload: bool, workers: usize) -> Cluster {
+        assert!(
+            !offload || store == Store::NodeLocal,
+            "offload is node-local"
+        );
+        assert!(workers >= 1, "a node needs a worker");
         let public: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let scratch = Scratch::new("nodes");
-        let start = |name: &str| start_node(site, store, offload, public, scratch.path(), name);
+        let shape = Shape {
+            store,
+            offload,
+            workers,
+        };
+        let start = |name: &str| start_node(site, shape, public, scratch.path(), name);
         let nodes = NODES.iter().map(|name| start(name)).collect();
         let data = start("data");
         Cluster {
@@ -140,14 +157,20 @@ impl Cluster {
     }
 }
 
-fn start_node(
-    site: &Site,
+/// What every node of a cluster is like.
+#[derive(Clone, Copy)]
+struct Shape {
     store: Store,
     offload: bool,
-    public: SocketAddr,
-    dir: &Path,
-    name: &str,
-) -> Node {
+    workers: usize,
+}
+
+fn start_node(site: &Site, shape: Shape, public: SocketAddr, dir: &Path, name: &str) -> Node {
+    let Shape {
+        store,
+        offload,
+        workers,
+    } = shape;
     let dir = dir.join(name);
     let sessions = (store == Store::NodeLocal).then(|| dir.join("sessions"));
     for sub in ["localcache", "requestdir", "sessions"] {
@@ -166,7 +189,7 @@ fn start_node(
         .arg(addr.to_string())
         .arg("-t")
         .arg(&site.code)
-        .env("PHP_CLI_SERVER_WORKERS", "4")
+        .env("PHP_CLI_SERVER_WORKERS", workers.to_string())
         .envs(site.env(&format!("http://{public}")))
         .env("MOODLE_NODE", name)
         .env("MOODLE_SESSIONS", store.name())
@@ -377,8 +400,8 @@ store = "{store}"
 # The default probe, under wwwroot's path and with wwwroot's Host: boost's favicon
 # through theme/image.php, which runs Moodle's setup and starts no session.
 [health]
-# php -S has four workers per node: under 16 concurrent students a probe may queue
-# behind slow pages, so give it the whole interval.
+# php -S has a few workers per node (four; two in the surge): under concurrent
+# students a probe may queue behind slow pages, so give it the whole interval.
 interval = "2s"
 timeout = "2s"
 
@@ -409,6 +432,16 @@ file = "gateway.state"
         );
     }
     text
+}
+
+/// The `[surge]` section capping every node at `max_active` requests at once, the
+/// rest at its defaults.
+pub fn surge_section(max_active: usize) -> String {
+    format!(
+        "\n# At most this many requests inside each node's PHP at once (its workers); the\n\
+         # rest wait in the gateway, logged-in students first.\n\
+         [surge]\nmax_active = {max_active}\n"
+    )
 }
 
 /// The secret every gateway of a shared store must have (`store.secret`).

@@ -3,6 +3,7 @@
 //! setup version into `target/real-moodle-cache/`; every test restores a copy into its
 //! own scratch directory in a few seconds and gets a fresh database and dataroot.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -15,6 +16,9 @@ use crate::processes::{run, wait_until, Proc, Scratch};
 
 /// Students the generator creates (the scenarios use at most this many).
 pub const STUDENTS: usize = 24;
+/// Newcomers' accounts the generator creates for the surge (accounts of their own:
+/// nobody in the surge logs in as a student who is already logged in).
+pub const NEWCOMERS: usize = 120;
 
 /// Bump when the install steps below change in a way the hashed scripts do not show.
 const SETUP_VERSION: &str = "real-moodle-setup-1";
@@ -37,6 +41,8 @@ pub struct SiteData {
     pub scorm: Scorm,
     pub resource: Resource,
     pub students: Vec<StudentAccount>,
+    /// The surge's newcomers, enrolled like the students.
+    pub newcomers: Vec<StudentAccount>,
 }
 
 /// The SCORM activity.
@@ -139,6 +145,29 @@ impl Site {
         )
     }
 
+    /// The SCORM tracking Moodle stored for the site's activity, per username:
+    /// (element, value) of the lesson status, the raw score and the suspend data,
+    /// sorted.
+    pub fn tracking(&self) -> BTreeMap<String, Vec<(String, String)>> {
+        let rows = self.sql(&format!(
+            "SELECT u.username, e.element, v.value FROM mdl_scorm_scoes_value v \
+             JOIN mdl_scorm_attempt a ON a.id = v.attemptid JOIN mdl_scorm_element e ON e.id = v.elementid \
+             JOIN mdl_user u ON u.id = a.userid WHERE a.scormid = {} \
+             AND e.element IN ('cmi.core.lesson_status', 'cmi.core.score.raw', 'cmi.suspend_data')",
+            self.data.scorm.id
+        ));
+        let mut stored: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for row in rows.lines() {
+            let cols: Vec<&str> = row.splitn(3, '\t').collect();
+            stored
+                .entry(cols[0].to_string())
+                .or_default()
+                .push((cols[1].to_string(), cols[2].to_string()));
+        }
+        stored.values_mut().for_each(|rows| rows.sort());
+        stored
+    }
+
     /// The bytes Moodle stored for `contenthash` (`filedir/xx/yy/<hash>`).
     pub fn stored(&self, contenthash: &str) -> Vec<u8> {
         let path = self
@@ -208,6 +237,7 @@ fn ensure_cache() -> (PathBuf, PathBuf) {
     key.update(&tar_sha);
     key.update(SETUP_VERSION);
     key.update(STUDENTS.to_string());
+    key.update(NEWCOMERS.to_string());
     for name in ["config.php", "generate.php"] {
         key.update(std::fs::read(script(name)).unwrap());
     }
@@ -299,6 +329,7 @@ fn install(code: &Path, site: &Path) {
             .args(PHP_INI)
             .arg(script("generate.php"))
             .arg(format!("--students={STUDENTS}"))
+            .arg(format!("--newcomers={NEWCOMERS}"))
             .envs(env),
     );
     serde_json::from_str::<SiteData>(&data).expect("generate.php prints the site's data");

@@ -72,6 +72,21 @@ pub async fn exchange(
     headers: &[(&str, String)],
     body: Option<String>,
 ) -> Page {
+    try_exchange(client, method, url, headers, body, Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`exchange`], failing rather than panicking: no answer (and whole body) within
+/// `limit`, or a connection the far side broke, is an `Err` naming the request.
+pub async fn try_exchange(
+    client: &HttpClient,
+    method: Method,
+    url: &str,
+    headers: &[(&str, String)],
+    body: Option<String>,
+    limit: Duration,
+) -> Result<Page, String> {
     let mut request = Request::builder().method(method.clone()).uri(url);
     for (name, value) in headers {
         request = request.header(*name, value);
@@ -82,23 +97,23 @@ pub async fn exchange(
     let request = request
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
         .unwrap();
-    let response = tokio::time::timeout(Duration::from_secs(120), client.request(request))
+    let whole = async {
+        let response = client.request(request).await.map_err(|e| e.to_string())?;
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.map_err(|e| format!("body: {e}"))?;
+        Ok::<_, String>((parts, body.to_bytes()))
+    };
+    let (parts, body) = tokio::time::timeout(limit, whole)
         .await
-        .unwrap_or_else(|_| panic!("{method} {url}: no answer within 120 s"))
-        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-    let (parts, body) = response.into_parts();
-    let body = body
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("{method} {url}: body: {e}"))
-        .to_bytes();
+        .map_err(|_| format!("{method} {url}: no answer within {limit:?}"))?
+        .map_err(|e| format!("{method} {url}: {e}"))?;
     let target = url.splitn(4, '/').nth(3).unwrap_or("");
-    Page {
+    Ok(Page {
         request: format!("{method} /{target}"),
         status: parts.status,
         headers: parts.headers,
         body,
-    }
+    })
 }
 
 /// One student's browser, talking to the gateway only.
@@ -123,6 +138,11 @@ pub struct Browser {
     pub served: Vec<(String, Option<String>)>,
     /// Requests sent.
     pub requests: usize,
+    /// The `Accept` header of every request, if any (a browser's page view sends
+    /// `text/html`, which the waiting room looks for).
+    pub accept: Option<&'static str>,
+    /// How long one request may take, its whole body included.
+    pub limit: Duration,
 }
 
 impl Browser {
@@ -139,6 +159,8 @@ impl Browser {
             lost: Vec::new(),
             served: Vec::new(),
             requests: 0,
+            accept: None,
+            limit: Duration::from_secs(120),
         }
     }
 
@@ -196,13 +218,39 @@ impl Browser {
     }
 
     async fn visit(&mut self, method: Method, path: &str, body: Option<String>) -> Vec<Page> {
-        let mut hops = vec![self.one(method, path, body, &[]).await];
+        (self.try_visit(method, path, body).await).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`get`](Self::get), failing rather than panicking when a request gets no answer
+    /// within [`limit`](Self::limit) or its connection breaks.
+    pub async fn try_get(&mut self, path: &str) -> Result<Vec<Page>, String> {
+        self.try_visit(Method::GET, path, None).await
+    }
+
+    /// [`post`](Self::post), failing rather than panicking.
+    pub async fn try_post(
+        &mut self,
+        path: &str,
+        fields: &[(&str, &str)],
+    ) -> Result<Vec<Page>, String> {
+        self.try_visit(Method::POST, path, Some(form(fields))).await
+    }
+
+    async fn try_visit(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<Vec<Page>, String> {
+        let mut hops = vec![self.try_one(method, path, body, &[]).await?];
         while let Some(location) = redirect(hops.last().unwrap()) {
-            assert!(hops.len() < 10, "a redirect loop: {:?}", requests(&hops));
+            if hops.len() >= 10 {
+                return Err(format!("a redirect loop: {:?}", requests(&hops)));
+            }
             let next = self.path_of(&location);
-            hops.push(self.one(Method::GET, &next, None, &[]).await);
+            hops.push(self.try_one(Method::GET, &next, None, &[]).await?);
         }
-        hops
+        Ok(hops)
     }
 
     async fn one(
@@ -212,6 +260,16 @@ impl Browser {
         body: Option<String>,
         extra: &[(&str, String)],
     ) -> Page {
+        (self.try_one(method, path, body, extra).await).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    async fn try_one(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+        extra: &[(&str, String)],
+    ) -> Result<Page, String> {
         self.requests += 1;
         let mut headers = extra.to_vec();
         let url = self.target(path, &mut headers);
@@ -223,13 +281,16 @@ impl Browser {
                 .collect();
             headers.push(("cookie", jar.join("; ")));
         }
-        let page = exchange(&self.client, method, &url, &headers, body).await;
+        if let Some(accept) = self.accept {
+            headers.push(("accept", accept.to_string()));
+        }
+        let page = try_exchange(&self.client, method, &url, &headers, body, self.limit).await?;
         if self.logged_in {
             let node = page.node().map(str::to_string);
             self.served.push((page.request.clone(), node));
         }
         self.learn(&page);
-        page
+        Ok(page)
     }
 
     /// The URL for `path`: on wwwroot itself, or on the next gateway, with wwwroot's
