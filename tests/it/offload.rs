@@ -385,3 +385,65 @@ async fn a_student_who_stops_reading_an_offloaded_file_is_cut_after_body_idle() 
         "cut before the whole file went out"
     );
 }
+
+/// With a cap on the node, an offloaded file holds the node's slot only while the node
+/// decides: while the export is still streaming the bytes, the node's one slot is free
+/// for the next student.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offloaded_file_frees_its_node_slot_while_the_export_streams_it() {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let hold = release.clone();
+    // An export that sends the first bytes, then waits before the rest.
+    let export = support::upstream(move |_request: Request<Incoming>| {
+        let hold = hold.clone();
+        async move {
+            let chunks = futures_util::stream::unfold(0, move |sent| {
+                let hold = hold.clone();
+                async move {
+                    match sent {
+                        0 => Some((
+                            Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"first ")),
+                            1,
+                        )),
+                        1 => {
+                            hold.notified().await;
+                            Some((Ok(bytes::Bytes::from_static(b"last")), 2))
+                        }
+                        _ => None,
+                    }
+                }
+            });
+            Response::builder()
+                .header("content-type", "application/octet-stream")
+                .body(Body::from_stream(chunks))
+                .unwrap()
+        }
+    })
+    .await;
+    let (node, asked) = node(ACCEL).await;
+    let data = named_upstream("data").await;
+    let extra = format!(
+        "[session]\nstore = \"node-local\"\n[offload]\nurl = \"http://{export}\"\n\
+         [surge]\nmax_active = 1\nwaiting_room = false\n"
+    );
+    let gateway = TestGateway::start(&config_for(&[node], data, &extra)).await;
+    let (url, _) = get(&gateway, SCORM, &[]);
+    let request = Request::get(url)
+        .header("host", HOST)
+        .body(Body::empty())
+        .unwrap();
+    let download = support::client().request(request).await.unwrap();
+    assert_eq!(download.status(), StatusCode::OK, "the file's head is here");
+    // The file is still streaming: the node's one slot must be free again.
+    let page = tokio::time::timeout(Duration::from_secs(5), fetch(&gateway, "GET", "/my/", &[]));
+    let page = page
+        .await
+        .expect("the next page did not wait for the download");
+    assert_eq!(page.status, StatusCode::OK);
+    assert_eq!(asked.lock().unwrap().len(), 2, "the node decided both");
+    release.notify_one();
+    let body = http_body_util::BodyExt::collect(download.into_body())
+        .await
+        .unwrap();
+    assert_eq!(body.to_bytes().as_ref(), b"first last");
+}
