@@ -345,15 +345,17 @@ impl Gateway {
         let secure = self.route_cookie.is_some() && proxy::is_https(request.headers(), peer);
         // The node will ignore how the student asked for a file; the export must not.
         let asked = settings.offload.as_ref().map(|_| Asked::of(&request));
-        let secure_place = proxy::is_https(request.headers(), peer);
         let mut ask = surge::ask(
             &settings.surge,
             surge::class_of(known),
             asked_for.is_post,
             arrived,
         );
+        // In a surge a newcomer's page view may be shown the waiting room instead;
+        // one let in from it stands in line by its first arrival.
         if known.is_none() && matches!(kind, RequestKind::Page(_)) {
-            match self.waiting_room(&request, secure_place, &settings) {
+            let https = proxy::is_https(request.headers(), peer);
+            match self.waiting_room(&request, https, &settings) {
                 Entry::Go(Some(first_arrival)) => {
                     ask.arrived = waiting_room::instant_of(first_arrival)
                 }
