@@ -1,0 +1,644 @@
+//! A surge on real Moodle, as the people in it live it: logged-in students browse the
+//! course and save SCORM tracking at a student's pace, then a crowd of newcomers
+//! (fresh browsers, no cookies) arrives within seconds, each opening the login page,
+//! following the gateway's waiting page like a browser does (its `Refresh`, with the
+//! place cookie it set), logging in and opening the course.
+//!
+//! Whatever stands in front of the nodes (the gateway with or without a cap, or
+//! HAProxy for the measure), the scenario only talks to wwwroot, and it records what
+//! a user would see: every answer's status and time, who was let in when, who was
+//! logged out. The test judges that record; the measure prints it side by side.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::site::{Site, StudentAccount};
+use crate::student::{between, http_client, requests, Browser, HttpClient, Page};
+
+/// What a browser sends for a page view: the waiting room only stands in for pages.
+const PAGE_ACCEPT: &str = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
+
+/// How long one request may take, its body included: past every patience of the
+/// gateway's line but post_patience, and past `timeout queue` of the HAProxy anchor.
+const REQUEST_LIMIT: Duration = Duration::from_secs(90);
+
+/// The longest a newcomer keeps following waiting pages before giving up (an error).
+const NEWCOMER_LIMIT: Duration = Duration::from_secs(150);
+
+/// The most rounds (a course page and a tracking POST, two pauses) one logged-in
+/// student makes: a bound should the surge never end.
+const MAX_ROUNDS: usize = 200;
+
+/// PHP workers per node in a surge, and the gateway's cap to match: a small PHP-FPM
+/// pool that a crowd fills at once.
+pub const SMALL_POOL: usize = 2;
+
+/// The surge of the test and the measure: 12 students browse the course and save
+/// SCORM tracking (a request, then a second's pause, each), then 120 newcomers
+/// arrive within 2 s, each a fresh browser.
+pub const EXAM_MORNING: Plan = Plan {
+    students: 12,
+    newcomers: 120,
+    arrivals: Duration::from_secs(2),
+    before: Duration::from_secs(10),
+    think: Duration::from_secs(1),
+    room_cookie: "MoodleGatewayPlace",
+};
+
+/// The shape of one surge.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// Logged-in students browsing throughout.
+    pub students: usize,
+    /// Newcomers in the surge.
+    pub newcomers: usize,
+    /// The newcomers' first requests are spread evenly over this.
+    pub arrivals: Duration,
+    /// How long the students browse before the surge (the "before" figures).
+    pub before: Duration,
+    /// A student's pause between two requests, as a person reads a page.
+    pub think: Duration,
+    /// The waiting room's cookie (`surge.room_cookie`): a 503 setting it is the
+    /// waiting page, any other 5xx an error.
+    pub room_cookie: &'static str,
+}
+
+/// One answer a logged-in student got, and when the request went.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub sent: Instant,
+    pub took: Duration,
+}
+
+/// How one logged-in student's browsing went.
+#[derive(Debug)]
+pub struct Student {
+    pub username: String,
+    pub samples: Vec<Sample>,
+    /// What the last tracking POST Moodle accepted saved: (element, value).
+    pub tracked: Vec<(String, String)>,
+    /// Each way the session was lost (the browser's record, and the last check).
+    pub lost: Vec<String>,
+    pub errors: Vec<String>,
+}
+
+/// How one newcomer's arrival went.
+#[derive(Debug)]
+pub struct Newcomer {
+    pub username: String,
+    /// Their first request.
+    pub arrived: Instant,
+    /// Their first answer that was not the waiting page.
+    pub admitted: Option<Instant>,
+    /// From the first request to the dashboard after logging in.
+    pub logged_in: Option<Duration>,
+    /// Waiting pages they were shown.
+    pub waiting_pages: usize,
+    pub errors: Vec<String>,
+}
+
+/// Everything the surge left behind.
+#[derive(Debug)]
+pub struct Record {
+    pub students: Vec<Student>,
+    pub newcomers: Vec<Newcomer>,
+    /// From the first newcomer's request to the last newcomer's course page.
+    pub surge: (Instant, Instant),
+}
+
+impl Record {
+    /// The students' answer times before the surge and during it.
+    pub fn logged_in_times(&self) -> (Vec<Duration>, Vec<Duration>) {
+        let (start, end) = self.surge;
+        let samples = self.students.iter().flat_map(|s| &s.samples);
+        let (mut before, mut during) = (Vec::new(), Vec::new());
+        for sample in samples {
+            if sample.sent < start {
+                before.push(sample.took);
+            } else if sample.sent <= end {
+                during.push(sample.took);
+            }
+        }
+        (before, during)
+    }
+
+    /// Every error anyone saw, each named by its user.
+    pub fn errors(&self) -> Vec<String> {
+        let students = self.students.iter().map(|s| (&s.username, &s.errors));
+        let newcomers = self.newcomers.iter().map(|n| (&n.username, &n.errors));
+        let all = students.chain(newcomers);
+        all.flat_map(|(who, errors)| errors.iter().map(move |e| format!("{who}: {e}")))
+            .collect()
+    }
+
+    /// Pairs of newcomers (the earlier arrival first) let in, and of those how many
+    /// the later one was let in first.
+    pub fn admission_order(&self) -> (usize, usize) {
+        let mut admitted: Vec<(Instant, Instant)> = (self.newcomers.iter())
+            .filter_map(|n| n.admitted.map(|a| (n.arrived, a)))
+            .collect();
+        admitted.sort();
+        let (mut pairs, mut swapped) = (0, 0);
+        for (i, (_, first)) in admitted.iter().enumerate() {
+            for (_, later) in &admitted[i + 1..] {
+                pairs += 1;
+                swapped += usize::from(later < first);
+            }
+        }
+        (pairs, swapped)
+    }
+
+    /// The newcomers' times to log in.
+    pub fn login_times(&self) -> Vec<Duration> {
+        self.newcomers.iter().filter_map(|n| n.logged_in).collect()
+    }
+
+    /// Waiting pages the newcomers were shown, all together.
+    pub fn waiting_pages(&self) -> usize {
+        self.newcomers.iter().map(|n| n.waiting_pages).sum()
+    }
+}
+
+/// What the scenario needs of the site and its front.
+#[derive(Clone)]
+pub struct Stage {
+    /// wwwroot: whatever listens there is the front under test.
+    pub origin: String,
+    pub site: Arc<Site>,
+    pub client: HttpClient,
+}
+
+/// Runs the surge of `plan` against whatever listens on wwwroot: the students log
+/// in and browse for `plan.before`, the newcomers arrive, and once the last of them
+/// is done (or gave up) the students stop and each opens the dashboard once more.
+pub async fn run(stage: &Stage, plan: Plan) -> Record {
+    let accounts = &stage.site.data.students[..plan.students];
+    assert!(plan.newcomers <= stage.site.data.newcomers.len());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut students = JoinSet::new();
+    for (i, account) in accounts.iter().enumerate() {
+        let (stage, account, stop) = (stage.clone(), account.clone(), stop.clone());
+        // Spread over one pause, so that they do not ask in step.
+        let offset = plan.think.mul_f64(i as f64 / plan.students as f64);
+        students.spawn(async move { browse(&stage, &account, plan, offset, &stop).await });
+    }
+    tokio::time::sleep(plan.before).await;
+
+    let start = Instant::now();
+    let mut newcomers = JoinSet::new();
+    for (i, account) in stage.site.data.newcomers[..plan.newcomers]
+        .iter()
+        .enumerate()
+    {
+        let (stage, account) = (stage.clone(), account.clone());
+        let at = start + plan.arrivals.mul_f64(i as f64 / plan.newcomers as f64);
+        newcomers.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            arrive(&stage, &account, plan.room_cookie).await
+        });
+    }
+    let mut newcomers = joined(newcomers).await;
+    let end = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    newcomers.sort_by_key(|n| n.arrived);
+    Record {
+        students: joined(students).await,
+        newcomers,
+        surge: (start, end),
+    }
+}
+
+async fn joined<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
+    let mut all = Vec::new();
+    while let Some(done) = set.join_next().await {
+        all.push(done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())));
+    }
+    all
+}
+
+/// One logged-in student: logs in, opens the SCORM player, then until `stop` reads
+/// the course page and saves tracking, a pause after each; at the end, the
+/// dashboard once more, which must still be theirs.
+async fn browse(
+    stage: &Stage,
+    account: &StudentAccount,
+    plan: Plan,
+    offset: Duration,
+    stop: &AtomicBool,
+) -> Student {
+    let mut me = Student {
+        username: account.username.clone(),
+        samples: Vec::new(),
+        tracked: Vec::new(),
+        lost: Vec::new(),
+        errors: Vec::new(),
+    };
+    tokio::time::sleep(offset).await;
+    let mut b = Browser::new(stage.client.clone(), &stage.origin);
+    b.limit = REQUEST_LIMIT;
+    let player = match log_in(&mut b, account, &mut me.errors).await {
+        Some(_) => open_player(stage, &mut b, &mut me.errors).await,
+        None => None,
+    };
+    let Some(player) = player else {
+        return me;
+    };
+    let course = format!("/course/view.php?id={}", stage.site.data.course_id);
+    for round in 0..MAX_ROUNDS {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        if let Some(page) = timed_get(&mut b, &course, &mut me).await {
+            names(&page, account, &mut me.lost);
+        }
+        tokio::time::sleep(plan.think).await;
+        let suspend = format!("{} round {round}", account.username);
+        if let Some(tracked) = track(stage, &mut b, &player, account, &suspend, &mut me).await {
+            me.tracked = tracked;
+        }
+        tokio::time::sleep(plan.think).await;
+    }
+    match b.try_get("/my/").await {
+        Ok(hops) => {
+            let last = hops.last().unwrap();
+            if last.request.starts_with("GET /login/index.php") {
+                me.lost
+                    .push(format!("logged out at the end: {:?}", requests(&hops)));
+            } else {
+                names(last, account, &mut me.lost);
+            }
+        }
+        Err(e) => me.errors.push(e),
+    }
+    me.lost.extend(b.lost);
+    me
+}
+
+/// GET `path` as a logged-in student, timed; the page when it is a 200.
+async fn timed_get(b: &mut Browser, path: &str, me: &mut Student) -> Option<Page> {
+    let sent = Instant::now();
+    let hops = b.try_get(path).await;
+    let took = sent.elapsed();
+    match hops {
+        Ok(mut hops) => {
+            me.samples.push(Sample { sent, took });
+            let page = hops.pop().unwrap();
+            if page.status != StatusCode::OK {
+                me.errors.push(format!(
+                    "{} -> {}: {}",
+                    page.request,
+                    page.status,
+                    brief(&page)
+                ));
+                return None;
+            }
+            Some(page)
+        }
+        Err(e) => {
+            me.errors.push(e);
+            None
+        }
+    }
+}
+
+/// What a SCORM tracking POST needs, from the player.
+struct Player {
+    sesskey: String,
+    attempt: String,
+    scoid: String,
+}
+
+/// The SCORM activity's page and player, as the journey opens them.
+async fn open_player(stage: &Stage, b: &mut Browser, errors: &mut Vec<String>) -> Option<Player> {
+    let scorm = &stage.site.data.scorm;
+    let view = ok(
+        b.try_get(&format!("/mod/scorm/view.php?id={}", scorm.cmid))
+            .await,
+        errors,
+    )?;
+    let text = view.text();
+    let scoid = found(
+        between(&text, "name=\"scoid\" value=\"", "\""),
+        "scoid",
+        errors,
+    )?;
+    let org = found(
+        between(&text, "name=\"currentorg\" value=\"", "\""),
+        "currentorg",
+        errors,
+    )?;
+    let cm = scorm.cmid.to_string();
+    let fields = [
+        ("scoid", scoid.as_str()),
+        ("cm", &cm),
+        ("currentorg", &org),
+        ("mode", "normal"),
+    ];
+    let player = ok(b.try_post("/mod/scorm/player.php", &fields).await, errors)?.text();
+    let wwwroot = format!("\"{}\", \"", stage.origin.replace('/', "\\/"));
+    let args = found(
+        between(&player, &wwwroot, ", \"normal\""),
+        "M.scorm_api.init",
+        errors,
+    )?;
+    let args: Vec<&str> = args.split(", ").map(|a| a.trim_matches('"')).collect();
+    Some(Player {
+        sesskey: args[0].to_string(),
+        attempt: args[2].to_string(),
+        scoid,
+    })
+}
+
+/// One tracking POST (`datamodel.php`), timed: what Moodle saved, if it said so.
+async fn track(
+    stage: &Stage,
+    b: &mut Browser,
+    player: &Player,
+    account: &StudentAccount,
+    suspend: &str,
+    me: &mut Student,
+) -> Option<Vec<(String, String)>> {
+    let scorm = &stage.site.data.scorm;
+    let score = account.username.trim_start_matches("student").to_string();
+    let track = [
+        ("cmi__core__lesson_status", "incomplete"),
+        ("cmi__core__score__raw", score.as_str()),
+        ("cmi__suspend_data", suspend),
+    ];
+    let (cm, id) = (scorm.cmid.to_string(), scorm.id.to_string());
+    let mut fields = vec![
+        ("id", cm.as_str()),
+        ("a", id.as_str()),
+        ("sesskey", player.sesskey.as_str()),
+        ("attempt", player.attempt.as_str()),
+        ("scoid", player.scoid.as_str()),
+    ];
+    fields.extend(track);
+    let sent = Instant::now();
+    let hops = b.try_post("/mod/scorm/datamodel.php", &fields).await;
+    let took = sent.elapsed();
+    let saved = match hops {
+        Ok(hops) => {
+            me.samples.push(Sample { sent, took });
+            only_ok(hops, &mut me.errors)?
+        }
+        Err(e) => {
+            me.errors.push(e);
+            return None;
+        }
+    };
+    if saved.text().trim() != "true\n0" {
+        me.errors
+            .push(format!("datamodel.php did not store: {}", brief(&saved)));
+        return None;
+    }
+    Some(
+        (track.iter())
+            .map(|(k, v)| (k.replace("__", "."), v.to_string()))
+            .collect(),
+    )
+}
+
+/// One newcomer: the login page (through as many waiting pages as it takes), the
+/// login, the course.
+async fn arrive(stage: &Stage, account: &StudentAccount, room_cookie: &str) -> Newcomer {
+    let mut b = Browser::new(http_client(), &stage.origin);
+    b.accept = Some(PAGE_ACCEPT);
+    b.limit = REQUEST_LIMIT;
+    let arrived = Instant::now();
+    let mut me = Newcomer {
+        username: account.username.clone(),
+        arrived,
+        admitted: None,
+        logged_in: None,
+        waiting_pages: 0,
+        errors: Vec::new(),
+    };
+    let Some(form) = admitted(&mut b, room_cookie, &mut me).await else {
+        return me;
+    };
+    let text = form.text();
+    let Some(token) = between(&text, "name=\"logintoken\" value=\"", "\"") else {
+        me.errors.push(format!(
+            "the login form has no logintoken: {}",
+            brief(&form)
+        ));
+        return me;
+    };
+    let token = token.to_string();
+    let fields = [
+        ("anchor", ""),
+        ("logintoken", token.as_str()),
+        ("username", account.username.as_str()),
+        ("password", account.password.as_str()),
+    ];
+    let hops = b.try_post("/login/index.php", &fields).await;
+    let Some(dashboard) = ok(hops, &mut me.errors) else {
+        return me;
+    };
+    if !dashboard.request.starts_with("GET /my/") {
+        me.errors
+            .push(format!("not logged in: landed on {}", dashboard.request));
+        return me;
+    }
+    me.logged_in = Some(arrived.elapsed());
+    b.logged_in = true;
+    let mut lost = Vec::new();
+    names(&dashboard, account, &mut lost);
+    let course = format!("/course/view.php?id={}", stage.site.data.course_id);
+    if let Some(page) = ok(b.try_get(&course).await, &mut me.errors) {
+        names(&page, account, &mut lost);
+    }
+    lost.extend(b.lost);
+    me.errors.extend(lost);
+    me
+}
+
+/// The login form, after following every waiting page as a browser does: wait the
+/// `Refresh` seconds and ask for the same page again, the place cookie in the jar.
+async fn admitted(b: &mut Browser, room_cookie: &str, me: &mut Newcomer) -> Option<Page> {
+    loop {
+        let hops = match b.try_get("/login/index.php").await {
+            Ok(hops) => hops,
+            Err(e) => {
+                me.errors.push(e);
+                return None;
+            }
+        };
+        let page = hops.last().unwrap();
+        if let Some(refresh) = waiting_page(page, room_cookie) {
+            me.waiting_pages += 1;
+            if me.arrived.elapsed() + refresh > NEWCOMER_LIMIT {
+                me.errors.push(format!(
+                    "still in the waiting room after {:?}",
+                    me.arrived.elapsed()
+                ));
+                return None;
+            }
+            tokio::time::sleep(refresh).await;
+            continue;
+        }
+        me.admitted = Some(Instant::now());
+        return ok(Ok(hops), &mut me.errors);
+    }
+}
+
+/// `Some(refresh)` when `page` is the gateway's waiting page: a 503 that sets the
+/// place cookie and says when to ask again (`Refresh`, as the meta tag does).
+pub fn waiting_page(page: &Page, room_cookie: &str) -> Option<Duration> {
+    if page.status != StatusCode::SERVICE_UNAVAILABLE {
+        return None;
+    }
+    let place = format!("{room_cookie}=");
+    let sets_place = (page.headers.get_all("set-cookie").iter())
+        .filter_map(|v| v.to_str().ok())
+        .any(|line| line.starts_with(&place));
+    let refresh = page.header("refresh")?.trim().split(';').next()?;
+    let seconds: u64 = refresh.trim().parse().ok()?;
+    sets_place.then(|| Duration::from_secs(seconds))
+}
+
+/// The last hop when it is a 200; else `None`, the failure in `errors`.
+fn ok(hops: Result<Vec<Page>, String>, errors: &mut Vec<String>) -> Option<Page> {
+    match hops {
+        Ok(mut hops) => {
+            let last = hops.pop().unwrap();
+            if last.status == StatusCode::OK {
+                return Some(last);
+            }
+            hops.push(last);
+            let last = hops.last().unwrap();
+            errors.push(format!("{:?}: {}", requests(&hops), brief(last)));
+            None
+        }
+        Err(e) => {
+            errors.push(e);
+            None
+        }
+    }
+}
+
+/// The only hop when it is a 200.
+fn only_ok(hops: Vec<Page>, errors: &mut Vec<String>) -> Option<Page> {
+    if hops.len() != 1 {
+        errors.push(format!("redirected: {:?}", requests(&hops)));
+        return None;
+    }
+    ok(Ok(hops), errors)
+}
+
+/// Logs `account` in: the form, the POST, the dashboard naming them.
+async fn log_in(
+    b: &mut Browser,
+    account: &StudentAccount,
+    errors: &mut Vec<String>,
+) -> Option<Page> {
+    let form = ok(b.try_get("/login/index.php").await, errors)?;
+    let text = form.text();
+    let token = found(
+        between(&text, "name=\"logintoken\" value=\"", "\""),
+        "logintoken",
+        errors,
+    )?;
+    let fields = [
+        ("anchor", ""),
+        ("logintoken", token.as_str()),
+        ("username", account.username.as_str()),
+        ("password", account.password.as_str()),
+    ];
+    let dashboard = ok(b.try_post("/login/index.php", &fields).await, errors)?;
+    if !dashboard.request.starts_with("GET /my/") || !dashboard.text().contains(&account.fullname) {
+        errors.push(format!("not logged in: {}", dashboard.request));
+        return None;
+    }
+    b.logged_in = true;
+    Some(dashboard)
+}
+
+/// `what` a page was expected to hold, or an error saying it did not.
+fn found(text: Option<&str>, what: &str, errors: &mut Vec<String>) -> Option<String> {
+    if text.is_none() {
+        errors.push(format!("the page has no {what}"));
+    }
+    text.map(str::to_string)
+}
+
+/// A logged-in page must name its student.
+fn names(page: &Page, account: &StudentAccount, lost: &mut Vec<String>) {
+    if !page.text().contains(&account.fullname) {
+        lost.push(format!(
+            "{}: the page does not name the student",
+            page.request
+        ));
+    }
+}
+
+/// A failed answer, shortly: its status, the node, the start of its body.
+fn brief(page: &Page) -> String {
+    let text = page.text();
+    let start: String = text.chars().take(160).collect();
+    format!(
+        "{} (node {:?}) {:?}",
+        page.status,
+        page.node(),
+        start.split_whitespace().collect::<Vec<_>>().join(" ")
+    )
+}
+
+/// p50, p95 and max of `times`, in milliseconds (0 for none).
+pub fn percentiles(times: &[Duration]) -> (f64, f64, f64) {
+    if times.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    let mut ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1000.0).collect();
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.95), ms[ms.len() - 1])
+}
+
+/// The figures of one surge, for `--nocapture`: the students' answer times before
+/// and during it, the newcomers' times to log in, the waiting pages, the order.
+pub fn figures(record: &Record) -> Vec<String> {
+    let (before, during) = record.logged_in_times();
+    let ms = |(p50, p95, max): (f64, f64, f64)| {
+        format!("p50 {p50:.0} ms, p95 {p95:.0} ms, max {max:.0} ms")
+    };
+    let (pairs, swapped) = record.admission_order();
+    let logged_in = record.login_times();
+    let first_page: Vec<Duration> = (record.newcomers.iter())
+        .filter_map(|n| n.admitted.map(|a| a - n.arrived))
+        .collect();
+    let (start, end) = record.surge;
+    vec![
+        format!(
+            "logged-in students ({}): before the surge {} ({} answers), during it {} ({} answers)",
+            record.students.len(),
+            ms(percentiles(&before)),
+            before.len(),
+            ms(percentiles(&during)),
+            during.len(),
+        ),
+        format!(
+            "newcomers: {} of {} logged in, time to log in {}; the surge lasted {:.1?}",
+            logged_in.len(),
+            record.newcomers.len(),
+            ms(percentiles(&logged_in)),
+            end - start,
+        ),
+        format!(
+            "newcomers' first page (the login form, after any waiting pages) {}",
+            ms(percentiles(&first_page)),
+        ),
+        format!(
+            "waiting pages: {} shown to {} newcomers; admitted out of arrival order: {swapped} of {pairs} pairs",
+            record.waiting_pages(),
+            record.newcomers.iter().filter(|n| n.waiting_pages > 0).count(),
+        ),
+        format!("errors: {}", record.errors().len()),
+    ]
+}
