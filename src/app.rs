@@ -389,6 +389,11 @@ fn restart_needed(running: &Config, next: &Config) -> Vec<String> {
         ("[store]", r.store != n.store),
         ("[tls]", tls(r) != tls(n)),
         (
+            "cache.max_bytes or max_entry_bytes",
+            (r.cache.max_bytes, r.cache.max_entry_bytes)
+                != (n.cache.max_bytes, n.cache.max_entry_bytes),
+        ),
+        (
             "limits.max_connections, max_headers or http2_max_streams",
             accept_limits(r) != accept_limits(n),
         ),
@@ -463,6 +468,7 @@ fn trail(gateway: &Gateway, served: Served) -> Trail {
         upstream: served.upstream.and_then(name),
         upstream_time: served.upstream_time,
         queue_time: served.waited,
+        cached: served.cached,
         session: served.session.map(|key| key.to_string()),
     }
 }

@@ -28,7 +28,12 @@ pub(super) fn combined(p: &Pending) -> String {
         quoted(&b.user_agent),
     );
     let t = &p.trail;
-    let _ = write!(line, " upstream={}", t.upstream.as_deref().unwrap_or("-"));
+    let upstream = if t.cached {
+        Some("cache")
+    } else {
+        t.upstream.as_deref()
+    };
+    let _ = write!(line, " upstream={}", upstream.unwrap_or("-"));
     match t.upstream_time {
         Some(time) => write!(line, " upstream_time={:.3}", time.as_secs_f64()),
         None => write!(line, " upstream_time=-"),
@@ -56,7 +61,7 @@ pub(super) fn json(p: &Pending) -> String {
         "bytes": p.bytes,
         "referer": b.referer,
         "user_agent": b.user_agent,
-        "upstream": t.upstream,
+        "upstream": if t.cached { Some("cache") } else { t.upstream.as_deref() },
         "upstream_time": t.upstream_time.map(|d| d.as_secs_f64()),
         "queue_time": t.queue_time.map(|d| d.as_secs_f64()),
         "request_time": b.started.elapsed().as_secs_f64(),

@@ -36,6 +36,7 @@ pub(super) fn snapshot(gateway: &Gateway) -> Snapshot {
         in_flight: gateway.in_flight(),
         table_len: gateway.table().len(),
         room: gateway.room_now(),
+        cache: gateway.asset_cache().now(),
     }
 }
 

@@ -32,7 +32,7 @@ use super::{
 // The keys each table accepts, space-separated; anything else is reported. The
 // tables of other files' sections keep their lists next to their readers.
 const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts health state \
-                        route_cookie limits tls offload access_log store surge nodes data";
+                        route_cookie limits tls offload access_log store surge cache nodes data";
 const SITE_KEYS: &str = "wwwroot path hosts";
 const SESSION_KEYS: &str =
     "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle sessiontimeout store failover_hold";
@@ -117,6 +117,7 @@ impl Checker<'_> {
         let access_log = self.access_log(&root);
         let store = self.store(&root);
         let surge = self.surge(&root, &session.cookie);
+        let cache = self.cache(&root);
         let upstreams = self.upstreams(&root);
         let (nodes, data) = upstreams?;
         Some(Config {
@@ -137,6 +138,7 @@ impl Checker<'_> {
             access_log,
             store,
             surge,
+            cache,
             base_dir: self.base_dir.to_path_buf(),
         })
     }

@@ -34,6 +34,7 @@ use toml::de::DeTable;
 
 use check::Checker;
 
+mod cache;
 mod check;
 mod describe;
 mod edge;
@@ -195,6 +196,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// Each node's cap, the line in the gateway and the waiting room (`[surge]`).
     pub surge: SurgeConfig,
+    /// Moodle's revisioned assets kept in the gateway's memory (`[cache]`).
+    pub cache: CacheConfig,
     /// Directory of the config file, for resolving relative paths.
     pub base_dir: PathBuf,
 }
@@ -585,6 +588,18 @@ impl UpstreamConfig {
     pub fn cap(&self, surge: &SurgeConfig) -> usize {
         self.max_active.unwrap_or(surge.max_active)
     }
+}
+
+/// `[cache]`: Moodle's revisioned theme and JavaScript answers, kept in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// `enabled`: default true.
+    pub enabled: bool,
+    /// `max_bytes`: all entries' bodies together (0 keeps nothing). Default 64 MiB.
+    pub max_bytes: u64,
+    /// `max_entry_bytes`: one answer's body; a larger one streams on, not kept.
+    /// Default 2 MiB.
+    pub max_entry_bytes: u64,
 }
 
 /// `[surge]`: what the gateway does when more students arrive than the nodes'

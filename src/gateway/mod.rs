@@ -14,6 +14,7 @@
 //! once, without a lock, and a reload swaps in a new one without disturbing the
 //! requests still using the old.
 
+mod cached;
 mod failover;
 mod learning;
 mod peers;
@@ -36,6 +37,7 @@ use crate::admin::LOGIN_COOKIE;
 use crate::cluster::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
 use crate::config::{Config, HealthConfig, SessionStore, StoreConfig, SurgeConfig};
 use crate::error::GatewayError;
+use crate::http::asset_cache::{AssetCache, Fill, Teed};
 use crate::http::body::IdleLimited;
 use crate::http::edge::EdgeRules;
 use crate::http::offload::{self, Asked, Offload};
@@ -48,10 +50,13 @@ use crate::sessions::affinity::{AffinityTable, Limits, SessionKey, SessionState}
 use crate::sessions::clock::Clock;
 use crate::sessions::route_cookie::RouteCookie;
 use crate::store::Store;
+use cached::Cached;
 use waiting_room::{Entry, WaitingRoom};
 
-/// What a student receives: the node's streaming body, or the gateway's own short page.
-pub type ProxyBody = Either<IdleLimited, Full<Bytes>>;
+/// What a student receives: the node's streaming body (copied into the asset cache
+/// on its way when it fills an entry), or the gateway's own bytes (a short page, a
+/// cached asset).
+pub type ProxyBody = Either<Teed<IdleLimited>, Full<Bytes>>;
 
 /// A session the table knows: the key of its id, the node that holds it, and
 /// what the session-loss detector needs (logged in? idle since when? or only just
@@ -111,6 +116,8 @@ pub struct Settings {
     /// The line's patience and aging, and the waiting room (`[surge]`); the caps
     /// live in the upstreams.
     pub surge: SurgeConfig,
+    /// `[cache] enabled`: the store itself outlives reloads, in the gateway.
+    cache_on: bool,
 }
 
 impl Settings {
@@ -138,6 +145,7 @@ impl Settings {
             offload: (config.offload.as_ref())
                 .map(|o| Offload::new(o.authority.clone(), o.prefix.clone())),
             surge: config.surge.clone(),
+            cache_on: config.cache.enabled,
         })
     }
 
@@ -174,6 +182,8 @@ pub struct Gateway {
     /// signed with the table's secret, so they outlive a restart and every gateway
     /// of a shared store honours them.
     room: WaitingRoom,
+    /// Moodle's revisioned assets, answered from memory (`[cache]`).
+    cache: Arc<AssetCache>,
 }
 
 impl Gateway {
@@ -217,6 +227,7 @@ impl Gateway {
             store,
             legacy: None,
             room,
+            cache: AssetCache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
         }
         .registered()
     }
@@ -326,6 +337,18 @@ impl Gateway {
             Ok(kind) => kind,
             Err(_) => return self.refused(GatewayError::AmbiguousPath, &request, client),
         };
+        // A revisioned asset in memory needs no node, no slot, no deal and no session.
+        let fill = match kind == RequestKind::Sessionless && settings.cache_on {
+            true => match self.cached(&request).await {
+                Cached::Hit(answer) => {
+                    served.cached = true;
+                    return answer.map(Either::Right);
+                }
+                Cached::Fill(fill) => Some(fill),
+                Cached::Node => None,
+            },
+            false => None,
+        };
         let known = (self.known_session(request.headers(), &settings.upstreams)).await;
         served.session = known.map(|k| k.key);
         let asked_for = Sent {
@@ -391,13 +414,14 @@ impl Gateway {
             response.headers_mut().append(SET_COOKIE, line);
         }
         let Some(redirect) = offload::take_accel(response.headers_mut()) else {
-            return response.map(Either::Left);
+            return sent(response, fill);
         };
         match self
             .offloaded(route, &redirect, response, asked, peer, &settings)
             .await
         {
-            Ok(file) => file.map(Either::Left),
+            // The bytes and headers the student gets are what the cache keeps.
+            Ok(file) => sent(file, fill),
             Err(error) => self.failed(error),
         }
     }
@@ -606,6 +630,15 @@ impl Gateway {
     }
 }
 
+/// The node's answer on its way to the student, filling the asset cache if this
+/// request fills an entry (and the answer may be kept).
+fn sent(response: Response<IdleLimited>, fill: Option<Fill>) -> Response<ProxyBody> {
+    match fill {
+        Some(fill) => fill.keep(response).map(Either::Left),
+        None => response.map(|body| Either::Left(Teed::plain(body))),
+    }
+}
+
 /// Where one request went, for the access log: cheap to fill whether or not a
 /// line is written.
 #[derive(Debug, Clone, Copy, Default)]
@@ -620,6 +653,8 @@ pub struct Served {
     /// How long it waited in the gateway for a slot on its node (`None` when the
     /// node has no cap).
     pub waited: Option<Duration>,
+    /// Answered from the asset cache.
+    pub cached: bool,
 }
 
 /// What the learning rule needs of a request after it was forwarded.

@@ -6,6 +6,7 @@
 //! `moodle` or `gateway`: which node a request goes to, and why, is decided above
 //! it and handed down as an address and that address's connection list.
 
+pub mod asset_cache;
 pub mod body;
 pub mod edge;
 pub mod fault;

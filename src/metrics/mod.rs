@@ -23,10 +23,12 @@ use prometheus::{
 use crate::cluster::slots::{Class, SlotsNow};
 use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
 
+mod cache;
 mod node;
 mod store;
 mod surge;
 
+use cache::CacheMeters;
 use node::class;
 pub use node::{LossCause, MoveCause, NodeMeters, NodeTotals};
 pub use store::{Degradation, Fallback, StoreMeters};
@@ -60,6 +62,8 @@ pub struct Snapshot {
     pub table_len: usize,
     /// The waiting room.
     pub room: RoomNow,
+    /// The asset cache.
+    pub cache: crate::http::asset_cache::CacheNow,
 }
 
 /// One upstream at scrape time.
@@ -107,6 +111,7 @@ pub struct Metrics {
     nodes: Box<[OnceLock<NodeMeters>]>,
     store: OnceLock<StoreMeters>,
     surge: SurgeMeters,
+    cache: CacheMeters,
 }
 
 impl Default for Metrics {
@@ -202,6 +207,7 @@ impl Metrics {
             nodes: (0..MAX_NODE_IDS).map(|_| OnceLock::new()).collect(),
             store: OnceLock::new(),
             surge: SurgeMeters::new(&registry),
+            cache: CacheMeters::new(&registry),
             registry,
             requests,
             latency,
@@ -317,6 +323,7 @@ impl Metrics {
         self.admin_state.reset();
         self.surge.reset();
         self.surge.room(&now.room);
+        self.cache.set(&now.cache);
         for upstream in &now.upstreams {
             let name = upstream.name.as_str();
             self.up

@@ -17,6 +17,7 @@ mod cookies;
 mod masking;
 mod paths;
 mod php;
+mod revisions;
 
 pub use cookies::{is_valid_session_id, IssuedSession};
 pub use masking::{masked, Masked};
@@ -142,6 +143,17 @@ impl Site {
             "/login/logout.php" => PageKind::Logout,
             _ => PageKind::Other,
         }))
+    }
+
+    /// Whether a request for `path` and `query` asks for one of Moodle's revisioned
+    /// assets (theme CSS, JavaScript, images, fonts) at a revision whose bytes can
+    /// never change, `now` being Unix seconds: an answer the gateway may keep (see
+    /// `revisions`).
+    pub fn is_revisioned_asset(&self, path: &str, query: Option<&str>, now: u64) -> bool {
+        let Ok(normal) = normalise_path(path) else {
+            return false;
+        };
+        (self.within(&normal)).is_some_and(|rel| revisions::is_revisioned(rel, query, now))
     }
 
     /// The path relative to the site, `None` when it lies outside the site's sub-path.

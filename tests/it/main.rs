@@ -1,5 +1,6 @@
 //! Integration tests: a real gateway over real sockets, in front of real upstreams.
 
+mod asset_cache;
 mod bad_input;
 mod check_cli;
 mod cli;

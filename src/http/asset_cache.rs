@@ -1,0 +1,512 @@
+//! The gateway's memory of answers that can never change: bounded by bytes, least
+//! recently used out first, filled once per URL however many ask at the same moment,
+//! and answered as a web server answers a file it has (200 with `Age`, 304 to a
+//! matching condition, HEAD).
+//!
+//! What may be kept is decided twice: the gateway asks only for URLs whose bytes
+//! cannot change (Moodle's revisioned assets, see `moodle::revisions`), and this
+//! module keeps an answer only if it says so itself: `200`, `Cache-Control: public`
+//! with a `max-age`, none of `private`, `no-store` or `no-cache`, no `Set-Cookie`, a
+//! `Vary` of at most `Accept-Encoding`, and a body that arrived whole within the
+//! largest entry. Anything else passes through untouched and is not kept.
+//!
+//! Why one mutex: lookups happen only for revisioned assets, never for a student's
+//! page, and each holds the lock for a hash lookup and a recency bump. An entry is an
+//! `Arc` handed out under the lock and served outside it; its body is a `Bytes` that
+//! every hit shares.
+//!
+//! Why waiters ask the node themselves when a fill fails: the answer that could not
+//! be kept (a `Set-Cookie`, a `private`, a cut-short body) is exactly one that must
+//! not be copied to another student, so each gets its own from the node.
+
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use tokio::sync::watch;
+
+/// The headers an entry keeps, as the node sent them.
+const KEPT: [HeaderName; 8] = [
+    header::CONTENT_TYPE,
+    header::ETAG,
+    header::CACHE_CONTROL,
+    header::EXPIRES,
+    header::LAST_MODIFIED,
+    header::CONTENT_ENCODING,
+    header::VARY,
+    header::CONTENT_DISPOSITION,
+];
+
+/// Of those, what a 304 repeats (RFC 9110 15.4.5).
+const ON_304: [HeaderName; 5] = [
+    header::ETAG,
+    header::CACHE_CONTROL,
+    header::EXPIRES,
+    header::LAST_MODIFIED,
+    header::VARY,
+];
+
+/// One kept answer.
+#[derive(Debug)]
+pub struct Entry {
+    headers: HeaderMap,
+    body: Bytes,
+    stored: Instant,
+    /// The request's `Accept-Encoding` it was filled for, when the answer varies on it.
+    encoding: Option<String>,
+}
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// The answer, from memory.
+    Hit(Arc<Entry>),
+    /// Nobody has it: this request fills it (keep the [`Fill`] with the response).
+    Fill(Fill),
+    /// Another request is filling it: wait for that, then look again as
+    /// [`Role::Waited`].
+    Wait(watch::Receiver<bool>),
+    /// Not here, and this request neither fills nor waits: ask the node.
+    Pass,
+}
+
+/// What a request may do on a miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The first look of a `GET`: fill, or wait for the request filling it.
+    First,
+    /// A `GET` that waited for a fill that kept nothing: fill if nobody does, never
+    /// wait twice (an answer that could not be kept must not line everyone up).
+    Waited,
+    /// A `HEAD`: a hit or the node; it has no body to fill with.
+    Head,
+}
+
+/// The cache's figures, for `/metrics`, the admin API and the dashboard.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheNow {
+    /// Kept answers (every `Accept-Encoding` variant counts).
+    pub entries: usize,
+    /// Their bodies' bytes.
+    pub bytes: u64,
+    /// Answers from memory since the start.
+    pub hits: u64,
+    /// Revisioned requests that had to ask a node.
+    pub misses: u64,
+    /// Answers kept.
+    pub fills: u64,
+    /// Entries let go to make room.
+    pub evictions: u64,
+}
+
+/// The bounded store.
+#[derive(Debug)]
+pub struct AssetCache {
+    max_bytes: u64,
+    max_entry: u64,
+    inner: Mutex<Inner>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    fills: AtomicU64,
+    evictions: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// By URL key: the variants kept, and the URL's place in the recency order.
+    urls: HashMap<String, (Vec<Arc<Entry>>, u64)>,
+    /// Least recently used first.
+    order: BTreeMap<u64, String>,
+    tick: u64,
+    bytes: u64,
+    entries: usize,
+    /// URLs being filled, with the channel their waiters watch.
+    filling: HashMap<String, watch::Sender<bool>>,
+}
+
+impl AssetCache {
+    /// A cache of at most `max_bytes` in all and `max_entry` per answer.
+    pub fn new(max_bytes: u64, max_entry: u64) -> Arc<Self> {
+        Arc::new(Self {
+            max_bytes,
+            max_entry: max_entry.min(max_bytes),
+            inner: Mutex::default(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            fills: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        })
+    }
+
+    /// The answer for `key` (host, path and query) to a request with
+    /// `accept_encoding`, or who fills it.
+    pub fn lookup(self: &Arc<Self>, key: &str, accept_encoding: &str, role: Role) -> Lookup {
+        let mut inner = self.lock();
+        let tick = inner.tick + 1;
+        let found = inner.urls.get_mut(key).and_then(|(variants, at)| {
+            let entry = variants.iter().find(|e| e.serves(accept_encoding))?.clone();
+            Some((entry, std::mem::replace(at, tick)))
+        });
+        if let Some((entry, was)) = found {
+            inner.tick = tick;
+            inner.order.remove(&was);
+            inner.order.insert(tick, key.to_owned());
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Lookup::Hit(entry);
+        }
+        // A miss is a request that goes to a node; a wait that ends in a hit is a hit.
+        match (inner.filling.get(key), role) {
+            (Some(filling), Role::First) => return Lookup::Wait(filling.subscribe()),
+            (_, Role::Head) | (Some(_), Role::Waited) => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                return Lookup::Pass;
+            }
+            (None, _) => self.misses.fetch_add(1, Ordering::Relaxed),
+        };
+        let (done, _) = watch::channel(false);
+        inner.filling.insert(key.to_owned(), done);
+        Lookup::Fill(Fill {
+            cache: self.clone(),
+            key: key.to_owned(),
+            encoding: accept_encoding.to_owned(),
+            finished: false,
+        })
+    }
+
+    /// Forgets every entry (after a Moodle upgrade or a theme change made without a
+    /// cache purge); returns how many there were.
+    pub fn purge(&self) -> usize {
+        let mut inner = self.lock();
+        let entries = inner.entries;
+        (inner.urls, inner.order) = Default::default();
+        (inner.bytes, inner.entries) = (0, 0);
+        entries
+    }
+
+    /// The figures now.
+    pub fn now(&self) -> CacheNow {
+        let inner = self.lock();
+        CacheNow {
+            entries: inner.entries,
+            bytes: inner.bytes,
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            fills: self.fills.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+        }
+    }
+
+    fn insert(&self, key: &str, entry: Entry) {
+        let size = entry.body.len() as u64;
+        let mut inner = self.lock();
+        let tick = inner.tick + 1;
+        inner.tick = tick;
+        let (variants, at) = inner.urls.entry(key.to_owned()).or_default();
+        let (same, others): (Vec<_>, Vec<_>) = variants
+            .drain(..)
+            .partition(|e| e.encoding == entry.encoding);
+        *variants = others;
+        variants.push(Arc::new(entry));
+        let was = std::mem::replace(at, tick);
+        let replaced: u64 = same.iter().map(|e| e.body.len() as u64).sum();
+        inner.order.remove(&was);
+        inner.order.insert(tick, key.to_owned());
+        inner.bytes = inner.bytes - replaced + size;
+        inner.entries = inner.entries + 1 - same.len();
+        while inner.bytes > self.max_bytes {
+            let Some((_, oldest)) = inner.order.pop_first() else {
+                break;
+            };
+            if let Some((variants, _)) = inner.urls.remove(&oldest) {
+                inner.bytes -= variants.iter().map(|e| e.body.len() as u64).sum::<u64>();
+                inner.entries -= variants.len();
+                self.evictions
+                    .fetch_add(variants.len() as u64, Ordering::Relaxed);
+            }
+        }
+        self.fills.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Entry {
+    fn serves(&self, accept_encoding: &str) -> bool {
+        self.encoding
+            .as_deref()
+            .is_none_or(|e| e == accept_encoding)
+    }
+
+    /// The answer to a `GET` or `HEAD` with `request` headers: 304 when its
+    /// `If-None-Match` names the entry's ETag (or, without one, its
+    /// `If-Modified-Since` is the entry's `Last-Modified`, as nginx's `exact`), else 200
+    /// with the stored headers, the bytes (none for HEAD) and an `Age`.
+    pub fn answer(&self, method: &Method, request: &HeaderMap) -> Response<Full<Bytes>> {
+        let age = HeaderValue::from(self.stored.elapsed().as_secs());
+        if self.not_modified(request) {
+            let mut response = Response::new(Full::new(Bytes::new()));
+            *response.status_mut() = StatusCode::NOT_MODIFIED;
+            let headers = response.headers_mut();
+            for name in ON_304 {
+                if let Some(value) = self.headers.get(&name) {
+                    headers.insert(name, value.clone());
+                }
+            }
+            headers.insert(header::AGE, age);
+            return response;
+        }
+        let body = match *method == Method::HEAD {
+            true => Bytes::new(),
+            false => self.body.clone(),
+        };
+        let mut response = Response::new(Full::new(body));
+        let headers = response.headers_mut();
+        headers.clone_from(&self.headers);
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(self.body.len()));
+        headers.insert(header::AGE, age);
+        response
+    }
+
+    fn not_modified(&self, request: &HeaderMap) -> bool {
+        if let Some(wanted) = request.get(header::IF_NONE_MATCH) {
+            let Some(etag) = self.headers.get(header::ETAG) else {
+                return false;
+            };
+            return etag_listed(wanted.as_bytes(), etag.as_bytes());
+        }
+        let since = request.get(header::IF_MODIFIED_SINCE);
+        since.is_some_and(|since| self.headers.get(header::LAST_MODIFIED) == Some(since))
+    }
+}
+
+/// Whether an `If-None-Match` list names `etag` by the weak comparison (or is `*`).
+fn etag_listed(list: &[u8], etag: &[u8]) -> bool {
+    let opaque =
+        |tag: &[u8]| -> Vec<u8> { tag.strip_prefix(b"W/").unwrap_or(tag).trim_ascii().to_vec() };
+    let etag = opaque(etag);
+    list.split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .any(|tag| tag == b"*" || opaque(tag) == etag)
+}
+
+/// The right to fill one URL, held by the request that missed first. Dropped
+/// without a kept answer, it tells the waiters to ask the node themselves.
+#[derive(Debug)]
+pub struct Fill {
+    cache: Arc<AssetCache>,
+    key: String,
+    encoding: String,
+    finished: bool,
+}
+
+impl Fill {
+    /// The node's answer, read for the cache as it streams to the student when it may
+    /// be kept; otherwise the answer as it is (and the fill given up).
+    pub fn keep<B>(self, response: Response<B>) -> Response<Teed<B>> {
+        let (parts, body) = response.into_parts();
+        let limit = self.cache.max_entry;
+        let length = parts.headers.get(header::CONTENT_LENGTH);
+        let length = length.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let fits = length.is_none_or(|n| n <= limit);
+        let Some(encoding) = keepable(parts.status, &parts.headers).filter(|_| fits) else {
+            return Response::from_parts(parts, Teed::plain(body));
+        };
+        let mut headers = HeaderMap::new();
+        for name in KEPT {
+            for value in parts.headers.get_all(&name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        let fill = Filling {
+            encoding: encoding.then(|| self.encoding.clone()),
+            fill: self,
+            headers,
+            collected: BytesMut::new(),
+            length,
+        };
+        Response::from_parts(
+            parts,
+            Teed {
+                inner: body,
+                filling: Some(Box::new(fill)),
+            },
+        )
+    }
+
+    fn finish(&mut self, entry: Option<Entry>) {
+        self.finished = true;
+        if let Some(entry) = entry {
+            self.cache.insert(&self.key, entry);
+        }
+        let done = self.cache.lock().filling.remove(&self.key);
+        if let Some(done) = done {
+            done.send_replace(true);
+        }
+    }
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.finish(None);
+        }
+    }
+}
+
+/// Whether a node's answer says it may be kept: `Some(varies on Accept-Encoding)`.
+fn keepable(status: StatusCode, headers: &HeaderMap) -> Option<bool> {
+    if status != StatusCode::OK || headers.contains_key(header::SET_COOKIE) {
+        return None;
+    }
+    let mut public = false;
+    let mut max_age = false;
+    for directive in (headers.get_all(header::CACHE_CONTROL).iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|d| d.trim().to_ascii_lowercase())
+    {
+        match directive.split('=').next().unwrap_or("") {
+            "public" => public = true,
+            "max-age" | "s-maxage" => max_age = true,
+            "private" | "no-store" | "no-cache" => return None,
+            _ => {}
+        }
+    }
+    if !(public && max_age) {
+        return None;
+    }
+    let mut encoding = false;
+    for field in (headers.get_all(header::VARY).iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+    {
+        match field.eq_ignore_ascii_case("accept-encoding") {
+            true => encoding = true,
+            false => return None,
+        }
+    }
+    Some(encoding)
+}
+
+/// A fill in progress: the headers to keep and the bytes so far.
+#[derive(Debug)]
+struct Filling {
+    fill: Fill,
+    encoding: Option<String>,
+    headers: HeaderMap,
+    collected: BytesMut,
+    /// The `Content-Length`, when the node sent one: hyper stops polling a body
+    /// that has sent that much, so its end is known from the count.
+    length: Option<u64>,
+}
+
+impl Filling {
+    /// The whole body is here: keep it.
+    fn kept(mut self: Box<Self>) {
+        let entry = Entry {
+            headers: std::mem::take(&mut self.headers),
+            body: std::mem::take(&mut self.collected).freeze(),
+            stored: Instant::now(),
+            encoding: self.encoding.take(),
+        };
+        self.fill.finish(Some(entry));
+    }
+}
+
+/// A response body on its way to the student, copied into the cache as it passes
+/// when it is filling one (`filling`); otherwise exactly the body it wraps.
+#[derive(Debug)]
+pub struct Teed<B> {
+    inner: B,
+    filling: Option<Box<Filling>>,
+}
+
+impl<B> Teed<B> {
+    /// `inner`, passed through.
+    pub fn plain(inner: B) -> Self {
+        Self {
+            inner,
+            filling: None,
+        }
+    }
+}
+
+impl<B> Body for Teed<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = &mut *self;
+        let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        let Some(filling) = &mut this.filling else {
+            return frame;
+        };
+        match &frame {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let limit = filling.fill.cache.max_entry as usize;
+                    if filling.collected.len() + data.len() > limit {
+                        // Larger than the largest entry: streamed on, not kept.
+                        this.filling = None;
+                    } else {
+                        filling.collected.extend_from_slice(data);
+                        let whole = Some(filling.collected.len() as u64) == filling.length;
+                        if whole {
+                            if let Some(filling) = this.filling.take() {
+                                filling.kept();
+                            }
+                        }
+                    }
+                }
+            }
+            Poll::Ready(None) => {
+                // A body with a length is kept only if all of it came.
+                let filling = this.filling.take();
+                let whole = filling
+                    .as_ref()
+                    .is_some_and(|f| f.length.is_none_or(|n| n == f.collected.len() as u64));
+                if let Some(filling) = filling.filter(|_| whole) {
+                    filling.kept();
+                }
+            }
+            // An error or a body cut short: nothing kept (the fill drops).
+            Poll::Ready(Some(Err(_))) => this.filling = None,
+            Poll::Pending => {}
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // A body that ends without a last poll would never be kept: report the end
+        // only when nothing is being filled.
+        self.filling.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// How long a waiter waits for another request's fill before asking the node itself.
+pub const FILL_WAIT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+//! Moodle's revisioned assets from the gateway's memory, over real sockets: one node
+//! request however many students ask at once, the answer as Moodle sent it with an
+//! `Age`, a 304 to the browser's condition, and nothing kept that Moodle did not mark
+//! for sharing.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use crate::support::{self, config_for, named_upstream, send, TestGateway};
+
+/// A real past theme revision.
+const STYLES: &str = "/theme/styles.php/boost/1700000000_1/all";
+const CSS: &str = "body { color: #0f6cbf }";
+
+/// A node whose theme script takes a while (as a first CSS build does), counts
+/// what reaches it, and sets a cookie on `cookie_path` only.
+async fn node(hits: Arc<AtomicUsize>, cookie_path: &'static str) -> std::net::SocketAddr {
+    support::upstream(move |request: Request<Incoming>| {
+        let hits = hits.clone();
+        async move {
+            hits.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let mut response = Response::builder()
+                .header("x-upstream", "web1")
+                .header("cache-control", "public, max-age=7776000, immutable")
+                .header("content-type", "text/css; charset=utf-8")
+                .header("etag", "\"boost-all\"")
+                .header("last-modified", "Tue, 01 Dec 2026 09:00:00 GMT");
+            if request.uri().path().starts_with(cookie_path) {
+                response = response.header("set-cookie", "MoodleSession=abc; path=/");
+            }
+            response.body(Body::from(CSS)).unwrap()
+        }
+    })
+    .await
+}
+
+async fn gateway(node: std::net::SocketAddr, extra: &str) -> TestGateway {
+    let data = named_upstream("data").await;
+    TestGateway::start(&config_for(&[node], data, extra)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_first_visits_at_once_cost_one_node_request_and_get_moodles_bytes() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let gateway = gateway(node(hits.clone(), "/never").await, "").await;
+    let url = gateway.url(STYLES);
+    let visits: Vec<_> = (0..20)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { send(&url, "GET", &[], Body::empty()).await })
+        })
+        .collect();
+    for visit in visits {
+        let seen = visit.await.unwrap();
+        assert_eq!(seen.status, StatusCode::OK);
+        assert_eq!(seen.body.as_ref(), CSS.as_bytes());
+        assert_eq!(seen.headers["etag"], "\"boost-all\"");
+        assert_eq!(seen.headers["content-type"], "text/css; charset=utf-8");
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        1,
+        "one node request for twenty visits"
+    );
+    let later = send(&url, "GET", &[], Body::empty()).await;
+    assert!(later.headers.contains_key("age"), "from memory");
+    assert!(
+        !later.headers.contains_key("x-upstream"),
+        "no node answered"
+    );
+    let revisit = send(
+        &url,
+        "GET",
+        &[("if-none-match", "\"boost-all\"")],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(revisit.status, StatusCode::NOT_MODIFIED);
+    let head = send(&url, "HEAD", &[], Body::empty()).await;
+    assert_eq!(
+        (
+            head.status,
+            head.headers["content-length"].to_str().unwrap()
+        ),
+        (StatusCode::OK, "23")
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    let cache = gateway.app.gateway().asset_cache().now();
+    assert_eq!((cache.entries, cache.fills, cache.misses), (1, 1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_a_cookie_designer_mode_or_a_cache_turned_off_always_reaches_the_node() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let cookies = gateway(node(hits.clone(), "/theme/").await, "").await;
+    for _ in 0..2 {
+        let seen = send(&cookies.url(STYLES), "GET", &[], Body::empty()).await;
+        assert_eq!(seen.status, StatusCode::OK);
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        2,
+        "an answer with Set-Cookie is never kept"
+    );
+
+    let hits = Arc::new(AtomicUsize::new(0));
+    let gateway = gateway(node(hits.clone(), "/never").await, "").await;
+    for _ in 0..2 {
+        send(
+            &gateway.url("/theme/styles.php/boost/-1/all"),
+            "GET",
+            &[],
+            Body::empty(),
+        )
+        .await;
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        2,
+        "revision -1: theme designer mode"
+    );
+
+    let hits = Arc::new(AtomicUsize::new(0));
+    let off = gateway_off(node(hits.clone(), "/never").await).await;
+    for _ in 0..2 {
+        send(&off.url(STYLES), "GET", &[], Body::empty()).await;
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "[cache] enabled = false");
+}
+
+async fn gateway_off(node: std::net::SocketAddr) -> TestGateway {
+    gateway(node, "[cache]\nenabled = false\n").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_hit_takes_no_slot_on_a_node_at_its_cap() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let node = node(hits.clone(), "/never").await;
+    let gateway = gateway(node, "[surge]\nmax_active = 1\nwaiting_room = false\n").await;
+    send(&gateway.url(STYLES), "GET", &[], Body::empty()).await;
+    // The node's one slot is busy with a slow page…
+    let busy = gateway.url("/course/view.php?id=2");
+    let page = tokio::spawn(async move { send(&busy, "GET", &[], Body::empty()).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // …and the asset comes from memory while the page is still on the node.
+    let asset = send(&gateway.url(STYLES), "GET", &[], Body::empty()).await;
+    assert_eq!(asset.status, StatusCode::OK);
+    assert!(
+        !page.is_finished(),
+        "the asset did not wait for the node's slot"
+    );
+    assert_eq!(page.await.unwrap().status, StatusCode::OK);
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "the fill and the page");
+}
