@@ -171,7 +171,7 @@ impl Config {
              in a row, up after {}; healthy statuses: {}\n\
              snapshot: {snapshot}\nroute cookie: {route}\ntable store: {}\naccess log: {}\n\
              session losses: a logged-in session Moodle replaces after {} idle timed out; sooner, it was lost\n\
-             {}",
+             {}{}",
             d(self.timeouts.shutdown),
             h.path,
             h.host
@@ -186,7 +186,24 @@ impl Config {
             self.describe_access_log(),
             d(self.session.sessiontimeout),
             self.describe_surge(),
+            self.describe_cache(),
         )
+    }
+
+    /// `[cache]`: what is kept, and how much.
+    fn describe_cache(&self) -> String {
+        let c = &self.cache;
+        match c.enabled && c.max_bytes > 0 {
+            false => {
+                "asset cache: off (every theme and JavaScript request goes to a node)\n".to_owned()
+            }
+            true => format!(
+                "asset cache: Moodle's revisioned theme and JavaScript answers that Moodle marks \
+                 public, at most {} in all and {} each, answered from memory\n",
+                format_size(c.max_bytes),
+                format_size(c.max_entry_bytes)
+            ),
+        }
     }
 
     /// `[surge]`: the caps, the line's order and endings, the waiting room.

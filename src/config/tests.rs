@@ -57,6 +57,7 @@ table store: memory (this gateway's own table, deal and node states)
 access log: off
 session losses: a logged-in session Moodle replaces after 8h idle timed out; sooner, it was lost
 surge: no cap (every request goes to its node at once, and PHP's own backlog queues the rest, first come first served)
+asset cache: Moodle's revisioned theme and JavaScript answers that Moodle marks public, at most 64MiB in all and 2MiB each, answered from memory
 nodes:
   web1 http://192.168.1.1 weight 1
 data server: data http://192.168.1.5
@@ -205,6 +206,7 @@ table store: memory (this gateway's own table, deal and node states)
 access log: /var/log/moodle-gateway/access.log, JSON lines, reopened on SIGHUP
 session losses: a logged-in session Moodle replaces after 2h idle timed out; sooner, it was lost
 surge: no cap (every request goes to its node at once, and PHP's own backlog queues the rest, first come first served)
+asset cache: Moodle's revisioned theme and JavaScript answers that Moodle marks public, at most 64MiB in all and 2MiB each, answered from memory
 nodes:
   web1 http://192.168.1.1:8080 weight 3
   web-2.b_c http://[fd00::2] weight 1 (draining: keeps its sessions, gets no new ones)

@@ -1,4 +1,4 @@
-//! `[surge]`: the caps, the line, the waiting room. Every default, the per-node
+//! `[surge]` and `[cache]`: the caps, the line, the waiting room, the asset cache.
 //! override, and every message with its line.
 
 use super::*;
@@ -90,4 +90,26 @@ fn the_room_page_is_read_once_and_must_be_small_utf8() {
     let big = parse_in("big.html").unwrap_err().to_string();
     assert!(big.contains("is 65537 bytes: at most 65536"), "{big}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_asset_cache_is_on_by_default_and_its_bounds_name_their_key() {
+    let c = valid("");
+    assert!(c.cache.enabled);
+    assert_eq!(
+        (c.cache.max_bytes, c.cache.max_entry_bytes),
+        (64 << 20, 2 << 20)
+    );
+    let c = valid("[cache]\nenabled = false\nmax_bytes = \"1MiB\"\nmax_entry_bytes = \"512KiB\"");
+    assert_eq!(
+        (c.cache.enabled, c.cache.max_bytes, c.cache.max_entry_bytes),
+        (false, 1 << 20, 512 << 10)
+    );
+    check(
+        "[cache]\nenabled = 1\nmax_bytes = \"1MiB\"\nmax_entry_bytes = \"2MiB\"\nsize = 3",
+        r#"
+2: cache.enabled: expected true or false, found integer
+4: cache.max_entry_bytes: 2097152 bytes is more than cache.max_bytes (1048576): one entry must fit
+5: cache.size: unknown key (expected one of: enabled, max_bytes, max_entry_bytes)"#,
+    );
 }
