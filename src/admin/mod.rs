@@ -1,5 +1,6 @@
 //! The admin API: health, the affinity table, eviction; the upstreams, draining
-//! and reload live in `nodes`, the gateway's line and waiting room in `surge`.
+//! and reload live in `nodes`, the gateway's line and waiting room in `surge`, the
+//! asset cache's figures and purge in `cache`.
 //!
 //! Why its own listener: it reads and changes session routing, so it belongs on
 //! loopback or a management network behind a firewall, never on the address
@@ -34,6 +35,7 @@ use crate::cluster::upstreams::NodeId;
 use crate::gateway::{Gateway, Settings};
 use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
 
+mod cache;
 mod cluster;
 mod guard;
 mod layers;
@@ -85,8 +87,10 @@ pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
         .route("/nodes", get(nodes::list))
         .route("/gateways", get(cluster::list))
         .route("/surge", get(surge::show))
+        .route("/cache", get(cache::show))
         .route("/nodes/{name}/{action}", post(nodes::set_state))
         .route("/reload", post(nodes::reload))
+        .route("/cache/purge", post(cache::purge))
         .route("/metrics", get(metrics::scrape))
         .fallback(|| async { not_found("no such route") })
         .method_not_allowed_fallback(|| async {
@@ -670,6 +674,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn cache_shows_every_figure_and_no_hit_rate_before_any_request() {
+        let admin = admin();
+        let cache = admin.json("/cache").await;
+        let mut fields: Vec<_> = cache.as_object().unwrap().keys().cloned().collect();
+        fields.sort_unstable();
+        let mut expected = ["enabled", "entries", "bytes", "max_bytes", "hits", "misses"].to_vec();
+        expected.extend(["fills", "evictions", "hit_rate"]);
+        expected.sort_unstable();
+        assert_eq!(fields, expected);
+        for counter in ["entries", "bytes", "hits", "misses", "fills", "evictions"] {
+            assert_eq!(cache[counter], 0, "{counter}");
+        }
+        assert_eq!(cache["hit_rate"], Value::Null, "nothing asked yet");
+        let answer = admin.call("GET", "/cache", None).await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    }
+
+    #[tokio::test]
+    async fn purge_answers_how_many_it_forgot_and_only_to_a_post_with_the_token() {
+        let admin = admin();
+        let purged = admin.call("POST", "/cache/purge", Some(BEARER)).await;
+        assert_eq!(purged.status, StatusCode::OK);
+        assert_eq!(purged.body, r#"{"purged":0}"#);
+        let anonymous = admin.call("POST", "/cache/purge", None).await;
+        assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+        let get = admin.status("GET", "/cache/purge").await;
+        assert_eq!(get, StatusCode::METHOD_NOT_ALLOWED);
+    }
+
+    #[tokio::test]
     async fn no_admin_answer_ever_contains_a_raw_session_id() {
         let admin = admin();
         let mut uris = vec!["/healthz", "/nodes", "/affinity?node=web1"];
@@ -734,6 +768,7 @@ mod tests {
         for uri in [
             "/nodes/web1/disable",
             "/reload",
+            "/cache/purge",
             "/affinity/0123456789abcdef",
         ] {
             let method = if uri.starts_with("/affinity") {
