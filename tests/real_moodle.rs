@@ -12,6 +12,8 @@
 mod cluster;
 #[path = "real_moodle/export.rs"]
 mod export;
+#[path = "real_moodle/haproxy.rs"]
+mod haproxy;
 #[path = "real_moodle/journey.rs"]
 mod journey;
 #[path = "real_moodle/measure.rs"]
@@ -118,6 +120,16 @@ fn check_accepts_node_local_sessions_with_offload() {
 fn measure_offload_php_time_and_gateway_cpu() {
     let _one = heavy();
     measure::offload();
+}
+
+/// Not a test: the same surge behind the gateway with a cap, without one, and
+/// HAProxy with `maxconn`, side by side. `bench/surge.sh` runs it (release build,
+/// HAProxy installed); never part of run.sh.
+#[test]
+#[ignore = "a measure, not a test: bench/surge.sh"]
+fn measure_surge() {
+    let _one = heavy();
+    measure::surge();
 }
 
 /// The logout risk, documented: with node-local sessions the data server (a Moodle)
@@ -663,22 +675,21 @@ fn in_a_surge_of_newcomers_nobody_errs_or_is_logged_out_and_the_crowd_goes_in_or
             site: site.clone(),
             client,
         };
-        let done = std::sync::atomic::AtomicBool::new(false);
-        let surge = async {
-            let record = surge::run(&stage, surge::EXAM_MORNING).await;
-            done.store(true, std::sync::atomic::Ordering::Relaxed);
-            record
-        };
-        let (record, seen) = tokio::join!(surge, line_seen(&gateway, &done));
-        let metrics = gateway.metrics().await;
+        let (record, seen) = surge::run_watched(&stage, surge::EXAM_MORNING, &gateway).await;
         for line in surge::figures(&record) {
             eprintln!("real-moodle [surge]: {line}");
         }
-        eprintln!("real-moodle [surge]: {}", surge_metrics(&metrics));
-        eprintln!("real-moodle [surge]: {seen}");
+        for line in surge::gateway_figures(&gateway, seen).await {
+            eprintln!("real-moodle [surge]: {line}");
+        }
 
         let errors = record.errors();
-        assert!(errors.is_empty(), "{} errors: {errors:#?}", errors.len());
+        assert!(
+            errors.is_empty(),
+            "{} errors: {errors:#?}\nthe gateway said: {:#?}",
+            errors.len(),
+            gateway.warnings()
+        );
         let logged_in = record.login_times().len();
         assert_eq!(
             logged_in,
@@ -696,56 +707,6 @@ fn in_a_surge_of_newcomers_nobody_errs_or_is_logged_out_and_the_crowd_goes_in_or
             "{swapped} of {pairs} pairs of newcomers were let in out of arrival order"
         );
     });
-}
-
-/// The gateway's line as `/metrics` showed it every 200 ms until `done`: the most
-/// requests waiting at once, the room's longest expected wait, whether it opened.
-async fn line_seen(gateway: &Gateway, done: &std::sync::atomic::AtomicBool) -> String {
-    let (mut waiting, mut expected, mut open) = (0.0_f64, 0.0_f64, false);
-    while !done.load(std::sync::atomic::Ordering::Relaxed) {
-        let metrics = gateway.metrics().await;
-        let queued = metrics
-            .iter()
-            .filter(|(k, _)| k.starts_with("moodle_gateway_queue_length{"));
-        waiting = waiting.max(queued.map(|(_, v)| v).sum());
-        let wait = metrics.get("moodle_gateway_waiting_room_expected_wait_seconds");
-        expected = expected.max(wait.copied().unwrap_or(0.0));
-        open |= metrics.get("moodle_gateway_waiting_room_open") == Some(&1.0);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    format!(
-        "gateway's line, every 200 ms: at most {waiting} waiting, the room's expected wait at most \
-         {expected:.1} s, the room {}",
-        if open { "opened" } else { "never open" }
-    )
-}
-
-/// What the gateway counted of the surge: waiting pages, admissions, requests
-/// turned away, and the mean wait per class.
-fn surge_metrics(metrics: &BTreeMap<String, f64>) -> String {
-    let get = |key: &str| metrics.get(key).copied().unwrap_or(0.0);
-    let sum = |prefix: &str| -> f64 {
-        let series = metrics.iter().filter(|(key, _)| key.starts_with(prefix));
-        series.map(|(_, value)| value).sum()
-    };
-    let mut text = format!(
-        "gateway: {} waiting pages, {} admitted from the room, {} turned away; mean queue wait",
-        get("moodle_gateway_waiting_room_pages_total"),
-        get("moodle_gateway_waiting_room_admitted_total"),
-        sum("moodle_gateway_queue_turned_away_total{"),
-    );
-    for class in ["logged_in", "anonymous", "newcomer"] {
-        let label = format!("{{class=\"{class}\"}}");
-        let total = get(&format!("moodle_gateway_queue_wait_seconds_sum{label}"));
-        let count = get(&format!("moodle_gateway_queue_wait_seconds_count{label}"));
-        let mean = if count > 0.0 {
-            total / count * 1000.0
-        } else {
-            0.0
-        };
-        text.push_str(&format!(" {class} {mean:.0} ms ({count} waits)"));
-    }
-    text
 }
 
 /// Each student's last tracking POST that Moodle accepted is what it stored; the

@@ -248,7 +248,7 @@ pub struct Gateway {
     pub token: String,
     client: HttpClient,
     proc: Proc,
-    _dir: Scratch,
+    dir: Scratch,
 }
 
 /// The admin token the suite's gateways read from `admin.token`.
@@ -288,8 +288,17 @@ impl Gateway {
             token: TOKEN.to_string(),
             client: client.clone(),
             proc,
-            _dir: dir,
+            dir,
         }
+    }
+
+    /// The gateway's log lines at `WARN` and `ERROR`: what it said about a failure.
+    pub fn warnings(&self) -> Vec<String> {
+        let log = std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default();
+        let loud = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "));
+        loud.map(str::to_owned).collect()
     }
 
     /// The gateway's process id (setpriv execs it: the spawned pid is the gateway's).

@@ -17,6 +17,7 @@ use http::StatusCode;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::cluster::Gateway;
 use crate::site::{Site, StudentAccount};
 use crate::student::{between, http_client, requests, Browser, HttpClient, Page};
 
@@ -640,5 +641,86 @@ pub fn figures(record: &Record) -> Vec<String> {
             record.newcomers.iter().filter(|n| n.waiting_pages > 0).count(),
         ),
         format!("errors: {}", record.errors().len()),
+    ]
+}
+
+/// The gateway's line as `/metrics` showed it every 200 ms during a surge.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LineSeen {
+    /// The most requests waiting for a slot at once, every node's.
+    pub waiting: f64,
+    /// The room's longest expected wait for a newcomer, in seconds.
+    pub expected_wait: f64,
+    /// Whether the room was open at any look.
+    pub room_opened: bool,
+}
+
+/// [`run`], with `gateway` in front, looking at its line every 200 ms meanwhile.
+pub async fn run_watched(stage: &Stage, plan: Plan, gateway: &Gateway) -> (Record, LineSeen) {
+    let done = AtomicBool::new(false);
+    let surge = async {
+        let record = run(stage, plan).await;
+        done.store(true, Ordering::Relaxed);
+        record
+    };
+    let watch = async {
+        let mut seen = LineSeen::default();
+        while !done.load(Ordering::Relaxed) {
+            let metrics = gateway.metrics().await;
+            let queued =
+                (metrics.iter()).filter(|(k, _)| k.starts_with("moodle_gateway_queue_length{"));
+            seen.waiting = seen.waiting.max(queued.map(|(_, v)| v).sum());
+            let wait = metrics.get("moodle_gateway_waiting_room_expected_wait_seconds");
+            seen.expected_wait = seen.expected_wait.max(wait.copied().unwrap_or(0.0));
+            seen.room_opened |= metrics.get("moodle_gateway_waiting_room_open") == Some(&1.0);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        seen
+    };
+    tokio::join!(surge, watch)
+}
+
+/// What the gateway saw and counted of a surge: its line, the room, the requests
+/// turned away, and each class's wait for a slot (mean, and how many waited past
+/// 5 s, the default `room_opens_at`).
+pub async fn gateway_figures(gateway: &Gateway, seen: LineSeen) -> Vec<String> {
+    let metrics = gateway.metrics().await;
+    let get = |key: &str| metrics.get(key).copied().unwrap_or(0.0);
+    let sum = |prefix: &str| -> f64 {
+        let series = metrics.iter().filter(|(key, _)| key.starts_with(prefix));
+        series.map(|(_, value)| value).sum()
+    };
+    let mut waits = String::from("gateway's queue wait per class:");
+    for class in ["logged_in", "anonymous", "newcomer"] {
+        let label = format!("{{class=\"{class}\"}}");
+        let total = get(&format!("moodle_gateway_queue_wait_seconds_sum{label}"));
+        let count = get(&format!("moodle_gateway_queue_wait_seconds_count{label}"));
+        let under_5s = get(&format!(
+            "moodle_gateway_queue_wait_seconds_bucket{{class=\"{class}\",le=\"5\"}}"
+        ));
+        let mean = if count > 0.0 {
+            total / count * 1000.0
+        } else {
+            0.0
+        };
+        waits.push_str(&format!(
+            " {class} mean {mean:.0} ms over {count} waits, {} past 5 s;",
+            count - under_5s
+        ));
+    }
+    vec![
+        format!(
+            "gateway's line, every 200 ms: at most {} waiting, the room's expected wait at most {:.1} s, the room {}",
+            seen.waiting,
+            seen.expected_wait,
+            if seen.room_opened { "opened" } else { "never opened" },
+        ),
+        format!(
+            "gateway's room: {} waiting pages, {} admitted; {} requests turned away",
+            get("moodle_gateway_waiting_room_pages_total"),
+            get("moodle_gateway_waiting_room_admitted_total"),
+            sum("moodle_gateway_queue_turned_away_total{"),
+        ),
+        waits,
     ]
 }
