@@ -1,17 +1,27 @@
-//! The offload measure (not a test: nothing here is asserted about time): one student
-//! downloads the same 50 MiB file resource through the gateway, first served by PHP
-//! (no offload), then offloaded (`X-Accel-Redirect`, the bytes from the nginx export).
-//! For each: how long the node's PHP worker was busy per download (prepend.php's
-//! request log) and the gateway's CPU per MiB (`/proc/<pid>/stat` utime + stime).
+//! The measures (not tests: nothing here is asserted about time).
+//!
+//! The offload measure: one student downloads the same 50 MiB file resource through
+//! the gateway, first served by PHP (no offload), then offloaded (`X-Accel-Redirect`,
+//! the bytes from the nginx export). For each: how long the node's PHP worker was
+//! busy per download (prepend.php's request log) and the gateway's CPU per MiB
+//! (`/proc/<pid>/stat` utime + stime).
+//!
+//! The surge measure: the same surge (`surge::EXAM_MORNING`) three times on one site
+//! and one set of nodes with two PHP workers each, behind the gateway capping them
+//! at two, the gateway without a cap, and HAProxy with `maxconn 2` per node and a
+//! plain queue; what the students saw, side by side.
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 
-use crate::cluster::{admin_addr, config_for, Cluster, Gateway, Store};
+use crate::cluster::{admin_addr, config_for, surge_section, Cluster, Gateway, Store};
+use crate::haproxy::Haproxy;
 use crate::site::{script, Site, StoredFile, PHP_INI};
 use crate::student::{between, http_client, Browser};
+use crate::surge::{self, percentiles, Plan, Record, Stage, EXAM_MORNING, SMALL_POOL};
 
 /// The file's size, and how many timed downloads each way (after one untimed).
 const MIB: u64 = 50;
@@ -182,4 +192,197 @@ fn cpu_seconds(pid: u32) -> f64 {
 fn clock_ticks() -> f64 {
     let out = crate::processes::run("getconf CLK_TCK", Command::new("getconf").arg("CLK_TCK"));
     out.trim().parse().unwrap()
+}
+
+/// What stands in front of the nodes in one round of the surge measure.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    /// The gateway with `[surge] max_active` = the workers, every other key at its
+    /// default.
+    Capped,
+    /// The gateway without `[surge]`: every request goes straight to its node.
+    Uncapped,
+    /// HAProxy, `maxconn` = the workers per node, `timeout queue 60s`.
+    Haproxy,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Capped => "gateway, max_active 2",
+            Side::Uncapped => "gateway, no cap",
+            Side::Haproxy => "HAProxy, maxconn 2",
+        }
+    }
+}
+
+/// One round: the side, what the surge left, and the waiting pages the newcomers
+/// were shown.
+struct Round {
+    side: Side,
+    record: Record,
+    waiting_pages: usize,
+}
+
+/// The three rounds on one restored site and one cluster, then the table.
+///
+/// Sessions are node-local and nothing is offloaded: HAProxy cannot serve
+/// `X-Accel-Redirect`, and the surge's load has no SCORM file in it (logins,
+/// dashboards, course pages and SCORM tracking POSTs, every one a PHP script), so
+/// no side needs the offload or the data server.
+pub fn surge() {
+    let site = Arc::new(Site::restore());
+    let cluster = Cluster::start_with(&site, Store::NodeLocal, false, SMALL_POOL);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let rounds = runtime.block_on(async {
+        let client = http_client();
+        cluster.warm(&client).await;
+        let stage = Stage {
+            origin: cluster.wwwroot(),
+            site: site.clone(),
+            client: client.clone(),
+        };
+        warm_up(&cluster, &stage).await;
+        let mut rounds = Vec::new();
+        for side in [Side::Capped, Side::Uncapped, Side::Haproxy] {
+            rounds.push(surge_round(&cluster, &stage, side).await);
+            // The nodes finish what the last side left them (sessions written).
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        rounds
+    });
+    print_surge(&rounds);
+}
+
+/// A small surge behind the uncapped gateway, not measured: every script of the
+/// surge compiled into each node's opcache and Moodle's caches filled, so that the
+/// first side measured pays no more of that than the others.
+async fn warm_up(cluster: &Cluster, stage: &Stage) {
+    let started = Instant::now();
+    let admin = admin_addr();
+    let gateway = Gateway::start(
+        &config_for(cluster, admin),
+        cluster.public,
+        admin,
+        &stage.client,
+    );
+    let small = Plan {
+        students: 8,
+        newcomers: 16,
+        arrivals: Duration::from_secs(1),
+        before: Duration::from_secs(3),
+        ..EXAM_MORNING
+    };
+    let record = surge::run(stage, small).await;
+    drop(gateway);
+    let errors = record.errors();
+    assert!(errors.is_empty(), "the warm-up: {errors:#?}");
+    eprintln!("measure_surge: warmed up in {:.1?}", started.elapsed());
+}
+
+/// One side in front of the cluster on wwwroot's address, the surge, the side gone.
+async fn surge_round(cluster: &Cluster, stage: &Stage, side: Side) -> Round {
+    let client = &stage.client;
+    let admin = admin_addr();
+    let config = config_for(cluster, admin);
+    let (gateway, haproxy) = match side {
+        Side::Capped => {
+            let config = config + &surge_section(SMALL_POOL);
+            let gateway = Gateway::start(&config, cluster.public, admin, client);
+            (Some(gateway), None)
+        }
+        Side::Uncapped => {
+            let gateway = Gateway::start(&config, cluster.public, admin, client);
+            (Some(gateway), None)
+        }
+        Side::Haproxy => (None, Some(Haproxy::start(cluster, SMALL_POOL))),
+    };
+    let (record, gateway_lines) = match &gateway {
+        Some(gateway) => {
+            let (record, seen) = surge::run_watched(stage, EXAM_MORNING, gateway).await;
+            (record, surge::gateway_figures(gateway, seen).await)
+        }
+        None => (surge::run(stage, EXAM_MORNING).await, Vec::new()),
+    };
+    let waiting_pages = record.waiting_pages();
+    for line in surge::figures(&record).iter().chain(&gateway_lines) {
+        eprintln!("measure_surge [{}]: {line}", side.name());
+    }
+    drop((gateway, haproxy));
+    Round {
+        side,
+        record,
+        waiting_pages,
+    }
+}
+
+/// The side-by-side table.
+fn print_surge(rounds: &[Round]) {
+    let plan = EXAM_MORNING;
+    eprintln!(
+        "\nmeasure_surge: {} logged-in students (a request, then {:?}), then {} newcomers within {:?}; \
+         4 nodes with {SMALL_POOL} PHP workers each; node-local sessions, no offload (no SCORM file in the load)",
+        plan.students, plan.think, plan.newcomers, plan.arrivals
+    );
+    let trio = |(p50, p95, max): (f64, f64, f64)| format!("{p50:.0}/{p95:.0}/{max:.0}");
+    eprintln!(
+        "{:<22} {:>16} {:>16} {:>10} {:>20} {:>9} {:>7} {:>10} {:>12} {:>8}",
+        "side",
+        "before ms",
+        "during ms",
+        "p95 ratio",
+        "newcomer login ms",
+        "logged in",
+        "errors",
+        "logged out",
+        "out of order",
+        "wait pgs",
+    );
+    eprintln!(
+        "{:<22} {:>16} {:>16} {:>10} {:>20}",
+        "", "p50/p95/max", "p50/p95/max", "during/bef", "p50/p95/max"
+    );
+    for round in rounds {
+        let record = &round.record;
+        let (before, during) = record.logged_in_times();
+        let (before, during) = (percentiles(&before), percentiles(&during));
+        let ratio = if before.1 > 0.0 {
+            during.1 / before.1
+        } else {
+            f64::NAN
+        };
+        let logins = record.login_times();
+        let (pairs, swapped) = record.admission_order();
+        let out_of_order = swapped as f64 / pairs.max(1) as f64;
+        let logged_out = (record.students.iter())
+            .filter(|s| !s.lost.is_empty())
+            .count();
+        eprintln!(
+            "{:<22} {:>16} {:>16} {:>10.2} {:>20} {:>9} {:>7} {:>10} {:>11.1}% {:>8}",
+            round.side.name(),
+            trio(before),
+            trio(during),
+            ratio,
+            trio(percentiles(&logins)),
+            format!("{}/{}", logins.len(), record.newcomers.len()),
+            record.errors().len(),
+            logged_out,
+            out_of_order * 100.0,
+            round.waiting_pages,
+        );
+    }
+    for round in rounds {
+        let errors = round.record.errors();
+        if !errors.is_empty() {
+            eprintln!(
+                "\n{}: {} errors, the first:",
+                round.side.name(),
+                errors.len()
+            );
+            for error in errors.iter().take(5) {
+                eprintln!("  {error}");
+            }
+        }
+    }
+    eprintln!();
 }
