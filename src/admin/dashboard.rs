@@ -1,5 +1,6 @@
 //! The admin dashboard at `/` on the admin listener: what the JSON API shows, for a
-//! person with a browser, and the buttons that drain and enable nodes.
+//! person with a browser, and the buttons that drain and enable nodes and purge the
+//! asset cache (`cache_panel`).
 //!
 //! Why server-rendered: the admin network may have no internet and nobody wants a
 //! JavaScript build for two pages; HTML forms work with JavaScript off and from a
@@ -29,7 +30,7 @@ use super::html;
 use super::login::{self, Keys, Viewer};
 use super::page::{self, Card, Filters, Found, Row, View};
 use super::rates::Rates;
-use super::{cluster, gateways_panel, nodes, parse_key, surge};
+use super::{cache, cache_panel, cluster, gateways_panel, nodes, parse_key, surge};
 use crate::cluster::upstreams::{NodeId, Upstream};
 use crate::config::NodeState;
 use crate::gateway::{Gateway, Settings};
@@ -75,6 +76,7 @@ where
         .route("/logout", post(login::logout))
         .route("/ui/nodes/{name}/{action}", post(act))
         .route("/ui/find", post(find))
+        .route("/ui/cache/purge", post(cache_panel::purge))
         .with_state(dash)
 }
 
@@ -93,8 +95,9 @@ struct ShowQuery {
     found: Option<String>,
 }
 
-/// `GET /`: the cards, the waiting-room panel (with a `[surge]` cap), the Gateways
-/// panel (with a shared store), the find box and one page of the session table.
+/// `GET /`: the cards, the waiting-room panel (with a `[surge]` cap), the asset-cache
+/// panel (unless it is off), the Gateways panel (with a shared store), the find box
+/// and one page of the session table.
 async fn show(
     State(dash): State<Dash>,
     viewer: Viewer,
@@ -118,6 +121,7 @@ async fn show(
     // Without a cap nothing waits: no slot figures, no panel.
     let surge = Some(surge::now(gateway, &settings)).filter(|s| s.capped_nodes > 0);
     let capped = surge.is_some();
+    let cache = Some(cache::now(gateway)).filter(cache_panel::shown);
     let view = View {
         now,
         can_log_out: matches!(viewer.login, login::Login::Cookie { .. }),
@@ -128,6 +132,7 @@ async fn show(
             .collect(),
         totals: (table.len() as u64, table.logged_in_total()),
         surge,
+        cache,
         gateways,
         found,
         paged: query.after.is_some(),
@@ -261,7 +266,7 @@ async fn found(
 }
 
 /// A redirect to the dashboard with `flash` shown once there.
-fn back_with(dash: &Dash, to: &str, flash: &str) -> Response {
+pub(super) fn back_with(dash: &Dash, to: &str, flash: &str) -> Response {
     let mut response = login::see_other(to);
     let sealed = dash.keys.seal(flash);
     let cookie = login::set_cookie(FLASH, Some(&sealed), FLASH_LIFETIME);

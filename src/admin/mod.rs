@@ -46,8 +46,9 @@ mod surge;
 pub use login::COOKIE_NAME as LOGIN_COOKIE;
 pub use nodes::Reload;
 
-// The dashboard at `/`: routes, the page, its Gateways and waiting-room panels, its
-// login, escaping, rates.
+// The dashboard at `/`: routes, the page, its Gateways, waiting-room and asset-cache
+// panels, its login, escaping, rates.
+mod cache_panel;
 mod dashboard;
 mod gateways_panel;
 mod html;

@@ -1,7 +1,8 @@
 //! The dashboard page itself: a card per upstream, the waiting-room panel (with a
-//! `[surge]` cap, written by `surge_panel`), the Gateways panel (with a shared
-//! store, written by `gateways_panel`), the find box and the session table, written
-//! from figures `dashboard` gathered.
+//! `[surge]` cap, written by `surge_panel`), the asset-cache panel (unless it is
+//! off, written by `cache_panel`), the Gateways panel (with a shared store, written
+//! by `gateways_panel`), the find box and the session table, written from figures
+//! `dashboard` gathered.
 //!
 //! Why every action is a plain `<form method="post">`: the page must work with
 //! JavaScript off. Each form carries the login's CSRF token; the answer is a
@@ -10,6 +11,8 @@
 
 use std::fmt::Write as _;
 
+use super::cache::CacheView;
+use super::cache_panel;
 use super::gateways_panel::{self, Panel};
 use super::html::{duration, Esc};
 use super::rates::Rate;
@@ -77,6 +80,8 @@ pub(super) struct View {
     pub(super) totals: (u64, u64),
     /// The line and the waiting room (`None` while no node has a cap).
     pub(super) surge: Option<SurgeNow>,
+    /// The asset cache (`None` while `[cache] enabled = false`).
+    pub(super) cache: Option<CacheView>,
     /// Every live gateway (`None` without a shared store).
     pub(super) gateways: Option<Panel>,
     pub(super) found: Option<Result<Found, String>>,
@@ -98,6 +103,9 @@ pub(super) fn body(view: &View) -> String {
     out.push_str("</section>");
     if let Some(surge) = &view.surge {
         surge_panel::write(&mut out, surge);
+    }
+    if let Some(cache) = &view.cache {
+        cache_panel::write(&mut out, cache, &view.csrf);
     }
     if let Some(panel) = &view.gateways {
         gateways_panel::write(&mut out, panel, view.now);
@@ -139,7 +147,8 @@ fn header(out: &mut String, view: &View) {
     }
 }
 
-fn csrf_field(csrf: &str) -> String {
+/// The hidden field that carries the login's CSRF token in every form.
+pub(super) fn csrf_field(csrf: &str) -> String {
     format!(
         "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
         Esc(csrf)
@@ -429,6 +438,7 @@ mod tests {
             cards,
             totals: (3, 0),
             surge: None,
+            cache: None,
             gateways: None,
             found: None,
             filters: Filters::default(),
@@ -529,6 +539,31 @@ mod tests {
         let room = html.find("id=\"room\"").unwrap();
         assert!(html.find("</section>").unwrap() < room, "after the cards");
         assert!(room < html.find("id=\"find\"").unwrap());
+    }
+
+    #[test]
+    fn the_asset_cache_panel_follows_the_waiting_room_and_only_when_there_is_a_cache() {
+        let mut page = view(vec![card("web1", "answered 200 OK")]);
+        assert!(!body(&page).contains("id=\"cache\""), "off: no panel");
+        page.cache = Some(CacheView {
+            enabled: Some(true),
+            entries: 1,
+            bytes: 23,
+            max_bytes: None,
+            hits: 1,
+            misses: 1,
+            fills: 1,
+            evictions: 0,
+            hit_rate: Some(0.5),
+        });
+        page.gateways = Some(panel(Ok(vec![peer("gw-a", &[("web1", 1)])]), true));
+        let html = body(&page);
+        let cache = html.find("id=\"cache\"").unwrap();
+        assert!(html.find("</section>").unwrap() < cache, "after the cards");
+        assert!(cache < html.find("id=\"gateways\"").unwrap());
+        assert!(html.contains(
+            "name=\"csrf\" value=\"c5rf\"><button type=\"submit\" data-action=\"purge\">"
+        ));
     }
 
     #[test]
