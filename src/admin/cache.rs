@@ -25,16 +25,15 @@ use crate::http::asset_cache::CacheNow;
 /// The asset cache as the admin sees it, read when asked.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub(super) struct CacheView {
-    /// `[cache] enabled`: revisioned assets are answered from memory. `null` while
-    /// the admin cannot read the setting (see [`enabled`]).
-    pub(super) enabled: Option<bool>,
+    /// `[cache] enabled`: revisioned assets are answered from memory.
+    pub(super) enabled: bool,
     /// Answers kept now (each `Accept-Encoding` variant of a URL counts).
     pub(super) entries: usize,
     /// Their bodies' bytes.
     pub(super) bytes: u64,
-    /// `[cache] max_bytes`: the bound on `bytes`, the least recently used entry
-    /// let go first. `null` while the admin cannot read it (see [`max_bytes`]).
-    pub(super) max_bytes: Option<u64>,
+    /// `[cache] max_bytes` as the running cache has it (a change needs a restart):
+    /// the bound on `bytes`, the least recently used entry let go first.
+    pub(super) max_bytes: u64,
     /// Revisioned requests answered from memory, since start.
     pub(super) hits: u64,
     /// Revisioned requests that had to ask a node, since start.
@@ -59,32 +58,16 @@ pub(super) fn now(gateway: &Gateway) -> CacheView {
     } = gateway.asset_cache().now();
     let asked = hits + misses;
     CacheView {
-        enabled: enabled(gateway),
+        enabled: gateway.settings().cache_on(),
         entries,
         bytes,
-        max_bytes: max_bytes(gateway),
+        max_bytes: gateway.asset_cache().max_bytes(),
         hits,
         misses,
         fills,
         evictions,
         hit_rate: (asked > 0).then(|| hits as f64 / asked as f64),
     }
-}
-
-/// `[cache] enabled`. `None`: the gateway keeps it in a private field of its
-/// settings (`Settings::cache_on`) with no accessor yet, so the admin cannot tell;
-/// it shows the figures anyway. With `pub fn cache_on(&self) -> bool` on
-/// `Settings`, this becomes `Some(gateway.settings().cache_on())`.
-fn enabled(_gateway: &Gateway) -> Option<bool> {
-    None
-}
-
-/// `[cache] max_bytes`. `None`: the cache keeps its bound in a private field with
-/// no accessor yet; with `pub fn max_bytes(&self) -> u64` on `AssetCache` this
-/// becomes `Some(gateway.asset_cache().max_bytes())` (the cache's own bound, not
-/// the file's: changing it needs a restart).
-fn max_bytes(_gateway: &Gateway) -> Option<u64> {
-    None
 }
 
 /// Forgets every kept answer; how many there were. Logged at info with the count,

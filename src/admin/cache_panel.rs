@@ -4,9 +4,7 @@
 //!
 //! Why only when enabled: a cache turned off keeps nothing and counts nothing, so
 //! the panel would be five zeros and a button that does nothing; a site that turns
-//! it off keeps the page it had. While the admin cannot read the setting
-//! ([`CacheView::enabled`] is `None`) the panel is shown: figures that may be zeros
-//! are better than hiding a cache that works.
+//! it off keeps the page it had.
 //!
 //! Why no confirmation on Purge, unlike Disable: it costs one node request per
 //! asset, after which everything is as before; nobody is logged out.
@@ -25,9 +23,9 @@ use super::dashboard::{self, Dash};
 use super::login::{self, CsrfForm, Viewer};
 use super::page::csrf_field;
 
-/// Whether the page shows the panel: unless the cache is known to be off.
+/// Whether the page shows the panel: while the cache is on.
 pub(super) fn shown(cache: &CacheView) -> bool {
-    cache.enabled != Some(false)
+    cache.enabled
 }
 
 /// The panel's `<section>`, its button carrying the login's `csrf` token.
@@ -44,14 +42,11 @@ pub(super) fn write(out: &mut String, cache: &CacheView, csrf: &str) {
         );
     };
     figure("Entries", "entries", cache.entries.to_string());
-    let memory = match cache.max_bytes {
-        Some(max) => format!(
-            "{} <small>of at most {}</small>",
-            size(cache.bytes),
-            size(max)
-        ),
-        None => size(cache.bytes),
-    };
+    let memory = format!(
+        "{} <small>of at most {}</small>",
+        size(cache.bytes),
+        size(cache.max_bytes)
+    );
     figure("Memory", "bytes", memory);
     figure("Hit rate", "hit-rate", hit_rate(cache));
     figure("Fills", "fills", cache.fills.to_string());
@@ -120,10 +115,10 @@ mod tests {
     fn view(hits: u64, misses: u64) -> CacheView {
         let asked = hits + misses;
         CacheView {
-            enabled: Some(true),
+            enabled: true,
             entries: 3,
             bytes: 1536,
-            max_bytes: Some(64 << 20),
+            max_bytes: 64 << 20,
             hits,
             misses,
             fills: 3,
@@ -166,13 +161,10 @@ mod tests {
     }
 
     #[test]
-    fn without_its_bound_the_memory_is_shown_alone_and_off_hides_the_panel() {
+    fn a_cache_turned_off_hides_the_panel() {
         let mut cache = view(1, 1);
-        cache.max_bytes = None;
-        assert!(shown_html(&cache).contains("data-figure=\"bytes\">1.5 KiB</dd>"));
-        cache.enabled = None;
-        assert!(shown(&cache), "unknown: the figures anyway");
-        cache.enabled = Some(false);
+        assert!(shown(&cache));
+        cache.enabled = false;
         assert!(!shown(&cache));
     }
 

@@ -546,10 +546,10 @@ mod tests {
         let mut page = view(vec![card("web1", "answered 200 OK")]);
         assert!(!body(&page).contains("id=\"cache\""), "off: no panel");
         page.cache = Some(CacheView {
-            enabled: Some(true),
+            enabled: true,
             entries: 1,
             bytes: 23,
-            max_bytes: None,
+            max_bytes: 64 << 20,
             hits: 1,
             misses: 1,
             fills: 1,

@@ -149,6 +149,11 @@ impl Settings {
         })
     }
 
+    /// `[cache] enabled`: revisioned assets are answered from memory.
+    pub fn cache_on(&self) -> bool {
+        self.cache_on
+    }
+
     fn upstream(&self, route: Route) -> Option<&Arc<Upstream>> {
         match route.node() {
             None => Some(self.upstreams.data()),

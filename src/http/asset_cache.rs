@@ -181,6 +181,11 @@ impl AssetCache {
         })
     }
 
+    /// The bound on all entries' bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
     /// Forgets every entry (after a Moodle upgrade or a theme change made without a
     /// cache purge); returns how many there were.
     pub fn purge(&self) -> usize {

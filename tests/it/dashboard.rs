@@ -760,8 +760,10 @@ async fn cache_counts_a_hit_from_memory_and_purge_sends_the_next_request_to_the_
     let figures = figures.map(|f| cache[f].as_u64().unwrap());
     assert_eq!(figures, [1, CSS.len() as u64, 1, 1, 1, 0], "{cache}");
     assert_eq!(cache["hit_rate"], json!(0.5));
-    // Not readable from the admin yet (admin/cache.rs): null until it is, never false.
-    assert!(cache["enabled"] == json!(true) || cache["enabled"].is_null());
+    assert_eq!(
+        (&cache["enabled"], &cache["max_bytes"]),
+        (&json!(true), &json!(64 << 20))
+    );
     // A page on another site cannot purge it, even knowing the token.
     let forged = purge(&gateway, &[("origin", "http://evil.example")]).await;
     assert_eq!(forged.status, 403);
