@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -180,13 +181,24 @@ pub struct Stage {
 pub async fn run(stage: &Stage, plan: Plan) -> Record {
     let accounts = &stage.site.data.students[..plan.students];
     assert!(plan.newcomers <= stage.site.data.newcomers.len());
-    let stop = Arc::new(AtomicBool::new(false));
+    let together = Arc::new(Together {
+        stop: AtomicBool::new(false),
+        primed: watch::channel(false).0,
+    });
     let mut students = JoinSet::new();
     for (i, account) in accounts.iter().enumerate() {
-        let (stage, account, stop) = (stage.clone(), account.clone(), stop.clone());
+        let (stage, account, together) = (stage.clone(), account.clone(), together.clone());
         // Spread over one pause, so that they do not ask in step.
         let offset = plan.think.mul_f64(i as f64 / plan.students as f64);
-        students.spawn(async move { browse(&stage, &account, plan, offset, &stop).await });
+        let first = i == 0;
+        students.spawn(async move {
+            let me = Me {
+                account: &account,
+                offset,
+                first,
+            };
+            browse(&stage, me, plan, &together).await
+        });
     }
     tokio::time::sleep(plan.before).await;
 
@@ -205,7 +217,7 @@ pub async fn run(stage: &Stage, plan: Plan) -> Record {
     }
     let mut newcomers = joined(newcomers).await;
     let end = Instant::now();
-    stop.store(true, Ordering::Relaxed);
+    together.stop.store(true, Ordering::Relaxed);
     newcomers.sort_by_key(|n| n.arrived);
     Record {
         students: joined(students).await,
@@ -222,16 +234,54 @@ async fn joined<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
     all
 }
 
-/// One logged-in student: logs in, opens the SCORM player, then until `stop` reads
-/// the course page and saves tracking, a pause after each; at the end, the
-/// dashboard once more, which must still be theirs.
-async fn browse(
-    stage: &Stage,
-    account: &StudentAccount,
-    plan: Plan,
+/// What the logged-in students share.
+///
+/// Why `primed`: Moodle 4.5 records each SCORM element's name (`x.start.time` when
+/// the player opens, `cmi.core.lesson_status` and the rest at the first tracking
+/// POST) the first time anyone uses it, with a plain insert under a unique index
+/// (`scorm_get_elementid()`), so two students doing it first at the same moment on a
+/// fresh site make one of them fail with a 404 error page (seen once in 16 runs, a
+/// gap in `mdl_scorm_element`'s ids). One student goes first; the others open the
+/// player once the names are known, as on any site in use.
+struct Together {
+    /// The surge is over: stop browsing.
+    stop: AtomicBool,
+    /// The first student has opened the player and saved tracking (or failed to).
+    primed: watch::Sender<bool>,
+}
+
+/// One student in [`browse`].
+struct Me<'a> {
+    account: &'a StudentAccount,
+    /// When to start, after the others began.
     offset: Duration,
-    stop: &AtomicBool,
-) -> Student {
+    /// The one who opens the player and saves tracking before the others.
+    first: bool,
+}
+
+/// Says `primed` when dropped: after the first student's first tracking POST, or
+/// as it gives up before.
+struct Primes<'a>(Option<&'a watch::Sender<bool>>);
+
+impl Drop for Primes<'_> {
+    fn drop(&mut self) {
+        if let Some(primed) = self.0 {
+            primed.send_replace(true);
+        }
+    }
+}
+
+/// One logged-in student: logs in, opens the SCORM player (the first one before
+/// the others), then until `stop` reads the course page and saves tracking, a
+/// pause after each; at the end, the dashboard once more, which must still be
+/// theirs.
+async fn browse(stage: &Stage, me: Me<'_>, plan: Plan, together: &Together) -> Student {
+    let Me {
+        account,
+        offset,
+        first,
+    } = me;
+    let mut primes = Primes(first.then_some(&together.primed));
     let mut me = Student {
         username: account.username.clone(),
         samples: Vec::new(),
@@ -242,7 +292,13 @@ async fn browse(
     tokio::time::sleep(offset).await;
     let mut b = Browser::new(stage.client.clone(), &stage.origin);
     b.limit = REQUEST_LIMIT;
-    let player = match log_in(&mut b, account, &mut me.errors).await {
+    let logged_in = log_in(&mut b, account, &mut me.errors).await;
+    if !first {
+        let mut primed = together.primed.subscribe();
+        let primed = tokio::time::timeout(3 * REQUEST_LIMIT, primed.wait_for(|p| *p));
+        let _ = primed.await;
+    }
+    let player = match logged_in {
         Some(_) => open_player(stage, &mut b, &mut me.errors).await,
         None => None,
     };
@@ -251,7 +307,7 @@ async fn browse(
     };
     let course = format!("/course/view.php?id={}", stage.site.data.course_id);
     for round in 0..MAX_ROUNDS {
-        if stop.load(Ordering::Relaxed) {
+        if together.stop.load(Ordering::Relaxed) {
             break;
         }
         if let Some(page) = timed_get(&mut b, &course, &mut me).await {
@@ -262,6 +318,7 @@ async fn browse(
         if let Some(tracked) = track(stage, &mut b, &player, account, &suspend, &mut me).await {
             me.tracked = tracked;
         }
+        drop(std::mem::replace(&mut primes, Primes(None)));
         tokio::time::sleep(plan.think).await;
     }
     match b.try_get("/my/").await {
