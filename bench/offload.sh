@@ -10,4 +10,4 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 tests/moodle/deps.sh
 
-exec cargo test --locked --release --test real_moodle measure_ -- --ignored --nocapture --test-threads=1 "$@"
+exec cargo test --locked --release --test real_moodle measure_offload -- --ignored --nocapture --test-threads=1 "$@"

@@ -8,6 +8,8 @@
 //! Moodle once into `target/real-moodle-cache/`; later runs restore it in seconds.
 //! `REAL_MOODLE_KEEP=1` keeps the scratch directories (node, MariaDB and gateway logs).
 
+#[path = "real_moodle/assets.rs"]
+mod assets;
 #[path = "real_moodle/cluster.rs"]
 mod cluster;
 #[path = "real_moodle/export.rs"]
@@ -90,6 +92,26 @@ fn with_two_gateways_sharing_redis_no_student_is_ever_logged_out() {
 #[ignore = "needs PHP, MariaDB and nginx: run tests/moodle/run.sh"]
 fn with_node_local_sessions_and_offload_no_student_is_ever_logged_out() {
     students_keep_their_sessions(Store::NodeLocal, true, Front::One);
+}
+
+/// Moodle's revisioned theme and JavaScript: after the first visitor, the next ones
+/// get Moodle's own bytes and headers from the gateway's memory, no PHP request at all.
+#[test]
+#[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
+fn later_first_visits_load_the_theme_and_javascript_without_php() {
+    let _one = heavy();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(assets::first_visits(false));
+}
+
+/// In theme designer mode Moodle links revision -1 and marks nothing cacheable: every
+/// request for the theme reaches PHP, as Moodle wants while a theme is being made.
+#[test]
+#[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
+fn in_theme_designer_mode_nothing_is_kept() {
+    let _one = heavy();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(assets::first_visits(true));
 }
 
 /// With `[offload]`, `check` accepts node-local sessions: SCORM files no longer go to
