@@ -106,14 +106,20 @@ pub struct Crowd {
     pace: Mutex<Pace>,
 }
 
-/// The recent pace slots free at, sampled at most once a second.
+/// The recent pace slots free at, sampled at most once a second, and how long
+/// newcomers have lately waited.
 #[derive(Debug)]
 struct Pace {
     at: Instant,
     freed: u64,
     /// Slots freed per second, smoothed.
     per_second: f64,
+    /// Newcomers' waits for a slot, smoothed, and when the last one got its slot.
+    newcomers: Option<(Duration, Instant)>,
 }
+
+/// A newcomers' wait older than this says nothing about now.
+const NEWCOMERS_FORGOTTEN: Duration = Duration::from_secs(5);
 
 /// How much of the last pace a new sample replaces: a few seconds' memory.
 const PACE_WEIGHT: f64 = 0.5;
@@ -129,6 +135,7 @@ impl Crowd {
                 at: Instant::now(),
                 freed: 0,
                 per_second: 0.0,
+                newcomers: None,
             }),
         }
     }
@@ -160,11 +167,33 @@ impl Crowd {
         pace.per_second
     }
 
+    /// A newcomer got its slot after `waited`: what the next newcomer can expect,
+    /// as seen rather than reckoned.
+    pub fn newcomer_waited(&self, waited: Duration) {
+        let mut pace = self.pace.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let smoothed = match pace.newcomers {
+            Some((last, at)) if now.duration_since(at) < NEWCOMERS_FORGOTTEN => {
+                last.mul_f64(1.0 - PACE_WEIGHT) + waited.mul_f64(PACE_WEIGHT)
+            }
+            _ => waited,
+        };
+        pace.newcomers = Some((smoothed, now));
+    }
+
     /// The crowd now, as the waiting room weighs it.
     pub fn load(&self) -> Load {
+        let pace = self.pace();
+        let newcomers = self
+            .pace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .newcomers;
+        let newcomers = newcomers.filter(|(_, at)| at.elapsed() < NEWCOMERS_FORGOTTEN);
         Load {
             waiting: self.waiting(),
-            pace: self.pace(),
+            pace,
+            newcomers_waited: newcomers.map(|(waited, _)| waited),
         }
     }
 
@@ -189,13 +218,31 @@ pub struct Load {
     pub waiting: usize,
     /// Slots freed per second lately.
     pub pace: f64,
+    /// How long newcomers waited for their slots in the last few seconds, smoothed.
+    pub newcomers_waited: Option<Duration>,
 }
 
 impl Load {
-    /// How long a request joining the line now would wait behind everybody already
-    /// waiting (Little's law: waiters over the pace they leave at); `None` when
+    /// How long a newcomer joining the line now can expect to wait: the longer of
+    /// what newcomers have just waited and of the waiters ahead over the pace they
+    /// leave at (Little's law). The reckoning alone is too hopeful: a newcomer is
+    /// overtaken by every student's request that arrives while it waits (see the
+    /// aging rule), which no count of those already waiting shows. `None` when
     /// requests wait and none has finished lately (the nodes are stuck).
     pub fn expected_wait(&self) -> Option<Duration> {
+        let seen = self.newcomers_waited.unwrap_or_default();
+        (self.reckoned_wait()).map(|reckoned| {
+            if self.waiting == 0 {
+                reckoned
+            } else {
+                reckoned.max(seen)
+            }
+        })
+    }
+
+    /// The waiters ahead over the pace they leave at, alone: what admitting one more
+    /// newcomer adds to the line now, which the waiting room paces admissions by.
+    pub fn reckoned_wait(&self) -> Option<Duration> {
         if self.waiting == 0 {
             return Some(Duration::ZERO);
         }

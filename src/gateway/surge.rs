@@ -123,6 +123,9 @@ impl Gateway {
                 Ok(permit) => {
                     if let Some(waited) = waited {
                         self.metrics.waited(ask.class, waited);
+                        if ask.class == Class::Newcomer {
+                            settings.upstreams.crowd().newcomer_waited(waited);
+                        }
                     }
                     Ok((route, permit, waited))
                 }

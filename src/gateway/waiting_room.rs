@@ -226,13 +226,15 @@ impl WaitingRoom {
 }
 
 /// How many of the first in line may go now: with nobody waiting for a slot, as
-/// many as the nodes work on at once; else as many as keep a newcomer's expected
-/// wait under `opens_at` at the pace slots free.
+/// many as the nodes work on at once; else as many as the line can take before
+/// the waiters ahead, at the pace slots free, would pass `opens_at`. (What
+/// newcomers were just seen to wait opens the room; it does not pace it: it lags
+/// the line by a whole wait, and would hold everyone until the line is empty.)
 fn allowance(load: Load, opens_at: Duration, capacity: usize) -> usize {
     if load.waiting == 0 {
         return capacity.max(1);
     }
-    match load.expected_wait() {
+    match load.reckoned_wait() {
         Some(e) if e < opens_at => ((opens_at - e).as_secs_f64() * load.pace) as usize,
         _ => 0,
     }

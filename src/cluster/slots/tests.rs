@@ -275,7 +275,11 @@ async fn a_slot_kept_by_a_node_body_is_freed_by_its_release() {
 
 #[test]
 fn the_expected_wait_is_the_waiters_over_the_pace_slots_free_at() {
-    let load = |waiting, pace| Load { waiting, pace };
+    let load = |waiting, pace| Load {
+        waiting,
+        pace,
+        newcomers_waited: None,
+    };
     assert_eq!(
         load(0, 0.0).expected_wait(),
         Some(Duration::ZERO),
@@ -308,7 +312,36 @@ async fn the_pace_is_the_slots_freed_per_second() {
         slots.crowd.load(),
         Load {
             waiting: 0,
-            pace: 5.0
+            pace: 5.0,
+            newcomers_waited: None,
         }
+    );
+}
+
+#[test]
+fn what_newcomers_just_waited_counts_when_it_is_longer_than_the_reckoning() {
+    let crowd = Crowd::new(100);
+    crowd.newcomer_waited(Duration::from_secs(6));
+    let mut load = crowd.load();
+    assert_eq!(load.newcomers_waited, Some(Duration::from_secs(6)));
+    (load.waiting, load.pace) = (2, 4.0);
+    assert_eq!(
+        load.expected_wait(),
+        Some(Duration::from_secs(6)),
+        "seen beats reckoned"
+    );
+    load.waiting = 100;
+    assert_eq!(load.expected_wait(), Some(Duration::from_secs(25)));
+    load.waiting = 0;
+    assert_eq!(
+        load.expected_wait(),
+        Some(Duration::ZERO),
+        "nobody waits now"
+    );
+    crowd.newcomer_waited(Duration::from_secs(2));
+    assert_eq!(
+        crowd.load().newcomers_waited,
+        Some(Duration::from_secs(4)),
+        "smoothed"
     );
 }

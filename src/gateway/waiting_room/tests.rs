@@ -21,6 +21,7 @@ fn load(waiting: usize) -> Load {
     Load {
         waiting,
         pace: 10.0,
+        newcomers_waited: None,
     }
 }
 
@@ -205,6 +206,7 @@ async fn stuck_nodes_open_the_room() {
     let stuck = Load {
         waiting: 3,
         pace: 0.0,
+        newcomers_waited: None,
     };
     assert!(Visitor::default().ask(&room, stuck).await.is_err());
 }
