@@ -158,3 +158,20 @@ async fn a_cache_hit_takes_no_slot_on_a_node_at_its_cap() {
     assert_eq!(page.await.unwrap().status, StatusCode::OK);
     assert_eq!(hits.load(Ordering::SeqCst), 2, "the fill and the page");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_says_which_answer_came_from_memory() {
+    let dir = std::env::temp_dir().join(format!("mg-cache-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::TempDir(dir);
+    let file = dir.0.join("access.log");
+    let hits = Arc::new(AtomicUsize::new(0));
+    let extra = format!("[access_log]\nto = {:?}\n", file.display().to_string());
+    let gateway = gateway(node(hits, "/never").await, &extra).await;
+    for _ in 0..2 {
+        send(&gateway.url(STYLES), "GET", &[], Body::empty()).await;
+    }
+    let lines = support::lines_of(&file, 2).await;
+    assert!(lines[0].contains(" upstream=web1 "), "{}", lines[0]);
+    assert!(lines[1].contains(" upstream=cache "), "{}", lines[1]);
+}
