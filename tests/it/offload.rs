@@ -447,3 +447,53 @@ async fn an_offloaded_file_frees_its_node_slot_while_the_export_streams_it() {
         .unwrap();
     assert_eq!(body.to_bytes().as_ref(), b"first last");
 }
+
+/// A theme image Moodle accelerates (its `localcachedir` inside the dataroot) is kept
+/// by the asset cache as the student got it: the export's bytes under the node's
+/// headers; the next student's copy comes from memory, neither node nor export asked.
+#[tokio::test]
+async fn an_accelerated_theme_image_is_kept_as_the_student_got_it() {
+    const ICON: &str = "/theme/image.php/boost/core/1700000000/t/edit";
+    const CACHED: &str = "/dataroot/localcache/theme/1700000000/boost/pix/core/t/edit.svg";
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = asked.clone();
+    let node = support::upstream(move |_request: Request<Incoming>| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            Response::builder()
+                .header("content-type", "image/svg+xml")
+                .header("cache-control", "public, max-age=7776000, immutable")
+                .header("etag", "\"edit-icon\"")
+                .header("x-accel-redirect", CACHED)
+                .body(Body::empty())
+                .unwrap()
+        }
+    })
+    .await;
+    let export = support::upstream(|request: Request<Incoming>| async move {
+        assert_eq!(request.uri().path(), CACHED);
+        Response::builder()
+            .header("content-type", "application/octet-stream")
+            .body(Body::from("<svg>edit</svg>"))
+            .unwrap()
+    })
+    .await;
+    let gateway = gateway(node, export).await;
+    let first = fetch(&gateway, "GET", ICON, &[]).await;
+    let second = fetch(&gateway, "GET", ICON, &[]).await;
+    for seen in [&first, &second] {
+        assert_eq!(seen.status, StatusCode::OK);
+        assert_eq!(seen.body.as_ref(), b"<svg>edit</svg>", "the export's bytes");
+        assert_eq!(
+            seen.headers["content-type"], "image/svg+xml",
+            "the node's type"
+        );
+        assert!(no_accel_header(&seen.headers));
+    }
+    assert!(second.headers.contains_key("age"), "the second from memory");
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the node decided once"
+    );
+}
