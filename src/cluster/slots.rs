@@ -152,6 +152,11 @@ impl Crowd {
 
     /// Slots freed per second lately (0 before anything finished).
     pub fn pace(&self) -> f64 {
+        self.sampled().per_second
+    }
+
+    /// The pace, sampled anew when the last sample is a second old; the lock held.
+    fn sampled(&self) -> MutexGuard<'_, Pace> {
         let mut pace = self.pace.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         let elapsed = now.duration_since(pace.at).as_secs_f64();
@@ -164,7 +169,7 @@ impl Crowd {
             };
             (pace.at, pace.freed) = (now, freed);
         }
-        pace.per_second
+        pace
     }
 
     /// A newcomer got its slot after `waited`: what the next newcomer can expect,
@@ -183,16 +188,11 @@ impl Crowd {
 
     /// The crowd now, as the waiting room weighs it.
     pub fn load(&self) -> Load {
-        let pace = self.pace();
-        let newcomers = self
-            .pace
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .newcomers;
-        let newcomers = newcomers.filter(|(_, at)| at.elapsed() < NEWCOMERS_FORGOTTEN);
+        let pace = self.sampled();
+        let newcomers = (pace.newcomers).filter(|(_, at)| at.elapsed() < NEWCOMERS_FORGOTTEN);
         Load {
             waiting: self.waiting(),
-            pace,
+            pace: pace.per_second,
             newcomers_waited: newcomers.map(|(waited, _)| waited),
         }
     }

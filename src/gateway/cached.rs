@@ -43,10 +43,14 @@ impl Gateway {
             .or_else(|| headers.get(HOST).map(|h| h.as_bytes()))
             .unwrap_or_default();
         let target = uri.path_and_query().map_or("/", |p| p.as_str());
-        let key = format!(
-            "{}{target}",
-            String::from_utf8_lossy(host).to_ascii_lowercase()
+        // One allocation: the host lowercased (it is case-insensitive), then the target.
+        let mut key = String::with_capacity(host.len() + target.len());
+        key.extend(
+            String::from_utf8_lossy(host)
+                .chars()
+                .map(|c| c.to_ascii_lowercase()),
         );
+        key.push_str(target);
         let encoding = headers
             .get(ACCEPT_ENCODING)
             .map_or(&b""[..], |v| v.as_bytes());

@@ -122,14 +122,24 @@ pub struct AssetCache {
 #[derive(Debug, Default)]
 struct Inner {
     /// By URL key: the variants kept, and the URL's place in the recency order.
-    urls: HashMap<String, (Vec<Arc<Entry>>, u64)>,
-    /// Least recently used first.
-    order: BTreeMap<u64, String>,
+    urls: HashMap<Arc<str>, Url>,
+    /// Least recently used first; the keys are the map's own, shared.
+    order: BTreeMap<u64, Arc<str>>,
     tick: u64,
     bytes: u64,
     entries: usize,
     /// URLs being filled, with the channel their waiters watch.
     filling: HashMap<String, watch::Sender<bool>>,
+}
+
+/// One URL's kept variants.
+#[derive(Debug)]
+struct Url {
+    /// Its key, shared with the recency order: a hit moves it without allocating.
+    key: Arc<str>,
+    variants: Vec<Arc<Entry>>,
+    /// Its place in the recency order.
+    at: u64,
 }
 
 impl AssetCache {
@@ -151,14 +161,15 @@ impl AssetCache {
     pub fn lookup(self: &Arc<Self>, key: &str, accept_encoding: &str, role: Role) -> Lookup {
         let mut inner = self.lock();
         let tick = inner.tick + 1;
-        let found = inner.urls.get_mut(key).and_then(|(variants, at)| {
-            let entry = variants.iter().find(|e| e.serves(accept_encoding))?.clone();
-            Some((entry, std::mem::replace(at, tick)))
+        let found = inner.urls.get_mut(key).and_then(|url| {
+            let entry = url.variants.iter().find(|e| e.serves(accept_encoding))?;
+            let was = std::mem::replace(&mut url.at, tick);
+            Some((entry.clone(), url.key.clone(), was))
         });
-        if let Some((entry, was)) = found {
+        if let Some((entry, key, was)) = found {
             inner.tick = tick;
             inner.order.remove(&was);
-            inner.order.insert(tick, key.to_owned());
+            inner.order.insert(tick, key);
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Lookup::Hit(entry);
         }
@@ -214,23 +225,28 @@ impl AssetCache {
         let mut inner = self.lock();
         let tick = inner.tick + 1;
         inner.tick = tick;
-        let (variants, at) = inner.urls.entry(key.to_owned()).or_default();
-        let (same, others): (Vec<_>, Vec<_>) = variants
-            .drain(..)
-            .partition(|e| e.encoding == entry.encoding);
-        *variants = others;
-        variants.push(Arc::new(entry));
-        let was = std::mem::replace(at, tick);
+        let key: Arc<str> = Arc::from(key);
+        let url = inner.urls.entry(key.clone()).or_insert_with(|| Url {
+            key,
+            variants: Vec::new(),
+            at: 0,
+        });
+        let (same, others): (Vec<_>, Vec<_>) =
+            (url.variants.drain(..)).partition(|e| e.encoding == entry.encoding);
+        url.variants = others;
+        url.variants.push(Arc::new(entry));
+        let was = std::mem::replace(&mut url.at, tick);
+        let key = url.key.clone();
         let replaced: u64 = same.iter().map(|e| e.body.len() as u64).sum();
         inner.order.remove(&was);
-        inner.order.insert(tick, key.to_owned());
+        inner.order.insert(tick, key);
         inner.bytes = inner.bytes - replaced + size;
         inner.entries = inner.entries + 1 - same.len();
         while inner.bytes > self.max_bytes {
             let Some((_, oldest)) = inner.order.pop_first() else {
                 break;
             };
-            if let Some((variants, _)) = inner.urls.remove(&oldest) {
+            if let Some(Url { variants, .. }) = inner.urls.remove(&oldest) {
                 inner.bytes -= variants.iter().map(|e| e.body.len() as u64).sum::<u64>();
                 inner.entries -= variants.len();
                 self.evictions

@@ -2,9 +2,11 @@
 //! the surge in its own line, a logged-in student goes first, a bound student waits
 //! for their own node, newcomers meet the waiting room, and every wait has an end.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
+use moodle_gateway::cluster::slots::Slots;
 use moodle_gateway::demo::standin::Cluster;
 use moodle_gateway::demo::Browser;
 use tokio::task::JoinSet;
@@ -61,10 +63,22 @@ fn newcomers(
     set
 }
 
+/// Every request of `set` answered 200: waiting is not an error.
+async fn all_ok(set: &mut JoinSet<StatusCode>) {
+    while let Some(status) = set.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::OK, "waiting is not an error");
+    }
+}
+
+/// The slots of node `name` (`web1`…) as the gateway has them now.
+fn slots_of(gateway: &TestGateway, name: &str) -> Arc<Slots> {
+    let settings = gateway.app.gateway().settings();
+    settings.upstreams.by_name(name).unwrap().slots.clone()
+}
+
 /// The requests waiting in the gateway for the first node, per class.
 fn queued(gateway: &TestGateway) -> [usize; 3] {
-    let settings = gateway.app.gateway().settings();
-    settings.upstreams.nodes()[0].slots.now().queued
+    slots_of(gateway, "web1").now().queued
 }
 
 async fn until_queued(gateway: &TestGateway, at_least: usize) {
@@ -83,17 +97,13 @@ async fn a_node_never_works_on_more_than_its_cap_and_the_rest_wait_in_the_gatewa
     cluster.nodes()[0].set_workers(Some((6, Duration::from_millis(100))));
     let mut crowd = newcomers(&gateway, 12, NOT_A_PAGE);
     until_queued(&gateway, 1).await;
-    while let Some(status) = crowd.join_next().await {
-        assert_eq!(status.unwrap(), StatusCode::OK, "waiting is not an error");
-    }
+    all_ok(&mut crowd).await;
     assert_eq!(cluster.nodes()[0].busiest(), 2);
     assert_eq!(
         metric(&gateway, r#"queue_wait_seconds_count{class="newcomer"}"#),
         12.0
     );
-    let slots = gateway.app.gateway().settings().upstreams.nodes()[0]
-        .slots
-        .now();
+    let slots = slots_of(&gateway, "web1").now();
     assert_eq!(
         (slots.active, slots.queued),
         (0, [0, 0, 0]),
@@ -121,9 +131,7 @@ async fn a_logged_in_students_request_goes_before_the_newcomers_who_came_first()
         Some(1),
         "the student's page came right after the one already on the node: {order:?}"
     );
-    while let Some(status) = crowd.join_next().await {
-        assert_eq!(status.unwrap(), StatusCode::OK);
-    }
+    all_ok(&mut crowd).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,21 +151,15 @@ async fn a_bound_student_waits_for_their_own_busy_node_while_another_is_idle() {
     assert_eq!(page.upstream(), home, "never moved to the idle node");
     assert!(!page.sent_to_login());
     assert_eq!(cluster.lost_sessions(), 0);
-    while let Some(status) = holders.join_next().await {
-        assert_eq!(status.unwrap(), StatusCode::OK);
-    }
+    all_ok(&mut holders).await;
 }
 
 async fn until_queued_on(gateway: &TestGateway, node: &str) {
-    let gateway = gateway.app.gateway();
+    let slots = slots_of(gateway, node);
     eventually(
         Duration::from_secs(10),
         "a request waits for the node",
-        || {
-            let settings = gateway.settings();
-            let node = settings.upstreams.by_name(node).unwrap();
-            node.slots.queued() >= 1
-        },
+        || slots.queued() >= 1,
     )
     .await;
 }
@@ -204,9 +206,7 @@ async fn a_newcomer_in_a_surge_gets_the_waiting_page_keeps_a_place_and_is_let_in
     let mut poster = Browser::new(gateway.addr, "", "MoodleSession");
     let post = poster.post("/login/index.php", "username=x").await.unwrap();
     assert_ne!(post.status, StatusCode::SERVICE_UNAVAILABLE);
-    while let Some(status) = crowd.join_next().await {
-        assert_eq!(status.unwrap(), StatusCode::OK);
-    }
+    all_ok(&mut crowd).await;
     // The lines have drained: the refresh with the place cookie goes in.
     let cookie = [A_PAGE, ("cookie", place.as_str())];
     let home = newcomer
@@ -323,16 +323,9 @@ async fn the_deal_passes_over_a_node_whose_line_is_long() {
         holders.spawn(async move { student.get("/my/").await.unwrap().status });
     }
     until_queued_on(&gateway, "web1").await;
+    let web1_line = slots_of(&gateway, "web1");
     eventually(Duration::from_secs(5), "web1's line is long", || {
-        gateway
-            .app
-            .gateway()
-            .settings()
-            .upstreams
-            .by_name("web1")
-            .unwrap()
-            .slots
-            .crowded()
+        web1_line.crowded()
     })
     .await;
     let dealt: Vec<String> = {
@@ -344,12 +337,8 @@ async fn the_deal_passes_over_a_node_whose_line_is_long() {
         dealt
     };
     assert_eq!(dealt, ["web2"; 4], "new sessions go where there is room");
-    let settings = gateway.app.gateway().settings();
-    let web1 = settings.upstreams.by_name("web1").unwrap();
-    assert!(web1.slots.now().passed_over >= 1, "and says so");
-    while let Some(status) = holders.join_next().await {
-        assert_eq!(status.unwrap(), StatusCode::OK);
-    }
+    assert!(web1_line.now().passed_over >= 1, "and says so");
+    all_ok(&mut holders).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,13 +351,7 @@ async fn a_reload_that_raises_the_cap_drops_no_waiting_request() {
     let raised =
         moodle_gateway::Config::parse(&raised, std::path::Path::new("."), Default::default());
     gateway.app.gateway().apply(&raised.unwrap()).unwrap();
-    while let Some(status) = crowd.join_next().await {
-        assert_eq!(
-            status.unwrap(),
-            StatusCode::OK,
-            "nobody waiting was dropped"
-        );
-    }
+    all_ok(&mut crowd).await;
     assert_eq!(cluster.nodes()[0].busiest(), 3, "the new cap, and no more");
 }
 
@@ -411,9 +394,7 @@ async fn the_access_log_says_how_long_each_request_waited_for_its_node() {
     let (cluster, gateway) = site_with(1, &keys, "max_active = 1\nwaiting_room = false").await;
     cluster.nodes()[0].set_workers(Some((2, Duration::from_millis(200))));
     let mut crowd = newcomers(&gateway, 3, NOT_A_PAGE);
-    while let Some(status) = crowd.join_next().await {
-        assert_eq!(status.unwrap(), StatusCode::OK);
-    }
+    all_ok(&mut crowd).await;
     let lines = support::lines_of(&file, 3).await;
     let mut waits: Vec<f64> = (lines.iter())
         .map(|line| {

@@ -35,6 +35,18 @@ fn waiter(
     })
 }
 
+/// The names the waiters reported, in the order they got their slots, once every
+/// one of `tasks` has had its slot.
+async fn served_in_order(
+    tasks: impl IntoIterator<Item = tokio::task::JoinHandle<Result<(), Ended>>>,
+    order: &mut tokio::sync::mpsc::UnboundedReceiver<&'static str>,
+) -> Vec<&'static str> {
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    std::iter::from_fn(|| order.try_recv().ok()).collect()
+}
+
 /// Lets the spawned waiters run until each has joined the line or finished.
 async fn settle() {
     for _ in 0..10 {
@@ -97,10 +109,7 @@ async fn a_freed_slot_goes_to_logged_in_then_anonymous_then_newcomers_then_by_ar
     settle().await;
     assert_eq!(slots.now().queued, [2, 1, 2]);
     drop(busy);
-    for task in tasks {
-        task.await.unwrap().unwrap();
-    }
-    let got: Vec<_> = std::iter::from_fn(|| order.try_recv().ok()).collect();
+    let got = served_in_order(tasks, &mut order).await;
     assert_eq!(
         got,
         [
@@ -145,10 +154,7 @@ async fn a_newcomer_who_waited_two_agings_goes_before_students_who_keep_arriving
     ];
     settle().await;
     drop(busy);
-    for task in tasks {
-        task.await.unwrap().unwrap();
-    }
-    let got: Vec<_> = std::iter::from_fn(|| order.try_recv().ok()).collect();
+    let got = served_in_order(tasks, &mut order).await;
     assert_eq!(
         got,
         ["early student", "newcomer", "late student", "late guest"]
@@ -196,9 +202,7 @@ async fn a_full_line_turns_away_a_newcomer_but_a_student_takes_a_newcomers_place
     assert_eq!(newcomer.await.unwrap().unwrap_err(), Ended::Full);
     assert_eq!(slots.now().queued, [1, 1, 0]);
     drop(busy);
-    student.await.unwrap().unwrap();
-    guest.await.unwrap().unwrap();
-    let got: Vec<_> = std::iter::from_fn(|| order.try_recv().ok()).collect();
+    let got = served_in_order([student, guest], &mut order).await;
     assert_eq!(got, ["student", "guest"]);
     assert_eq!((slots.crowd.waiting(), slots.now().active), (0, 0));
 }
@@ -244,10 +248,7 @@ async fn a_reload_that_raises_the_cap_or_removes_it_lets_the_waiters_in() {
         settle().await;
         assert_eq!(slots.queued(), 3);
         slots.set_cap(new_cap);
-        for task in tasks {
-            task.await.unwrap().unwrap();
-        }
-        let got: Vec<_> = std::iter::from_fn(|| order.try_recv().ok()).collect();
+        let got = served_in_order(tasks, &mut order).await;
         assert_eq!(
             got,
             ["a", "b", "c"],
