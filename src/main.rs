@@ -143,6 +143,9 @@ fn check(path: &std::path::Path) -> ExitCode {
             if let Ok(open_files) = moodle_gateway::open_files::plan(&config) {
                 print!("{}", open_files.describe(&config));
             }
+            for warning in config.warnings() {
+                eprintln!("{}: warning: {warning}", path.display());
+            }
             println!("{}: ok", path.display());
             ExitCode::SUCCESS
         }
@@ -195,6 +198,9 @@ fn run(path: &std::path::Path) -> ExitCode {
     };
     for refusal in config.refusals() {
         tracing::error!("{}: {refusal} (`check` refuses this file)", path.display());
+    }
+    for warning in config.warnings() {
+        tracing::warn!("{}: {warning}", path.display());
     }
     moodle_gateway::open_files::raise_and_log(&config);
     let Some(runtime) = runtime() else {

@@ -16,6 +16,7 @@ PKG=moodle-gateway
 UNIT=/usr/lib/systemd/system/$PKG.service
 CONFIG=/etc/$PKG/config.toml
 TOKEN=/etc/$PKG/admin.token
+ROUTE_SECRET=/etc/$PKG/route.secret
 # The most systemd-analyze security may score the unit (0 = fully sandboxed,
 # 10 = not at all); README states today's figure.
 MAX_EXPOSURE=2.0
@@ -53,6 +54,12 @@ uid=$(id -u $PKG) || fail "no user $PKG"
 [ "$uid" -lt 1000 ] || fail "user $PKG is not a system user (uid $uid)"
 [ "$(stat -c '%a %U' $TOKEN)" = "600 $PKG" ] || fail "$TOKEN is $(stat -c '%a %U' $TOKEN)"
 [ "$(head -1 $TOKEN | tr -d ' \n' | wc -c)" -ge 32 ] || fail "$TOKEN is shorter than 32 characters"
+# The shipped config turns the route cookie on: its secret is made at install,
+# like the token, so a crash right after a login still keeps the student home.
+[ "$(stat -c '%a %U' $ROUTE_SECRET)" = "600 $PKG" ] || fail "$ROUTE_SECRET is $(stat -c '%a %U' $ROUTE_SECRET)"
+[ "$(head -1 $ROUTE_SECRET | tr -d ' \n' | wc -c)" -ge 32 ] || fail "$ROUTE_SECRET is shorter than 32 bytes"
+/usr/bin/$PKG check --config $CONFIG | grep -q "^route cookie: MoodleGatewayRoute (secret: set, from route_cookie.secret_file" ||
+    fail "the installed config does not use the installed route secret"
 
 step "$PKG check on the installed config, as root and as $PKG"
 /usr/bin/$PKG check --config $CONFIG
@@ -80,19 +87,20 @@ else
     echo "-- no systemd-analyze here: the unit is not verified"
 fi
 
-step "dpkg -r $PKG: the program goes, the admin's config, token and state stay"
+step "dpkg -r $PKG: the program goes, the admin's config, secrets and state stay"
 mkdir -p /var/lib/$PKG && echo state >/var/lib/$PKG/$PKG.state
 dpkg -r "$PKG"
 [ ! -e /usr/bin/$PKG ] || fail "/usr/bin/$PKG is still there"
 [ ! -e "$UNIT" ] || fail "$UNIT is still there"
 [ -f $CONFIG ] || fail "dpkg -r removed the conffile $CONFIG"
 [ -f $TOKEN ] || fail "dpkg -r removed $TOKEN"
+[ -f $ROUTE_SECRET ] || fail "dpkg -r removed $ROUTE_SECRET"
 [ -f /var/lib/$PKG/$PKG.state ] || fail "dpkg -r removed the state"
 dpkg-query -W -f='${Status}\n' "$PKG" | grep -q "config-files" || fail "not in config-files state"
 
 step "dpkg --purge $PKG: nothing of it is left"
 dpkg --purge "$PKG"
-for gone in $CONFIG $TOKEN /etc/$PKG /var/lib/$PKG; do
+for gone in $CONFIG $TOKEN $ROUTE_SECRET /etc/$PKG /var/lib/$PKG; do
     [ ! -e "$gone" ] || fail "$gone survived the purge"
 done
 

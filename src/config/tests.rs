@@ -521,9 +521,15 @@ fn describe_and_debug_never_show_the_token() {
 
 #[test]
 fn the_shipped_config_parses() {
-    let c = parse(
+    let env = ConfigEnv {
+        admin_token: Some("from-env-0123456789abcdef0123456789".into()),
+        route_secret: Some("route-from-env-0123456789abcdef0123".into()),
+        store_secret: None,
+    };
+    let c = Config::parse(
         include_str!("../../config.toml"),
-        Some("from-env-0123456789abcdef0123456789"),
+        Path::new("/nonexistent"),
+        env,
     )
     .unwrap();
     let names: Vec<_> = c.nodes.iter().map(|n| n.name.as_str()).collect();
@@ -536,6 +542,10 @@ fn the_shipped_config_parses() {
     assert!(c.tls.is_none());
     assert_eq!(c.health.host.as_deref(), Some("moodle.example.edu"));
     assert_eq!(c.refusals(), []);
+    // The route cookie is on: a crash between two snapshots logs nobody out.
+    let route = c.route_cookie.as_ref().expect("[route_cookie] is on");
+    assert_eq!(route.name, "MoodleGatewayRoute");
+    assert_eq!(c.warnings(), []);
     let l = &c.limits;
     assert_eq!(
         (l.max_header_bytes, l.max_headers, l.max_uri_bytes),

@@ -42,13 +42,17 @@ fn every_broken_config_fixture_prints_exactly_its_expected_errors() {
 }
 
 #[test]
-fn the_shipped_config_checks_clean_once_the_admin_token_is_provided() {
+fn the_shipped_config_checks_clean_once_its_two_secrets_are_provided() {
     let output = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["check", "--config", "config.toml"])
         .env(
             "MOODLE_GATEWAY_ADMIN_TOKEN",
             "a-long-admin-token-for-the-test-0123",
+        )
+        .env(
+            "MOODLE_GATEWAY_ROUTE_SECRET",
+            "a-route-secret-of-at-least-32-bytes-long",
         )
         .env("RUST_LOG", "off")
         .output()
@@ -68,6 +72,60 @@ fn the_shipped_config_checks_clean_once_the_admin_token_is_provided() {
         !stdout.contains("a-long-admin-token-for-the-test-0123"),
         "the token is never printed"
     );
+    // The package's default is safe: a crash keeps every student on their node.
+    assert!(
+        stdout.contains(
+            "route cookie: MoodleGatewayRoute (secret: set, from MOODLE_GATEWAY_ROUTE_SECRET)"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("a-route-secret-of"), "nor is the secret");
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "", "no warning");
+}
+
+/// A node-local site with no route cookie works, so `check` accepts it, but says
+/// plainly whom a crash would log out and how to prevent it.
+#[test]
+fn check_warns_when_a_crash_would_log_out_students_of_a_node_local_site() {
+    let dir = std::env::temp_dir().join(format!("mg-check-warn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = r#"
+listen = "127.0.0.1:8080"
+[session]
+store = "node-local"
+[offload]
+url = "http://127.0.0.1:8081"
+[[nodes]]
+name = "web1"
+url = "http://127.0.0.1:8001"
+[data]
+name = "data"
+url = "http://127.0.0.1:8002"
+"#;
+    let write = |name: &str, extra: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{base}\n{extra}")).unwrap();
+        path
+    };
+    let without = check(&write("without.toml", ""));
+    let stderr = String::from_utf8_lossy(&without.stderr);
+    assert_eq!(without.status.code(), Some(0), "a warning, not a refusal");
+    assert!(
+        stderr.contains("warning: route_cookie: node-local sessions and no route cookie")
+            && stderr.contains("logged out")
+            && stderr.contains("[route_cookie] section with secret_file"),
+        "{stderr}"
+    );
+
+    let with = write(
+        "with.toml",
+        "[route_cookie]\nsecret = \"a-route-secret-of-at-least-32-bytes-long\"",
+    );
+    let with = check(&with);
+    let stderr = String::from_utf8_lossy(&with.stderr);
+    assert_eq!(with.status.code(), Some(0), "{stderr}");
+    assert_eq!(stderr, "", "no warning");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

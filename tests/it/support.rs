@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -267,6 +267,16 @@ impl GatewayProcess {
         assert!(sent.unwrap().success(), "kill -{name} {pid}");
     }
 
+    /// Kills the process at once (`SIGKILL`: no shutdown, no last snapshot, as a
+    /// crash or the OOM killer would) and starts the binary again in the same
+    /// directory on the same `config.toml`, as systemd's `Restart=on-failure` does.
+    pub fn crash_and_restart(mut self) -> GatewayProcess {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        let dir = std::mem::replace(&mut self._dir, TempDir(PathBuf::new()));
+        spawn_in(Command::new(env!("CARGO_BIN_EXE_moodle-gateway")), dir)
+    }
+
     /// Waits up to `limit` for the process to exit; its status.
     pub async fn exit_within(&mut self, limit: Duration) -> std::process::ExitStatus {
         let started = std::time::Instant::now();
@@ -337,16 +347,37 @@ pub fn start_binary_with_open_files(config: &str, limit: usize) -> GatewayProces
     start_command(prlimit, config)
 }
 
-fn start_command(mut command: Command, config: &str) -> GatewayProcess {
+/// [`start_binary`] with `files` (name, contents) written beside `config.toml`
+/// first: the token and secret files a config reads.
+pub fn start_binary_with_files(config: &str, files: &[(&str, &str)]) -> GatewayProcess {
+    let dir = test_dir(config);
+    for (name, contents) in files {
+        std::fs::write(dir.0.join(name), contents).unwrap();
+    }
+    spawn_in(Command::new(env!("CARGO_BIN_EXE_moodle-gateway")), dir)
+}
+
+/// A new directory holding `config.toml`.
+fn test_dir(config: &str) -> TempDir {
     static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("moodle-gateway-test-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("config.toml");
-    std::fs::write(&path, config).unwrap();
+    std::fs::write(dir.join("config.toml"), config).unwrap();
+    TempDir(dir)
+}
+
+fn start_command(command: Command, config: &str) -> GatewayProcess {
+    spawn_in(command, test_dir(config))
+}
+
+/// Runs `command --config DIR/config.toml` in `dir` and waits until it logs the
+/// address it listens on.
+fn spawn_in(mut command: Command, dir: TempDir) -> GatewayProcess {
+    let path = dir.0.join("config.toml");
     let mut child = command
         // The default state file lands in the test's own directory.
-        .current_dir(&dir)
+        .current_dir(&dir.0)
         .arg("--config")
         .arg(&path)
         .env("RUST_LOG", "info")
@@ -375,7 +406,7 @@ fn start_command(mut command: Command, config: &str) -> GatewayProcess {
         child,
         addr,
         admin_addr,
-        _dir: TempDir(dir),
+        _dir: dir,
     }
 }
 

@@ -253,9 +253,12 @@ pub struct Gateway {
 
 /// The admin token the suite's gateways read from `admin.token`.
 const TOKEN: &str = "real-moodle-suite-admin-token-0123456789";
+/// The route cookie's secret, in `route.secret` where the shipped config reads it.
+const ROUTE_SECRET: &str = "real-moodle-suite-route-secret-0123456789";
 
 impl Gateway {
-    /// Writes `config` (see [`config_for`]) and the token file into a new directory and
+    /// Writes `config` (see [`config_for`]), the token file and the route cookie's
+    /// secret file (the shipped config reads both) into a new directory and
     /// runs `moodle-gateway run --config` there until it answers on both listeners.
     pub fn start(
         config: &str,
@@ -267,6 +270,7 @@ impl Gateway {
         let path = dir.path().join("config.toml");
         std::fs::write(&path, config).unwrap();
         std::fs::write(dir.path().join("admin.token"), format!("{TOKEN}\n")).unwrap();
+        std::fs::write(dir.path().join("route.secret"), format!("{ROUTE_SECRET}\n")).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"));
         command
             .current_dir(dir.path())
