@@ -99,6 +99,11 @@ impl App {
         let mut gateway = Gateway::with_table(&config, opened.table);
         if let Some(snapshot) = opened.snapshot {
             let upstreams = &gateway.settings().upstreams;
+            // With a shared store the node states live in Redis, which has the
+            // other gateways' newer word: only a gateway on its own takes its back.
+            if matches!(config.store, StoreConfig::Memory) {
+                take_back_node_states(upstreams, &snapshot.nodes);
+            }
             let into = opened.legacy.as_ref().unwrap_or(gateway.table());
             state::restore(into, snapshot, |name| upstreams.by_name(name).map(|n| n.id));
         }
@@ -538,6 +543,31 @@ async fn sweep(gateway: Arc<Gateway>, mut stop: tokio::sync::watch::Receiver<boo
     }
 }
 
+/// An admin's drain or disable from before the restart, kept with the snapshot, is
+/// taken back unless the config file's `state` for that node changed meanwhile (the
+/// rule is [`Upstream::take_back`](crate::cluster::upstreams::Upstream::take_back)'s).
+fn take_back_node_states(
+    upstreams: &crate::cluster::upstreams::Upstreams,
+    saved: &[state::SnapshotNode],
+) {
+    for node in saved {
+        let (Some(saved), Some(upstream)) = (node.state, upstreams.by_name(&node.name)) else {
+            continue;
+        };
+        let name = &node.name;
+        if upstream.take_back(saved.now, saved.configured) {
+            tracing::info!(node = %name, state = %saved.now, "an admin's change from before the restart is kept");
+        } else if saved.now != upstream.state() {
+            tracing::info!(
+                node = %name,
+                state = %upstream.state(),
+                was = %saved.now,
+                "the config file changed this node's state since the last run: the file's state applies"
+            );
+        }
+    }
+}
+
 /// A save every `save_every` is routine: said once an hour, that it still works.
 static SAVES: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(3600));
 
@@ -549,7 +579,14 @@ static EVICTIONS: crate::logs::Every = crate::logs::Every::new(Duration::from_se
 async fn save_in_background(gateway: Arc<Gateway>, path: PathBuf) {
     let written = tokio::task::spawn_blocking(move || {
         let nodes: Vec<_> = (gateway.settings().upstreams.nodes().iter())
-            .map(|n| (n.id, n.name.clone()))
+            .map(|n| {
+                let state = Some(state::SavedState {
+                    now: n.state(),
+                    configured: n.configured(),
+                });
+                let name = n.name.clone();
+                (n.id, state::SnapshotNode { name, state })
+            })
             .collect();
         (state::save(gateway.table(), &nodes, &path), path)
     })
@@ -585,6 +622,7 @@ async fn save_periodically(
     loop {
         tokio::select! {
             _ = ticks.tick() => save_in_background(gateway.clone(), path.clone()).await,
+            () = gateway.save_asked() => save_in_background(gateway.clone(), path.clone()).await,
             _ = stop.changed() => return,
         }
     }

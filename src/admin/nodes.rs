@@ -151,10 +151,6 @@ pub(super) struct Force {
     force: Option<bool>,
 }
 
-/// Serialises state changes, so two admins disabling the last two active nodes at
-/// once cannot both pass the last-node check. Held for a check and a store only.
-static STATE_CHANGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// `POST /nodes/{name}/drain|undrain|enable|disable[?force=true]`: changes what a
 /// node may receive, at once and until the next change (a reload keeps it unless the
 /// file's `state` for that node changes). Answers the node's row; 409 for the last
@@ -185,6 +181,10 @@ pub(super) fn apply(
         "disable" => NodeState::Disabled,
         _ => return Err(bad_request(&format!("no such action: use {ACTIONS}"))),
     };
+    // One change at a time, a reload's too: two admins disabling the last two active
+    // nodes at once cannot both pass the last-node check, and the settings read
+    // under the lock are the generation the change lands in.
+    let one_change = gateway.lock_node_states();
     let settings = gateway.settings();
     if settings.upstreams.data().name == name {
         return Err(bad_request(
@@ -196,11 +196,15 @@ pub(super) fn apply(
     change(&settings.upstreams, node, state, force, action)?;
     // Every other gateway takes the same change (a drain on one is a drain on all).
     gateway.store().node_state(name, state);
+    drop(one_change);
+    // A gateway on its own keeps it with the snapshot: on disk now, not in 30 s.
+    gateway.save_soon();
     Ok(row(gateway, node, true, true))
 }
 
 /// Moves `node` to `state` unless that takes out the last active node without
-/// `force`; logs what happened either way.
+/// `force`; logs what happened either way. Called under
+/// [`Gateway::lock_node_states`].
 fn change(
     upstreams: &Upstreams,
     node: &Upstream,
@@ -209,15 +213,12 @@ fn change(
     action: &str,
 ) -> Result<(), ApiError> {
     let name = &node.name;
-    let guard = STATE_CHANGES.lock().unwrap_or_else(|e| e.into_inner());
     let last = leaves_none_active(upstreams, node, state);
     if last && !force {
-        drop(guard);
         tracing::warn!(node = %name, %state, "admin refused: the last active node");
         return Err(last_active(name, action));
     }
     let previous = node.set_state(state);
-    drop(guard);
     if last {
         tracing::warn!(node = %name, %previous, %state, "admin forced the last active node out: new students get 503");
     } else {

@@ -74,6 +74,24 @@ impl Upstream {
         previous
     }
 
+    /// The state the config file gives this node.
+    pub fn configured(&self) -> NodeState {
+        self.configured
+    }
+
+    /// Takes back the admin state `saved` that a snapshot kept from before a restart,
+    /// when the file's `state` for this node is still what it was then
+    /// (`configured_then`): the admin's word stands until someone changes it, and
+    /// an admin who edits the file's `state` while the gateway is down is the newer
+    /// word. Returns whether the node's state changed.
+    pub fn take_back(&self, saved: NodeState, configured_then: NodeState) -> bool {
+        let kept = configured_then == self.configured && saved != self.state();
+        if kept {
+            self.set_state(saved);
+        }
+        kept
+    }
+
     /// May get new sessions and sessionless requests: active and up.
     pub fn takes_new(&self) -> bool {
         self.state() == NodeState::Active && self.health.is_up()

@@ -189,6 +189,16 @@ pub struct Gateway {
     room: WaitingRoom,
     /// Moodle's revisioned assets, answered from memory (`[cache]`).
     cache: Arc<AssetCache>,
+    /// Held by every change of a node's admin state (an admin's, and a reload's,
+    /// which copies states into the new generation and tells the store what the file
+    /// changed): one at a time, so a check such as the last-active-node rail sees
+    /// the states it decides on, and the store hears the changes in the order they
+    /// were made (a reload that read a state before an admin's change must not
+    /// publish it after).
+    node_states: std::sync::Mutex<()>,
+    /// Asks the snapshot task for a save now, not at the next `save_every`: an
+    /// admin's drain is kept with the snapshot, and must be on disk before a crash.
+    save_soon: tokio::sync::Notify,
 }
 
 impl Gateway {
@@ -233,6 +243,8 @@ impl Gateway {
             legacy: None,
             room,
             cache: AssetCache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
+            node_states: std::sync::Mutex::new(()),
+            save_soon: tokio::sync::Notify::new(),
         }
         .registered()
     }
@@ -253,6 +265,7 @@ impl Gateway {
     /// Applies a reloaded config's upstreams and policies. In-flight requests finish
     /// on the settings they started with.
     pub fn apply(&self, config: &Config) -> Result<(), String> {
+        let _one_change = self.lock_node_states();
         let current = self.settings.load();
         let before: Vec<_> = (current.upstreams.nodes().iter())
             .map(|n| (n.name.clone(), n.state()))
@@ -268,6 +281,23 @@ impl Gateway {
         }
         self.settings.store(Arc::new(next));
         Ok(())
+    }
+
+    /// The lock every change of a node's admin state holds, from the check that
+    /// allows it to its word to the store (see the field's comment).
+    pub fn lock_node_states(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.node_states.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks for the table and the node states to be saved now (after an admin's
+    /// change), rather than at the next `save_every`.
+    pub fn save_soon(&self) {
+        self.save_soon.notify_one();
+    }
+
+    /// Completes when a save was asked for by [`save_soon`](Self::save_soon).
+    pub async fn save_asked(&self) {
+        self.save_soon.notified().await;
     }
 
     /// The current settings (upstreams, health, policies).

@@ -22,14 +22,22 @@
 //!   damage; it is not a MAC (whoever can write the file can read the secret in it).
 //!   Damage is reported before implausible contents, since it is the likelier cause.
 //!
+//! - **It carries the admins' word on each node.** A drain or a disable is what an
+//!   admin decided, and a gateway on its own has nowhere else to keep it: each node
+//!   of the table is written with its admin state and the state the config file
+//!   gave it then, so a restart can tell an admin's change (kept) from a change
+//!   the file made since (which wins).
+//!
 //! Layout, integers little-endian:
 //! ```text
-//! header   "MGWSNAP\0" · u32 version = 1 · [u8; 16] secret · u64 saved_at
-//! nodes    u16 count · count × (u8 length · UTF-8 name)
+//! header   "MGWSNAP\0" · u32 version = 2 · [u8; 16] secret · u64 saved_at
+//! nodes    u16 count · count × (u8 length · UTF-8 name · u8 state · u8 configured)
 //! entries  n × 32 bytes: u64 key · u64 created · u64 last_seen · u32 requests ·
 //!          u16 node · u16 flags (bit 0: logged in; the others are zero)
 //! trailer  "MGWSEND\0" · u64 n · u64 SipHash-1-3 checksum of every byte before it
 //! ```
+//! A state byte is 0 active, 1 draining, 2 disabled, 0xff not recorded. Version 1
+//! files (no state bytes) are still read: their nodes carry no state.
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -40,15 +48,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use siphasher::sip::SipHasher13;
 
+use crate::config::NodeState;
+
 const MAGIC: [u8; 8] = *b"MGWSNAP\0";
 const END: [u8; 8] = *b"MGWSEND\0";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The format before node states were kept; still read.
+const VERSION_1: u32 = 1;
+/// A state byte for a node whose state is not recorded.
+const NO_STATE: u8 = 0xff;
 const RECORD: usize = 32;
 const TRAILER: u64 = 24;
 const LOGGED_IN: u16 = 1;
 /// A node name's length is one byte.
 const MAX_NAME: usize = u8::MAX as usize;
-/// Fixed for ever in version 1: the checksum detects accidents, it guards no secret.
+/// Fixed for ever since version 1: the checksum detects accidents, it guards no secret.
 const CHECKSUM_KEYS: (u64, u64) = (0x6d67_772d_736e_6170, 0x6368_6563_6b73_756d);
 /// Large reads and writes: a million entries are 32 MiB.
 const BUFFER: usize = 64 * 1024;
@@ -73,6 +87,25 @@ pub struct SnapshotEntry {
     pub requests: u32,
 }
 
+/// A node as a snapshot names it, with the admin state it had when written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotNode {
+    /// The configured name (entries refer to the node by its index in the table).
+    pub name: String,
+    /// `None` when not recorded (a version 1 file).
+    pub state: Option<SavedState>,
+}
+
+/// A node's admin state at the moment of the snapshot, and the config file's word on
+/// it then: an admin changed it where the two differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SavedState {
+    /// What the node was: active, draining or disabled.
+    pub now: NodeState,
+    /// What the config file's `state` said.
+    pub configured: NodeState,
+}
+
 /// A whole snapshot as read back.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Snapshot {
@@ -80,8 +113,8 @@ pub struct Snapshot {
     pub secret: [u8; 16],
     /// When it was written, Unix seconds: the downtime counts as idle time.
     pub saved_at: u64,
-    /// The node names the entries' indices refer to.
-    pub nodes: Vec<String>,
+    /// The nodes the entries' indices refer to.
+    pub nodes: Vec<SnapshotNode>,
     /// The sessions, in the order written.
     pub entries: Vec<SnapshotEntry>,
 }
@@ -120,7 +153,8 @@ impl fmt::Display for SnapshotError {
             Self::Foreign => f.write_str("not a moodle-gateway snapshot"),
             Self::Version(v) => write!(
                 f,
-                "written by an incompatible version: format {v}, this build reads format {VERSION}"
+                "written by an incompatible version: format {v}, this build reads formats \
+                 {VERSION_1} and {VERSION}"
             ),
             Self::Corrupt(why) => write!(f, "corrupt: {why}"),
         }
@@ -155,7 +189,7 @@ pub fn write(
     path: &Path,
     secret: &[u8; 16],
     saved_at: u64,
-    nodes: &[String],
+    nodes: &[SnapshotNode],
     entries: impl IntoIterator<Item = SnapshotEntry>,
 ) -> io::Result<usize> {
     static WRITES: AtomicU64 = AtomicU64::new(0);
@@ -183,17 +217,40 @@ pub fn write(
 }
 
 /// The encoded node table, or why these names cannot be written.
-fn node_table(nodes: &[String]) -> io::Result<Vec<u8>> {
+fn node_table(nodes: &[SnapshotNode]) -> io::Result<Vec<u8>> {
     let count = u16::try_from(nodes.len())
         .map_err(|_| invalid(format!("{} nodes, at most {} fit", nodes.len(), u16::MAX)))?;
     let mut table = count.to_le_bytes().to_vec();
-    for name in nodes {
+    for SnapshotNode { name, state } in nodes {
         let len = u8::try_from(name.len())
             .map_err(|_| invalid(format!("node name {name:?} is over {MAX_NAME} bytes")))?;
         table.push(len);
         table.extend_from_slice(name.as_bytes());
+        table.extend_from_slice(&match state {
+            Some(s) => [state_byte(s.now), state_byte(s.configured)],
+            None => [NO_STATE; 2],
+        });
     }
     Ok(table)
+}
+
+fn state_byte(state: NodeState) -> u8 {
+    match state {
+        NodeState::Active => 0,
+        NodeState::Draining => 1,
+        NodeState::Disabled => 2,
+    }
+}
+
+/// The state a byte stands for; `Err` for a byte no writer writes.
+fn byte_state(byte: u8) -> Result<Option<NodeState>, u8> {
+    match byte {
+        0 => Ok(Some(NodeState::Active)),
+        1 => Ok(Some(NodeState::Draining)),
+        2 => Ok(Some(NodeState::Disabled)),
+        NO_STATE => Ok(None),
+        other => Err(other),
+    }
 }
 
 /// The writer's side: everything put is also checksummed.
@@ -298,10 +355,10 @@ pub fn read(path: &Path) -> Result<Option<Snapshot>, SnapshotError> {
         hasher: checksummer(),
         left,
     };
-    let (secret, saved_at) = read_header(&mut input)?;
+    let (version, secret, saved_at) = read_header(&mut input)?;
     // Implausible contents are noted here and reported only once the checksum held.
     let mut problem = None;
-    let nodes = read_nodes(&mut input, &mut problem)?;
+    let nodes = read_nodes(&mut input, version, &mut problem)?;
     let entries = read_entries(&mut input, nodes.len(), &mut problem)?;
     check_trailer(&mut input, entries.len())?;
     match problem {
@@ -341,7 +398,7 @@ impl Input {
     }
 }
 
-fn read_header(input: &mut Input) -> Result<([u8; 16], u64), SnapshotError> {
+fn read_header(input: &mut Input) -> Result<(u32, [u8; 16], u64), SnapshotError> {
     if input.left == 0 {
         // Likelier a snapshot whose data never reached the disk than someone else's file.
         return Err(corrupt("the file is empty"));
@@ -353,18 +410,19 @@ fn read_header(input: &mut Input) -> Result<([u8; 16], u64), SnapshotError> {
         return Err(SnapshotError::Foreign);
     }
     let version = u32::from_le_bytes(input.take("header")?);
-    if version != VERSION {
+    if version != VERSION && version != VERSION_1 {
         return Err(SnapshotError::Version(version));
     }
     let secret = input.take("header")?;
     let saved_at = u64::from_le_bytes(input.take("header")?);
-    Ok((secret, saved_at))
+    Ok((version, secret, saved_at))
 }
 
 fn read_nodes(
     input: &mut Input,
+    version: u32,
     problem: &mut Option<String>,
-) -> Result<Vec<String>, SnapshotError> {
+) -> Result<Vec<SnapshotNode>, SnapshotError> {
     let count = u16::from_le_bytes(input.take("node table")?);
     if u64::from(count) > input.left {
         return Err(corrupt("truncated in the node table"));
@@ -375,10 +433,27 @@ fn read_nodes(
         let mut buf = [0; MAX_NAME];
         let name = &mut buf[..usize::from(len)];
         input.fill(name, "node table")?;
-        nodes.push(String::from_utf8(name.to_vec()).unwrap_or_else(|_| {
+        let name = String::from_utf8(name.to_vec()).unwrap_or_else(|_| {
             problem.get_or_insert_with(|| format!("node {index}'s name is not UTF-8"));
             String::new()
-        }));
+        });
+        let state = match version {
+            VERSION_1 => None,
+            _ => {
+                let bytes: [u8; 2] = input.take("node table")?;
+                match (byte_state(bytes[0]), byte_state(bytes[1])) {
+                    (Ok(Some(now)), Ok(Some(configured))) => Some(SavedState { now, configured }),
+                    (Ok(None), Ok(None)) => None,
+                    _ => {
+                        problem.get_or_insert_with(|| {
+                            format!("node {index} has unknown state bytes {bytes:02x?}")
+                        });
+                        None
+                    }
+                }
+            }
+        };
+        nodes.push(SnapshotNode { name, state });
     }
     Ok(nodes)
 }
@@ -519,8 +594,16 @@ mod tests {
         }
     }
 
-    fn nodes() -> Vec<String> {
-        vec!["php1".into(), "php2".into(), "ρ3".into()]
+    fn nodes() -> Vec<SnapshotNode> {
+        let node = |name: &str, now, configured| SnapshotNode {
+            name: name.into(),
+            state: Some(SavedState { now, configured }),
+        };
+        vec![
+            node("php1", NodeState::Active, NodeState::Active),
+            node("php2", NodeState::Draining, NodeState::Active),
+            node("ρ3", NodeState::Disabled, NodeState::Draining),
+        ]
     }
 
     fn entries(n: usize) -> impl Iterator<Item = SnapshotEntry> {
@@ -581,6 +664,31 @@ mod tests {
         }
     }
 
+    /// A gateway upgraded from a version that kept no node states keeps its sessions:
+    /// the file's nodes come back without a state, and the config file's apply.
+    #[test]
+    fn a_version_1_file_reads_with_no_node_states() {
+        let scratch = Scratch::new("version-1");
+        let v2 = written(&scratch, 5);
+        let mut v1 = v2[..8].to_vec();
+        v1.extend_from_slice(&VERSION_1.to_le_bytes());
+        let mut at = 12 + 16 + 8;
+        v1.extend_from_slice(&v2[12..at + 2]);
+        at += 2;
+        for _ in nodes() {
+            let len = usize::from(v2[at]);
+            v1.extend_from_slice(&v2[at..at + 1 + len]);
+            at += 1 + len + 2;
+        }
+        v1.extend_from_slice(&v2[at..]);
+        reseal(&mut v1);
+        let snapshot = read_bytes(&scratch, &v1).unwrap().unwrap();
+        let names: Vec<_> = snapshot.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["php1", "php2", "ρ3"]);
+        assert!(snapshot.nodes.iter().all(|n| n.state.is_none()));
+        assert_eq!(snapshot.entries, entries(5).collect::<Vec<_>>());
+    }
+
     #[test]
     fn a_clock_that_stepped_back_is_not_corruption() {
         let scratch = Scratch::new("clock");
@@ -621,11 +729,11 @@ mod tests {
     fn another_format_version_is_refused_by_number() {
         let scratch = Scratch::new("version");
         let mut bytes = written(&scratch, 3);
-        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
         reseal(&mut bytes);
         assert!(matches!(
             read_bytes(&scratch, &bytes),
-            Err(SnapshotError::Version(2))
+            Err(SnapshotError::Version(3))
         ));
     }
 
@@ -681,13 +789,18 @@ mod tests {
         let scratch = Scratch::new("impossible");
         let bytes = written(&scratch, 4);
         let second = entries_start() + RECORD;
-        let cases: [(usize, &[u8], &str); 3] = [
+        let cases: [(usize, &[u8], &str); 4] = [
             (second + 28, &[3, 0], "entry 1 names node 3 of 3"),
             (second + 30, &[2, 0], "entry 1 has unknown flags 0x2"),
             (
                 8 + 4 + 16 + 8 + 2 + 1,
                 &[0xff],
                 "node 0's name is not UTF-8",
+            ),
+            (
+                8 + 4 + 16 + 8 + 2 + 1 + 4,
+                &[7],
+                "node 0 has unknown state bytes [07, 00]",
             ),
         ];
         for (at, patch, expected) in cases {
@@ -725,7 +838,10 @@ mod tests {
         }]);
         let error = write(&scratch.file(), &SECRET, SAVED_AT, &nodes(), stray).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
-        let long = vec!["x".repeat(256)];
+        let long = [SnapshotNode {
+            name: "x".repeat(256),
+            state: None,
+        }];
         assert!(write(&scratch.file(), &SECRET, SAVED_AT, &long, entries(0)).is_err());
         // The rename fails: the target is a directory.
         fs::create_dir(scratch.0.join("taken")).unwrap();
@@ -760,8 +876,8 @@ mod tests {
             "not a moodle-gateway snapshot"
         );
         assert_eq!(
-            SnapshotError::Version(2).to_string(),
-            "written by an incompatible version: format 2, this build reads format 1"
+            SnapshotError::Version(3).to_string(),
+            "written by an incompatible version: format 3, this build reads formats 1 and 2"
         );
         assert_eq!(
             corrupt("checksum mismatch").to_string(),

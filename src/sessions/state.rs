@@ -20,6 +20,7 @@ use crate::cluster::upstreams::NodeId;
 use crate::sessions::affinity::{AffinityTable, Limits};
 use crate::sessions::clock::Clock;
 use crate::sessions::snapshot::{self, Snapshot, SnapshotError};
+pub use crate::sessions::snapshot::{SavedState, SnapshotNode};
 
 /// What [`open`] found: the table to start with (keyed with the snapshot's secret
 /// when one could be read), the snapshot to restore once node ids exist, and where
@@ -117,7 +118,9 @@ pub fn restore(
     snapshot: Snapshot,
     node_id: impl Fn(&str) -> Option<NodeId>,
 ) -> usize {
-    let ids: Vec<Option<NodeId>> = snapshot.nodes.iter().map(|name| node_id(name)).collect();
+    let ids: Vec<Option<NodeId>> = (snapshot.nodes.iter())
+        .map(|node| node_id(&node.name))
+        .collect();
     let total = snapshot.entries.len();
     let restored = table.restore(snapshot.entries, |index| {
         ids.get(usize::from(index)).copied().flatten()
@@ -135,14 +138,15 @@ pub fn restore(
 static SAVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Writes `table` to `path` (atomically), naming the `nodes` of the running config
-/// (id and name, in config order); returns how many sessions it holds.
+/// (id, and name with admin state, in config order); returns how many sessions it
+/// holds.
 pub fn save(
     table: &AffinityTable,
-    nodes: &[(NodeId, String)],
+    nodes: &[(NodeId, SnapshotNode)],
     path: &Path,
 ) -> std::io::Result<usize> {
     let _one_at_a_time = SAVING.lock().unwrap_or_else(|p| p.into_inner());
-    let names: Vec<String> = nodes.iter().map(|(_, name)| name.clone()).collect();
+    let named: Vec<SnapshotNode> = nodes.iter().map(|(_, node)| node.clone()).collect();
     let index = |id: NodeId| {
         let position = nodes.iter().position(|(node, _)| *node == id)?;
         u16::try_from(position).ok()
@@ -150,5 +154,5 @@ pub fn save(
     let saved_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    snapshot::write(path, &table.secret(), saved_at, &names, table.export(index))
+    snapshot::write(path, &table.secret(), saved_at, &named, table.export(index))
 }
