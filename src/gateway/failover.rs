@@ -23,11 +23,17 @@ use crate::http::upload::Upload;
 use crate::metrics::MoveCause;
 
 impl Gateway {
-    /// Forwards to the route's upstream, recording the outcome in its health. Only
-    /// a request whose connection could not even be opened is ever sent again
-    /// (nothing of it reached the node, so nothing can happen twice; see
-    /// [`Gateway::again`] for where). Anything else is never replayed. Returns the
-    /// route taken, the response, and how long the answering node took to its head.
+    /// Forwards to the route's upstream, recording the outcome in its health. A
+    /// request whose connection could not even be opened may be sent again (nothing
+    /// of it reached the node, so nothing can happen twice; see [`Gateway::again`]
+    /// for where), and so may, once, a GET or HEAD whose node closed the connection
+    /// before a byte of its answer (a node that died mid-exchange costs a slow page,
+    /// not a 502). Anything else is never replayed. Returns the route taken, the
+    /// response, and how long the answering node took to its head.
+    ///
+    /// `hold` is the request's wait for its own node so far (see [`Hold`]): a
+    /// request that already waited for a down node waits no longer in all than one
+    /// `failover_hold`.
     ///
     /// Each attempt first takes a slot on its node (`[surge] max_active`), noting in
     /// `waited` how long that took; the slot travels in the response body and is
@@ -42,6 +48,7 @@ impl Gateway {
         peer: Peer<'_>,
         ask: Ask,
         waited: &mut Option<Duration>,
+        hold: Option<Hold>,
         settings: &Settings,
     ) -> Result<(Route, Response<IdleLimited>, Option<Duration>), GatewayError> {
         if tunnel::is_upgrade(&request) {
@@ -61,19 +68,16 @@ impl Gateway {
             }
             return upgraded.map(|response| (route, response, None));
         }
-        // Only a request with no affinity and no body moves: nothing of it reached
-        // the first node, and no node holds its session.
-        let movable = matches!(route, Route::Deal(_) | Route::Spread(_))
-            && settings.upstreams.nodes().len() > 1
-            && http_body::Body::is_end_stream(request.body());
         let mut request = request.map(|body| Upload::new(body, &settings.bounds));
         let mut retry = Retry {
-            movable,
+            movable: false,
             attempts: settings.upstreams.nodes().len(),
-            hold: None,
+            hold,
+            replayed: false,
         };
         loop {
-            let (slotted, permit, took_slot) = self.slot(route, known, ask, settings).await?;
+            let slot = self.slot(route, known, ask, &mut retry.hold, settings);
+            let (slotted, permit, took_slot) = slot.await?;
             route = slotted;
             *waited = took_slot.map(|t| t + waited.unwrap_or_default());
             let upstream = settings
@@ -90,6 +94,7 @@ impl Gateway {
                 error,
                 unsent,
                 refused,
+                replay,
             } = match forwarded.await {
                 Ok(mut response) => {
                     upstream.health.request_succeeded();
@@ -120,6 +125,21 @@ impl Gateway {
             let Some(unsent) = unsent.filter(|_| error != GatewayError::OutOfConnections) else {
                 return Err(error);
             };
+            // A node that closes on the same GET twice is not restarting: it fails
+            // on this request (a PHP crash on this page), and a third try would
+            // only cost it more.
+            if replay && std::mem::replace(&mut retry.replayed, true) {
+                return Err(error);
+            }
+            // Only a request with no affinity moves: no node holds its session. Its
+            // body, if any, is whole in memory, or nothing of it was read.
+            let body = unsent.body();
+            retry.movable = matches!(route, Route::Deal(_) | Route::Spread(_))
+                && settings.upstreams.nodes().len() > 1
+                && (body.is_empty() || body.whole_len().is_some());
+            // A node that closed before answering is treated as one that refused:
+            // it is going away or coming back, as while PHP-FPM restarts.
+            let refused = refused || replay;
             match self
                 .again(route, known, refused, &mut retry, settings)
                 .await
@@ -146,7 +166,7 @@ impl Gateway {
             // A node that is unreachable rather than refusing, for a session or a
             // SCORM file: answered as it is (502), never a reason to move or wait.
             Route::Sticky(_) | Route::Moved(_) | Route::Data if !refused => None,
-            // A new visitor or a sessionless asset, with no body: the next node.
+            // A new visitor or a sessionless asset, its body whole: the next node.
             Route::Deal(node) if retry.movable && retry.attempts > 0 => {
                 self.deal(settings, Some(node)).map(Route::Deal)
             }
@@ -188,20 +208,30 @@ impl Gateway {
                     false => None,
                 }
             }
-            // The data server has no other copy and no session to hold for.
-            Route::Data => None,
+            // The data server has no other copy: a refusal (its web server
+            // restarting) is waited out like a node's, within `failover_hold`.
+            Route::Data => {
+                let hold = retry.hold.get_or_insert_with(|| {
+                    tracing::info!("the data server refused: retrying it within failover_hold");
+                    Hold::start(settings.failover_hold)
+                });
+                hold.pause().await.then_some(Route::Data)
+            }
         }
     }
 }
 
 /// What one request may still do after a failed attempt that sent nothing.
 struct Retry {
-    /// No affinity and no body: it may go to the next node.
+    /// No affinity, its body whole or absent: it may go to the next node.
     movable: bool,
     /// Nodes it may still be tried on (new visitors, sessionless assets, moves).
     attempts: usize,
-    /// The wait of a refused request for its own node, once it started.
+    /// The request's wait for its own node, once it started: for a node that was
+    /// down when it arrived, for a slot, or after a refusal; one for all of them.
     hold: Option<Hold>,
+    /// It was sent again once already after its node closed without answering.
+    replayed: bool,
 }
 
 /// The first pause after a refused connect: a web server restart takes about a
@@ -210,19 +240,27 @@ const FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// The longest pause between two tries: a node back after 3.1 s is tried by 4 s.
 const LONGEST_PAUSE: Duration = Duration::from_secs(1);
 
-/// A bound request's wait for its refusing node: pauses of 100 ms doubling to 1 s,
-/// until `failover_hold` after the first refusal.
-struct Hold {
+/// A bound request's wait for its own node, down or refusing: at most
+/// `failover_hold` from the moment it began, however the wait went on (the node
+/// down when the request came, then refusing once up, say), with pauses of 100 ms
+/// doubling to 1 s between tries of a refusing node.
+pub(super) struct Hold {
     until: tokio::time::Instant,
     pause: Duration,
 }
 
 impl Hold {
-    fn start(hold: Duration) -> Self {
+    pub(super) fn start(hold: Duration) -> Self {
         Self {
             until: tokio::time::Instant::now() + hold,
             pause: FIRST_PAUSE,
         }
+    }
+
+    /// What is left of it.
+    pub(super) fn left(&self) -> Duration {
+        self.until
+            .saturating_duration_since(tokio::time::Instant::now())
     }
 
     /// Waits before the next try; `false` (at once) once the hold is over.

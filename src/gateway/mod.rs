@@ -37,6 +37,8 @@ use crate::admin::LOGIN_COOKIE;
 use crate::cluster::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
 use crate::config::{Config, HealthConfig, SessionStore, StoreConfig, SurgeConfig};
 use crate::error::GatewayError;
+use failover::Hold;
+
 use crate::http::asset_cache::{AssetCache, Fill, Teed};
 use crate::http::body::IdleLimited;
 use crate::http::edge::EdgeRules;
@@ -421,10 +423,13 @@ impl Gateway {
                 Entry::Wait(page) => return page.map(Either::Right),
             }
         }
-        let forwarded = match self.route(kind, known, &settings).await {
+        // The request's wait for its own node, if it has to: one for all its tries.
+        let mut hold = None;
+        let forwarded = match self.route(kind, known, &mut hold, &settings).await {
             Ok(route) => {
                 let waited = &mut served.waited;
-                let forward = self.forward(route, known, request, peer, ask, waited, &settings);
+                let forward =
+                    self.forward(route, known, request, peer, ask, waited, hold, &settings);
                 forward.await
             }
             Err(error) => Err(error),
@@ -577,6 +582,7 @@ impl Gateway {
         &self,
         kind: RequestKind,
         known: Option<Known>,
+        hold: &mut Option<Hold>,
         settings: &Settings,
     ) -> Result<Route, GatewayError> {
         match (kind, known) {
@@ -585,7 +591,7 @@ impl Gateway {
             // carries. Without a session (the token forms carry their own credential,
             // and a cookie form will be sent to log in) any node will do, outside the deal.
             (RequestKind::ScormFile, Some(known)) if settings.offload.is_some() => {
-                self.sticky(known, settings).await
+                self.sticky(known, hold, settings).await
             }
             (RequestKind::ScormFile, None) if settings.offload.is_some() => settings
                 .upstreams
@@ -602,7 +608,7 @@ impl Gateway {
             // too: a "static" file that is missing is answered by PHP (Moodle 4.5+
             // sends it to r.php, older sites to error/index.php) inside the session,
             // and on another node that would log the student out.
-            (_, Some(known)) => self.sticky(known, settings).await,
+            (_, Some(known)) => self.sticky(known, hold, settings).await,
             // Theme, JavaScript and static files without a session start none: any
             // node, and they must not move the deal of new sessions.
             (RequestKind::Sessionless, None) => settings
@@ -623,7 +629,15 @@ impl Gateway {
     /// `failover_hold` if only that node has the session (a restart usually takes
     /// seconds, and a new node means logging in again). A node that left the config
     /// or was disabled hands its sessions over at once.
-    async fn sticky(&self, known: Known, settings: &Settings) -> Result<Route, GatewayError> {
+    ///
+    /// The wait is the request's [`Hold`]: started here, it is the same wait that a
+    /// refusal of the node, once it is up again, goes on with.
+    async fn sticky(
+        &self,
+        known: Known,
+        hold: &mut Option<Hold>,
+        settings: &Settings,
+    ) -> Result<Route, GatewayError> {
         let cause = match settings.upstreams.get(known.node) {
             None => MoveCause::Removed,
             Some(node) if !node.keeps_sessions() => MoveCause::Disabled,
@@ -631,9 +645,11 @@ impl Gateway {
                 if node.health.is_up() {
                     return Ok(Route::Sticky(node.id));
                 }
-                let hold = settings.store == SessionStore::NodeLocal;
-                if hold && node.health.wait_up(settings.failover_hold).await {
-                    return Ok(Route::Sticky(node.id));
+                if settings.store == SessionStore::NodeLocal {
+                    let hold = hold.get_or_insert_with(|| Hold::start(settings.failover_hold));
+                    if node.health.wait_up(hold.left()).await {
+                        return Ok(Route::Sticky(node.id));
+                    }
                 }
                 MoveCause::Down
             }

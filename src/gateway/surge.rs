@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use http::Request;
 
 use super::waiting_room::{self, Entry};
-use super::{Gateway, Known, Route, Settings};
+use super::{Gateway, Hold, Known, Route, Settings};
 use crate::cluster::slots::{Ask, Class, Ended, Permit};
 use crate::cluster::upstreams::Upstream;
 use crate::config::SurgeConfig;
@@ -91,6 +91,7 @@ impl Gateway {
         mut route: Route,
         known: Option<Known>,
         mut ask: Ask,
+        hold: &mut Option<Hold>,
         settings: &Settings,
     ) -> Result<(Route, Permit, Option<Duration>), GatewayError> {
         let started = Instant::now();
@@ -114,7 +115,7 @@ impl Gateway {
                 biased;
                 got = upstream.slots.acquire(ask) => got,
                 () = unable(upstream, route) => {
-                    route = self.rerouted(route, known, settings).await?;
+                    route = self.rerouted(route, known, hold, settings).await?;
                     continue;
                 }
             };
@@ -141,11 +142,12 @@ impl Gateway {
         &self,
         route: Route,
         known: Option<Known>,
+        hold: &mut Option<Hold>,
         settings: &Settings,
     ) -> Result<Route, GatewayError> {
         let rerouted = match route {
             Route::Sticky(node) | Route::Moved(node) => match known {
-                Some(known) => return self.sticky(Known { node, ..known }, settings).await,
+                Some(known) => return self.sticky(Known { node, ..known }, hold, settings).await,
                 None => None,
             },
             Route::Deal(node) => self.deal(settings, Some(node)).map(Route::Deal),

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, Uri};
-use http::{Request, Response};
+use http::{Method, Request, Response};
 use tokio::sync::oneshot;
 
 use crate::error::GatewayError;
@@ -123,18 +123,25 @@ pub fn prepared<B>(upstream: &Authority, mut request: Request<B>, peer: Peer<'_>
     request
 }
 
-/// A request that failed, with the request itself when none of it left: its node
-/// could not even be connected to, so the caller may send it to another, or again.
+/// A request that failed, with the request itself when it may go again: none of it
+/// left (its node could not even be connected to), or it is a GET or HEAD whose node
+/// closed the connection before a byte of its answer. The caller may send it to
+/// another node, or again.
 #[derive(Debug)]
 pub struct Failed {
     /// What the student sees if the request goes nowhere else.
     pub error: GatewayError,
     /// The request as it came: its headers as the student sent them, its body
-    /// perhaps read into memory, but none of it sent to any node.
+    /// perhaps read into memory, but none of it sent to any node, unless `replay`.
     pub unsent: Option<Request<Upload>>,
     /// The node refused (or reset) the connection: nothing listens there right now,
     /// as while its web server restarts. Only ever set with `unsent`.
     pub refused: bool,
+    /// The request did reach the node, which closed the connection without a byte of
+    /// answer (PHP-FPM restarted or crashed, the node rebooted): `unsent` is a copy
+    /// of a GET or HEAD without a body, which RFC 9110 (9.2.2) lets a proxy repeat,
+    /// as HAProxy's `retry-on empty-response` does. Only ever set with `unsent`.
+    pub replay: bool,
 }
 
 impl From<GatewayError> for Failed {
@@ -143,8 +150,45 @@ impl From<GatewayError> for Failed {
             error,
             unsent: None,
             refused: false,
+            replay: false,
         }
     }
+}
+
+/// A copy of a GET or HEAD without a body, as it came, to send again if its node
+/// closes the connection before answering; `None` for any other request, which may
+/// have changed something on the node and must never run twice.
+fn replayable(request: &Request<Upload>) -> Option<Request<Upload>> {
+    let idempotent = matches!(*request.method(), Method::GET | Method::HEAD);
+    if !idempotent || !request.body().is_empty() {
+        return None;
+    }
+    let mut copy = Request::new(Upload::empty());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    *copy.extensions_mut() = request.extensions().clone();
+    Some(copy)
+}
+
+/// Whether the node closed (or reset) the connection before its answer's head was
+/// complete: nothing of the answer reached the student, and a node that answers
+/// nothing did nothing that a repeated GET would do twice.
+fn closed_without_answer(error: &hyper::Error) -> bool {
+    if error.is_incomplete_message() {
+        return true;
+    }
+    let io = std::error::Error::source(error).and_then(|e| e.downcast_ref::<std::io::Error>());
+    io.is_some_and(|e| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::UnexpectedEof
+        )
+    })
 }
 
 /// The upstream a request goes to, as this wing sees one: the name the logs call
@@ -210,9 +254,11 @@ pub async fn forward(
                 error: fault.error(),
                 unsent: Some(request),
                 refused: fault == ConnectFault::Refused,
+                replay: false,
             });
         }
     };
+    let replay = replayable(&request);
     let mut request = prepared(authority, request, peer);
     if let Some(len) = request.body().whole_len() {
         sized(request.headers_mut(), len);
@@ -235,7 +281,7 @@ pub async fn forward(
                 None => pool
                     .lease(authority, conns)
                     .await
-                    .map_err(|error| connect_failed(name, &error).error())?,
+                    .map_err(|error| (connect_failed(name, &error).error(), false))?,
             };
             match lease.send(request).await {
                 Ok(response) => return Ok(response.map(|body| NodeBody::leased(body, lease))),
@@ -244,7 +290,10 @@ pub async fn forward(
                     // sent, so another connection carries the request. Each failed
                     // kept one is dropped, and a new one is never retried.
                     Some(unsent) if reused => request = unsent,
-                    _ => return Err(classify_error(name, failed.error())),
+                    _ => {
+                        let silent = closed_without_answer(failed.error());
+                        return Err((classify_error(name, failed.error()), silent));
+                    }
                 },
             }
         }
@@ -257,7 +306,16 @@ pub async fn forward(
     };
     let mut response = tokio::select! {
         biased;
-        answer = exchange => answer?,
+        answer = exchange => match answer {
+            Ok(response) => response,
+            // Sent, and the node closed without a byte of answer: a GET or HEAD
+            // goes back to the caller to be sent again; anything else is a 502.
+            Err((error, true)) if replay.is_some() => {
+                tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
+                return Err(Failed { error, unsent: replay, refused: false, replay: true });
+            }
+            Err((error, _)) => return Err(error.into()),
+        },
         () = deadline => {
             let waited = humantime::format_duration(bounds.response_headers);
             tracing::warn!(upstream = %name, "no response headers within {waited}");

@@ -5,11 +5,17 @@
 //!
 //! Why it is safe: a refused connect means nothing reached the node, so the request
 //! (a POST too: its body was never read) can be sent again without running twice.
+//! A node that dies mid-request (the connection closed before a byte of answer)
+//! gets a GET or HEAD again, once: those change nothing on the node.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::Method;
+use http::{Method, Request};
 use moodle_gateway::demo::standin::{Cluster, StandIn};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 
 use crate::support::{logged_in, TestGateway};
 
@@ -99,4 +105,194 @@ async fn a_node_that_stays_closed_past_the_hold_is_down_and_its_student_moves() 
     let settings = gateway.app.gateway().settings();
     let web = settings.upstreams.by_name(&node).unwrap();
     assert!(!web.health.is_up(), "its refusals took the node down");
+}
+
+/// A node that dies mid-request, as PHP-FPM does when it is restarted or crashes:
+/// it answers every request itself (`ok`, and a session cookie to the login page),
+/// except that for each [`arm`](Dying::arm) it reads the head of the next request
+/// for `/course/view.php` and closes the connection without a byte of answer.
+struct Dying {
+    addr: std::net::SocketAddr,
+    armed: Arc<AtomicUsize>,
+    /// `METHOD path` of every request it read, in order (probes left out).
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Dying {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (armed, seen) = (Arc::new(AtomicUsize::new(0)), Arc::default());
+        let node = Self {
+            addr,
+            armed: armed.clone(),
+            seen: Arc::clone(&seen),
+        };
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(Self::serve(socket, armed.clone(), Arc::clone(&seen)));
+            }
+        });
+        node
+    }
+
+    fn arm(&self, times: usize) {
+        self.armed.fetch_add(times, Ordering::SeqCst);
+    }
+
+    fn seen(&self, what: &str) -> usize {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| *s == what)
+            .count()
+    }
+
+    async fn serve(socket: TcpStream, armed: Arc<AtomicUsize>, seen: Arc<Mutex<Vec<String>>>) {
+        let (read, mut write) = socket.into_split();
+        let mut read = BufReader::new(read);
+        loop {
+            let mut line = String::new();
+            if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                return;
+            }
+            let mut parts = line.split_whitespace();
+            let (method, target) = (
+                parts.next().unwrap_or("").to_owned(),
+                parts.next().unwrap_or(""),
+            );
+            let path = target.split('?').next().unwrap_or("").to_owned();
+            let mut length = 0;
+            loop {
+                let mut header = String::new();
+                read.read_line(&mut header).await.unwrap();
+                if header == "\r\n" {
+                    break;
+                }
+                let lower = header.to_ascii_lowercase();
+                if let Some(value) = lower.strip_prefix("content-length:") {
+                    length = value.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0; length];
+            read.read_exact(&mut body).await.unwrap();
+            if path.starts_with("/theme/") {
+                // A health probe: always answered.
+            } else {
+                seen.lock().unwrap().push(format!("{method} {path}"));
+                let dies = path == "/course/view.php"
+                    && armed
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
+                if dies {
+                    return;
+                }
+            }
+            let cookie = match path.as_str() {
+                "/login/index.php" => {
+                    "Set-Cookie: MoodleSession=d1e2f3g4h5i6j7k8l9m0n1o2p3; path=/\r\n"
+                }
+                _ => "",
+            };
+            let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n{cookie}\r\nok");
+            if write.write_all(answer.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A student's GET whose node closed the connection before answering is sent again
+/// to the same node, once: a page, slowly, not a 502. A POST never is (it may have
+/// changed something), and a node that closes the same GET twice gets no third try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_whose_node_dies_before_answering_is_sent_again_and_a_post_is_not() {
+    let node = Dying::start().await;
+    let data = crate::support::named_upstream("data").await;
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n{PATIENT_HEALTH}session.failover_hold = \"5s\"\n\
+         [[nodes]]\nname = \"web1\"\nurl = \"http://{}\"\n[data]\nname = \"data\"\nurl = \"http://{data}\"\n",
+        node.addr
+    );
+    let gateway = TestGateway::start(&text).await;
+    let client = crate::support::client();
+    let send = |method: &str, path: &str| {
+        let request = Request::builder()
+            .method(method)
+            .uri(gateway.url(path))
+            .header("cookie", "MoodleSession=d1e2f3g4h5i6j7k8l9m0n1o2p3")
+            .body(axum::body::Body::from(if method == "POST" {
+                "a=1"
+            } else {
+                ""
+            }))
+            .unwrap();
+        client.request(request)
+    };
+    let login = crate::support::get(&gateway.url("/login/index.php")).await;
+    assert_eq!(login.status, 200);
+
+    node.arm(1);
+    let page = send("GET", "/course/view.php?id=2").await.unwrap();
+    assert_eq!(page.status(), 200, "the GET went again and got its page");
+    assert_eq!(node.seen("GET /course/view.php"), 2);
+
+    node.arm(1);
+    let post = send("POST", "/course/view.php?id=2").await.unwrap();
+    assert_eq!(post.status(), 502, "a POST is never sent twice");
+    assert_eq!(node.seen("POST /course/view.php"), 1);
+
+    node.arm(2);
+    let page = send("GET", "/course/view.php?id=3").await.unwrap();
+    assert_eq!(
+        page.status(),
+        502,
+        "closed on twice: the node fails on this page"
+    );
+    assert_eq!(
+        node.seen("GET /course/view.php"),
+        4,
+        "two more tries, not three"
+    );
+}
+
+/// The data server restarting its web server for a second (a refused connect while
+/// it is still up) is waited out like a node's: the SCORM file comes, slowly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scorm_file_whose_data_server_restarts_in_a_second_is_a_slow_file_not_a_502() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let extra =
+        format!("{PATIENT_HEALTH}session.store = \"shared\"\nsession.failover_hold = \"10s\"\n");
+    let gateway = start(&cluster, &extra).await;
+    let (mut student, _) = logged_in(&gateway, 1).await;
+    let file = "/pluginfile.php/5/mod_scorm/content/1/index.html";
+    assert_eq!(student.get(file).await.unwrap().upstream(), "data");
+    stop(&gateway, cluster.data()).await;
+
+    let fetch = tokio::spawn(async move { student.get(file).await.unwrap() });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.data().restart().unwrap();
+    let reply = fetch.await.unwrap();
+    assert_eq!((reply.status.as_u16(), reply.upstream()), (200, "data"));
+}
+
+/// A new visitor's form post whose first node refuses the connection goes to the
+/// next node: its body is whole in the gateway's memory, none of it left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_visitors_small_post_refused_by_its_node_goes_to_the_next() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let gateway = start(&cluster, PATIENT_HEALTH).await;
+    stop(&gateway, cluster.by_name("web1").unwrap()).await;
+    let form = "username=student1&password=x";
+    let mut visitor = moodle_gateway::demo::Browser::new(gateway.addr, "", "MoodleSession");
+    let reply = visitor.post("/login/index.php", form).await.unwrap();
+    assert_ne!(reply.status.as_u16(), 502, "{reply:?}");
+    assert_eq!(reply.upstream(), "web2");
+    let web2 = cluster.by_name("web2").unwrap();
+    let posts: Vec<_> = (web2.requests().iter())
+        .filter(|r| r.method == Method::POST)
+        .map(|r| r.body_len)
+        .collect();
+    assert_eq!(posts, [form.len()], "the whole body, once");
 }
