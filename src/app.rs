@@ -154,6 +154,11 @@ impl App {
         // must be the one whose settings are applied.
         let mut config = self.config();
         self.gateway.apply(&next).map_err(|e| vec![e])?;
+        // More nodes (or connections) need more descriptors: raised now, not at the
+        // next restart, so the new nodes' connections do not meet EMFILE.
+        if crate::open_files::needed(&next) > crate::open_files::needed(&config) {
+            crate::open_files::raise_and_log(&next);
+        }
         // Against the start, not the last reload: a second reload of a file that
         // changed `listen` must still say the change is waiting for a restart.
         let mut notes = restart_needed(&self.started, &next);

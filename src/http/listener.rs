@@ -26,6 +26,9 @@ use crate::config::Config;
 use crate::http::stall::WriteStall;
 use crate::http::streams::Streams;
 
+/// A failing `accept` repeats every 50 ms while its cause lasts (`EMFILE`).
+static ACCEPT_FAILED: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(10));
+
 /// How one listener serves its connections.
 #[derive(Clone)]
 pub(crate) struct Listening {
@@ -255,7 +258,11 @@ pub(crate) async fn serve_connections<S, B>(
                 Err(error) => {
                     // Out of file descriptors or a connection reset while queued: the
                     // listener itself is fine, so pause briefly and keep accepting.
-                    tracing::warn!("accept failed: {error}");
+                    // At the open-file limit that is 20 failures a second for as long
+                    // as it lasts: said once per interval, with the count held back.
+                    if let Some(held_back) = ACCEPT_FAILED.allow() {
+                        tracing::warn!(held_back, "accept failed: {error}");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

@@ -122,3 +122,55 @@ async fn at_its_open_file_limit_the_gateway_answers_503_itself_and_blames_no_nod
     );
     assert_eq!(support::get(&scorm).await.upstream(), Some("data"));
 }
+
+/// At the limit, connections wait in the listener's queue and `accept` fails with
+/// `EMFILE` every 50 ms for as long as they do: the log says so once per interval,
+/// not twenty times a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_failing_at_the_limit_is_logged_once_per_interval_not_per_try() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let extra =
+        "health.interval = \"1h\"\ntimeouts.request_headers = \"120s\"\nstate.file = \"\"\n";
+    let config = cluster.config_toml("127.0.0.1:0", Some(("127.0.0.1:0", TOKEN)), extra);
+    let gateway = support::start_binary_with_open_files(&config, LIMIT);
+    let idle = exhaust(&gateway).await;
+    // Queued, never accepted while the others stay: each try fails.
+    let mut queued = Vec::new();
+    for _ in 0..4 {
+        queued.push(tokio::net::TcpStream::connect(gateway.addr).await.unwrap());
+    }
+    until("accept fails", || {
+        !gateway.logged("accept failed").is_empty()
+    })
+    .await;
+    // Some thirty failed tries.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let lines = gateway.logged("accept failed");
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    drop((idle, queued));
+}
+
+/// A reload that adds nodes needs more descriptors (each upstream keeps up to 256
+/// idle connections): the gateway raises its soft limit again then, as at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_adds_nodes_raises_the_open_file_limit_again() {
+    let mut cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let extra = "limits.max_connections = 100\nhealth.interval = \"1h\"\nstate.file = \"\"\n";
+    let config = cluster.config_toml("127.0.0.1:0", Some(("127.0.0.1:0", TOKEN)), extra);
+    let gateway = support::start_binary_with_nofile(&config, 512, 8192);
+    let soft = || {
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", gateway.child.id()));
+        let limits = limits.unwrap_or_default();
+        let line = limits.lines().find(|l| l.starts_with("Max open files"));
+        let soft = line.and_then(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok());
+        soft.unwrap_or(0)
+    };
+    // 2 × 100 connections + 257 × (1 node + the data server) + 64.
+    assert_eq!(soft(), 778, "raised at start");
+    cluster.add_node("web2").unwrap();
+    cluster.add_node("web3").unwrap();
+    let bigger = cluster.config_toml("127.0.0.1:0", Some(("127.0.0.1:0", TOKEN)), extra);
+    std::fs::write(gateway.dir().join("config.toml"), bigger).unwrap();
+    gateway.signal("HUP");
+    until("the limit raised for four upstreams", || soft() == 1292).await;
+}

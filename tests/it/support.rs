@@ -249,6 +249,8 @@ pub struct GatewayProcess {
     pub addr: SocketAddr,
     /// Its admin listener, as it logged it, when the config has `[admin]`.
     pub admin_addr: Option<SocketAddr>,
+    /// Every line it has written to stderr (its log) since it started.
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     _dir: TempDir,
 }
 
@@ -256,6 +258,12 @@ impl GatewayProcess {
     /// Its working directory (where the default state file goes) and `config.toml`.
     pub fn dir(&self) -> &Path {
         &self._dir.0
+    }
+
+    /// The lines of its log so far that contain `text`.
+    pub fn logged(&self, text: &str) -> Vec<String> {
+        let log = self.log.lock().unwrap();
+        log.iter().filter(|l| l.contains(text)).cloned().collect()
     }
 
     /// Sends a signal (`"TERM"`, `"HUP"`) to the process.
@@ -340,9 +348,15 @@ pub fn start_binary_notifying(config: &str, socket: &Path) -> GatewayProcess {
 /// limit alike, so the gateway cannot raise it. `prlimit` execs the gateway, so the
 /// child's pid is the gateway's.
 pub fn start_binary_with_open_files(config: &str, limit: usize) -> GatewayProcess {
+    start_binary_with_nofile(config, limit, limit)
+}
+
+/// [`start_binary`] under `prlimit --nofile=SOFT:HARD`: a soft limit the gateway may
+/// raise up to `hard` itself.
+pub fn start_binary_with_nofile(config: &str, soft: usize, hard: usize) -> GatewayProcess {
     let mut prlimit = Command::new("prlimit");
     prlimit
-        .arg(format!("--nofile={limit}:{limit}"))
+        .arg(format!("--nofile={soft}:{hard}"))
         .arg(env!("CARGO_BIN_EXE_moodle-gateway"));
     start_command(prlimit, config)
 }
@@ -401,11 +415,18 @@ fn spawn_in(mut command: Command, dir: TempDir) -> GatewayProcess {
         })
         .expect("the gateway logged its listen address");
     // Keep draining the log, so a chatty gateway never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
+    let log = std::sync::Arc::<std::sync::Mutex<Vec<String>>>::default();
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            kept.lock().unwrap().push(line);
+        }
+    });
     GatewayProcess {
         child,
         addr,
         admin_addr,
+        log,
         _dir: dir,
     }
 }
