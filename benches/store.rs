@@ -1,8 +1,9 @@
 //! What a request pays for the shared store (`[store] kind = "redis"`), against a
 //! real `redis-server` on loopback that this bench starts: a lookup of a session
 //! the local table missed (the added latency of a miss), the deal's shared ticket,
-//! and writing a new session before its response leaves; beside them, the local
-//! table's own lookup, the baseline measured in the same run.
+//! writing a new session before its response leaves, and a session's move off a
+//! node (compare-and-set, against that plain write); beside them, the local table's
+//! own lookup, the baseline measured in the same run.
 //!
 //! `cargo bench --bench store` (needs redis-server: apt-get install redis-server)
 #![allow(missing_docs)] // criterion's macros generate undocumented items
@@ -128,6 +129,23 @@ fn store(c: &mut Criterion) {
             })
         },
     );
+    // A session moving off a node: the compare-and-set script, every call a move
+    // that wins (the key goes back and forth), against the plain bind above.
+    let moving = keys[1];
+    runtime.block_on(store.bound(moving, SessionState::LoggedIn, "web1"));
+    let mut on_web1 = true;
+    group.bench_function("move off a node: compare-and-set (EVAL)", |b| {
+        b.iter(|| {
+            let (from, to) = if on_web1 {
+                ("web1", "web2")
+            } else {
+                ("web2", "web1")
+            };
+            on_web1 = !on_web1;
+            let first = runtime.block_on(store.moved(moving, SessionState::LoggedIn, from, to));
+            assert_eq!(first, None, "every move wins");
+        })
+    });
     group.finish();
     let fell_back = metrics.render(&Default::default());
     let fallbacks: Vec<&str> = (fell_back.lines())

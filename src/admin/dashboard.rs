@@ -299,7 +299,7 @@ async fn act(
         );
         return back_with(&dash, "/", &flash);
     }
-    let flash = match nodes::apply(&dash.gateway, &name, &action, false) {
+    let flash = match nodes::apply(&dash.gateway, &name, &action, false).await {
         Ok(_) => {
             let settings = dash.gateway.settings();
             let state = settings.upstreams.by_name(&name).map(|n| n.state());

@@ -9,7 +9,11 @@
 //! "Able to take students" means the admin state `active`, not health: health
 //! changes by itself (a node restarting comes back without anyone's help), while a
 //! drained node stays out until an admin brings it back; and it is the rule the
-//! config file keeps too (at least one node must be active).
+//! config file keeps too (at least one node must be active). With a shared store
+//! the check and the write are one script in Redis, against the states every
+//! gateway wrote, so two admins on two gateways cannot take out the last two
+//! active nodes between them; while Redis is away each gateway can only check what
+//! it knows itself, and the change reaches the others when Redis is back.
 //!
 //! Why draining shows `drained`: the point of draining is to patch a node without
 //! logging anyone out, and the admin needs to know when that moment has come: the
@@ -33,6 +37,7 @@ use crate::cluster::upstreams::Upstream;
 use crate::cluster::upstreams::Upstreams;
 use crate::config::NodeState;
 use crate::gateway::{Gateway, Settings};
+use crate::store::Checked;
 
 /// Re-reads the config file and applies it: `Ok` with notes (settings that need a
 /// restart), or `Err` with every problem, the running config untouched.
@@ -163,13 +168,13 @@ pub(super) async fn set_state(
     let (name, action) = path.map_err(|_| bad_request("malformed path"))?.0;
     let force = force.map_err(|_| bad_request("force must be true or false"))?;
     let force = force.0.force.unwrap_or(false);
-    Ok(Json(apply(&gateway, &name, &action, force)?).into_response())
+    Ok(Json(apply(&gateway, &name, &action, force).await?).into_response())
 }
 
 /// Applies an admin's `action` (drain, undrain, enable, disable) to node `name` and
 /// answers its row: the one place these rules live, for the JSON API and the
 /// dashboard's buttons alike (which never force: the 409 is their message).
-pub(super) fn apply(
+pub(super) async fn apply(
     gateway: &Gateway,
     name: &str,
     action: &str,
@@ -181,10 +186,6 @@ pub(super) fn apply(
         "disable" => NodeState::Disabled,
         _ => return Err(bad_request(&format!("no such action: use {ACTIONS}"))),
     };
-    // One change at a time, a reload's too: two admins disabling the last two active
-    // nodes at once cannot both pass the last-node check, and the settings read
-    // under the lock are the generation the change lands in.
-    let one_change = gateway.lock_node_states();
     let settings = gateway.settings();
     if settings.upstreams.data().name == name {
         return Err(bad_request(
@@ -192,14 +193,54 @@ pub(super) fn apply(
         ));
     }
     let node = settings.upstreams.by_name(name);
+    node.ok_or_else(|| not_found(format!("no node named {name}")))?;
+    // With a shared store the rail is checked in Redis, against every gateway's
+    // changes: two admins on two gateways cannot take out the last two active nodes.
+    let nodes = settings.upstreams.nodes().iter();
+    let here: Vec<(String, NodeState)> = nodes.map(|n| (n.name.clone(), n.state())).collect();
+    let store = gateway.store();
+    let checked = store.checked_node_state(name, state, force, &here).await;
+    // Then one change at a time here, a reload's too: two admins on this gateway
+    // cannot both pass the local rail, and the settings read under the lock are the
+    // generation the change lands in (a reload may have come during the await).
+    let one_change = gateway.lock_node_states();
+    let settings = gateway.settings();
+    let node = settings.upstreams.by_name(name);
     let node = node.ok_or_else(|| not_found(format!("no node named {name}")))?;
-    change(&settings.upstreams, node, state, force, action)?;
-    // Every other gateway takes the same change (a drain on one is a drain on all).
-    gateway.store().node_state(name, state);
+    match checked {
+        Some(checked) => agreed(node, state, checked, action)?,
+        // Redis away (or no shared store): this gateway's own rail, and the change
+        // reaches the others when Redis is back (a drain on one is a drain on all).
+        None => {
+            change(&settings.upstreams, node, state, force, action)?;
+            store.node_state(name, state);
+        }
+    }
     drop(one_change);
     // A gateway on its own keeps it with the snapshot: on disk now, not in 30 s.
     gateway.save_soon();
     Ok(row(gateway, node, true, true))
+}
+
+/// Takes in what Redis decided of an admin's change (it told the others already).
+fn agreed(
+    node: &Upstream,
+    state: NodeState,
+    checked: Checked,
+    action: &str,
+) -> Result<(), ApiError> {
+    let name = &node.name;
+    if checked == Checked::Refused {
+        tracing::warn!(node = %name, %state, "admin refused: the last active node of every gateway");
+        return Err(last_active(name, action));
+    }
+    let previous = node.set_state(state);
+    if checked == Checked::Forced {
+        tracing::warn!(node = %name, %previous, %state, "admin forced the last active node out: new students get 503");
+    } else {
+        tracing::info!(node = %name, %previous, %state, "admin changed a node's state, for every gateway");
+    }
+    Ok(())
 }
 
 /// Moves `node` to `state` unless that takes out the last active node without

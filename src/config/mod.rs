@@ -48,7 +48,10 @@ mod tests;
 mod upstreams;
 mod values;
 
-pub use store::{RedisConfig, RedisTarget, StoreConfig, STORE_SECRET_ENV};
+pub use store::{
+    RedisConfig, RedisTarget, StoreConfig, MASTER_PASSWORD_ENV, SENTINEL_PASSWORD_ENV,
+    STORE_SECRET_ENV,
+};
 pub use surge::MAX_ROOM_PAGE_BYTES;
 
 /// `listen` default: all interfaces, a port that needs no privileges.
@@ -501,6 +504,10 @@ pub struct ConfigEnv {
     pub route_secret: Option<String>,
     /// [`STORE_SECRET_ENV`]: overrides `store.secret` and `secret_file`.
     pub store_secret: Option<String>,
+    /// [`MASTER_PASSWORD_ENV`]: overrides `store.master_password` and its file.
+    pub store_master_password: Option<String>,
+    /// [`SENTINEL_PASSWORD_ENV`]: overrides `store.sentinel_password` and its file.
+    pub store_sentinel_password: Option<String>,
 }
 
 impl ConfigEnv {
@@ -510,6 +517,8 @@ impl ConfigEnv {
             admin_token: std::env::var(ADMIN_TOKEN_ENV).ok(),
             route_secret: std::env::var(ROUTE_SECRET_ENV).ok(),
             store_secret: std::env::var(STORE_SECRET_ENV).ok(),
+            store_master_password: std::env::var(MASTER_PASSWORD_ENV).ok(),
+            store_sentinel_password: std::env::var(SENTINEL_PASSWORD_ENV).ok(),
         }
     }
 
@@ -521,6 +530,8 @@ impl ConfigEnv {
             admin_token: clean(self.admin_token),
             route_secret: clean(self.route_secret),
             store_secret: clean(self.store_secret),
+            store_master_password: clean(self.store_master_password),
+            store_sentinel_password: clean(self.store_sentinel_password),
         }
     }
 }
@@ -532,6 +543,11 @@ impl fmt::Debug for ConfigEnv {
             .field("admin_token", &set(&self.admin_token))
             .field("route_secret", &set(&self.route_secret))
             .field("store_secret", &set(&self.store_secret))
+            .field("store_master_password", &set(&self.store_master_password))
+            .field(
+                "store_sentinel_password",
+                &set(&self.store_sentinel_password),
+            )
             .finish()
     }
 }

@@ -15,11 +15,16 @@ use super::secrets::{Found, SecretKeys};
 use super::values::node_name;
 use super::MIN_ROUTE_SECRET;
 
-const STORE_KEYS: &str =
-    "kind url sentinels master prefix name secret secret_file timeout connect_timeout";
+const STORE_KEYS: &str = "kind url sentinels master master_password master_password_file \
+     sentinel_password sentinel_password_file prefix name secret secret_file timeout \
+     connect_timeout";
 
 /// The environment variable that overrides `store.secret`/`secret_file`.
 pub const STORE_SECRET_ENV: &str = "MOODLE_GATEWAY_STORE_SECRET";
+/// The environment variable that overrides `store.master_password`/`master_password_file`.
+pub const MASTER_PASSWORD_ENV: &str = "MOODLE_GATEWAY_STORE_MASTER_PASSWORD";
+/// The environment variable that overrides `store.sentinel_password`/`sentinel_password_file`.
+pub const SENTINEL_PASSWORD_ENV: &str = "MOODLE_GATEWAY_STORE_SENTINEL_PASSWORD";
 /// `store.prefix` default.
 pub const DEFAULT_PREFIX: &str = "moodle-gateway:";
 /// `store.timeout` default: the longest a student's request waits for Redis before
@@ -36,14 +41,29 @@ const SECRET: SecretKeys = SecretKeys {
     env: STORE_SECRET_ENV,
 };
 
+const MASTER_PASSWORD: SecretKeys = SecretKeys {
+    what: "primary's password",
+    inline: "master_password",
+    file: "master_password_file",
+    env: MASTER_PASSWORD_ENV,
+};
+
+const SENTINEL_PASSWORD: SecretKeys = SecretKeys {
+    what: "Sentinels' password",
+    inline: "sentinel_password",
+    file: "sentinel_password_file",
+    env: SENTINEL_PASSWORD_ENV,
+};
+
 /// `[store]`, validated.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum StoreConfig {
     /// `kind = "memory"` (the default): this gateway's own table, deal and admin state.
     #[default]
     Memory,
-    /// `kind = "redis"`: shared with every gateway on the same Redis and prefix.
-    Redis(RedisConfig),
+    /// `kind = "redis"`: shared with every gateway on the same Redis and prefix
+    /// (boxed: the memory store, the common case, carries nothing).
+    Redis(Box<RedisConfig>),
 }
 
 /// `[store]` with `kind = "redis"`. `Debug` is written by hand: the URL may carry
@@ -79,6 +99,12 @@ pub enum RedisTarget {
         sentinels: Vec<String>,
         /// The name the Sentinels monitor the primary under.
         master: String,
+        /// `master_password`: the primary's `requirepass` (the Sentinels only name
+        /// the server, so no URL can carry it).
+        master_password: Option<String>,
+        /// `sentinel_password`: the Sentinels' own `requirepass`, for each Sentinel
+        /// whose URL has no password of its own.
+        sentinel_password: Option<String>,
     },
 }
 
@@ -87,9 +113,23 @@ impl RedisTarget {
     pub fn redacted(&self) -> String {
         match self {
             RedisTarget::Url(url) => redact(url),
-            RedisTarget::Sentinel { sentinels, master } => {
+            RedisTarget::Sentinel {
+                sentinels,
+                master,
+                master_password,
+                sentinel_password,
+            } => {
                 let each: Vec<String> = sentinels.iter().map(|s| redact(s)).collect();
-                format!("master {master:?} via Sentinels {}", each.join(", "))
+                let mut text = format!("master {master:?} via Sentinels {}", each.join(", "));
+                let set = |p: &Option<String>| if p.is_some() { "set" } else { "none" };
+                if master_password.is_some() || sentinel_password.is_some() {
+                    text.push_str(&format!(
+                        " (primary's password: {}, Sentinels' password: {})",
+                        set(master_password),
+                        set(sentinel_password)
+                    ));
+                }
+                text
             }
         }
     }
@@ -140,7 +180,7 @@ impl Checker<'_> {
         match kind {
             Some(("redis", _)) => self
                 .redis(&s)
-                .map_or(StoreConfig::Memory, StoreConfig::Redis),
+                .map_or(StoreConfig::Memory, |r| StoreConfig::Redis(Box::new(r))),
             Some(_) | None => {
                 // Settings for a Redis that is not used are a half-finished change.
                 for key in STORE_KEYS.split(' ').filter(|&k| k != "kind") {
@@ -208,9 +248,21 @@ impl Checker<'_> {
             .string(s, "master")
             .map(|(m, span)| (m.to_owned(), span));
         match (url, sentinels, master) {
-            (Some((url, _)), None, None) => Some(RedisTarget::Url(url)),
+            (Some((url, _)), None, None) => {
+                self.no_passwords_beside_url(s);
+                Some(RedisTarget::Url(url))
+            }
             (None, Some((sentinels, _)), Some((master, _))) => {
-                Some(RedisTarget::Sentinel { sentinels, master })
+                let env = self.env.store_master_password.clone();
+                let master_password = self.password(s, env, &MASTER_PASSWORD)?;
+                let env = self.env.store_sentinel_password.clone();
+                let sentinel_password = self.password(s, env, &SENTINEL_PASSWORD)?;
+                Some(RedisTarget::Sentinel {
+                    sentinels,
+                    master,
+                    master_password,
+                    sentinel_password,
+                })
             }
             (Some(_), Some((_, span)), _) | (Some(_), None, Some((_, span))) => {
                 let message = "set either url, or sentinels with master, not both";
@@ -234,6 +286,42 @@ impl Checker<'_> {
                 None
             }
             _ => None, // a bad url or sentinel list is reported already
+        }
+    }
+
+    /// An optional password of the Sentinel setup: `Some(None)` when none of its
+    /// three places is set, `None` when it is set badly (reported).
+    fn password(
+        &mut self,
+        s: &Section,
+        env: Option<String>,
+        k: &SecretKeys,
+    ) -> Option<Option<String>> {
+        if env.is_none() && s.get(k.inline).is_none() && s.get(k.file).is_none() {
+            return Some(None);
+        }
+        let r = self.secret(s, env, k)?;
+        if r.value.is_empty() {
+            let message = format!("is empty: remove it if the {} has none", k.what);
+            self.error(s.key(r.key), r.span, message);
+            return None;
+        }
+        Some(Some(r.value))
+    }
+
+    /// With `url` the password goes in the URL: a password key beside it would be
+    /// silently unused.
+    fn no_passwords_beside_url(&mut self, s: &Section) {
+        let keys = ["master_password", "master_password_file"];
+        let keys = keys
+            .into_iter()
+            .chain(["sentinel_password", "sentinel_password_file"]);
+        for key in keys {
+            if let Some(v) = s.get(key) {
+                let message = "only used with sentinels: with url, the password goes in it \
+                               (redis://:password@host:6379)";
+                self.error(s.key(key), Some(v.span()), message);
+            }
         }
     }
 

@@ -18,6 +18,8 @@ fn parse(text: &str, env: Option<&str>) -> Result<Config, ConfigErrors> {
         admin_token: env.map(String::from),
         route_secret: None,
         store_secret: None,
+        store_master_password: None,
+        store_sentinel_password: None,
     };
     Config::parse(text, Path::new("/nonexistent"), env)
 }
@@ -459,6 +461,8 @@ fn admin_token_precedence_is_env_then_token_then_file() {
             admin_token: env.map(String::from),
             route_secret: None,
             store_secret: None,
+            store_master_password: None,
+            store_sentinel_password: None,
         };
         let a = Config::parse(&text, &dir, env).unwrap().admin.unwrap();
         (a.token, a.token_source)
@@ -524,7 +528,7 @@ fn the_shipped_config_parses() {
     let env = ConfigEnv {
         admin_token: Some("from-env-0123456789abcdef0123456789".into()),
         route_secret: Some("route-from-env-0123456789abcdef0123".into()),
-        store_secret: None,
+        ..ConfigEnv::default()
     };
     let c = Config::parse(
         include_str!("../../config.toml"),
@@ -623,6 +627,8 @@ fn a_short_admin_token_is_an_error_naming_where_it_came_from() {
             admin_token: env.map(String::from),
             route_secret: None,
             store_secret: None,
+            store_master_password: None,
+            store_sentinel_password: None,
         };
         match Config::parse(&text, &dir, env) {
             Ok(_) => panic!("a short token passed: {keys}"),

@@ -667,7 +667,8 @@ impl Gateway {
         let to = self.deal(settings, Some(known.node))?;
         // Concurrent requests of the same student agree on one new node.
         let to = self.table.rebind(known.key, known.node, to).unwrap_or(to);
-        (self.tell_bound(known.key, known.state, to, &settings.upstreams)).await;
+        // And so do the gateways: another one that moved it first wins.
+        let to = self.tell_moved(known, to, &settings.upstreams).await;
         self.metrics.moved(cause);
         tracing::debug!(from = known.node, to, "session moved to another node");
         Some(Route::Moved(to))

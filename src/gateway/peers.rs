@@ -3,6 +3,8 @@
 //! reach its table and upstreams. Without a shared store every call here returns
 //! at once and the gateway is the single gateway it always was.
 
+use std::time::Duration;
+
 use super::{Gateway, Known, Settings};
 use crate::cluster::upstreams::{NodeId, Upstreams};
 use crate::config::{Balance, NodeState};
@@ -95,6 +97,32 @@ impl Gateway {
         if let (true, Some(node)) = (self.store.is_shared(), upstreams.get(node)) {
             self.store.bound(key, state, &node.name).await;
         }
+    }
+
+    /// Tells the others that `known` moved to `to`, unless one of them moved it
+    /// first (compare-and-set in Redis): then its node is taken here too, and
+    /// returned, so a student whose requests reached two gateways at once lands on
+    /// one node. One round trip, only when a session changes node.
+    pub(super) async fn tell_moved(
+        &self,
+        known: Known,
+        to: NodeId,
+        upstreams: &Upstreams,
+    ) -> NodeId {
+        let (Some(from), Some(node)) = (upstreams.get(known.node), upstreams.get(to)) else {
+            // Its old node left the config: nobody can route it there, so no race.
+            self.tell_bound(known.key, known.state, to, upstreams).await;
+            return to;
+        };
+        let first = self
+            .store
+            .moved(known.key, known.state, &from.name, &node.name);
+        let Some(winner) = first.await.and_then(|name| upstreams.by_name(&name)) else {
+            return to;
+        };
+        self.table
+            .adopt(known.key, winner.id, known.state, Duration::ZERO);
+        winner.id
     }
 
     /// An admin evicts a session: here and, with a shared store, everywhere.

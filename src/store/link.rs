@@ -14,8 +14,11 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use redis::aio::{MultiplexedConnection, PubSub};
-use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{AsyncConnectionConfig, Client, RedisError};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo,
+    RedisError,
+};
 
 use crate::config::{RedisConfig, RedisTarget};
 
@@ -116,11 +119,22 @@ pub(super) async fn connect(
 async fn client(config: &RedisConfig) -> Result<Client, String> {
     match &config.target {
         RedisTarget::Url(url) => Client::open(url.as_str()).map_err(|e| e.to_string()),
-        RedisTarget::Sentinel { sentinels, master } => {
+        RedisTarget::Sentinel {
+            sentinels,
+            master,
+            master_password,
+            sentinel_password,
+        } => {
+            let sentinels = with_password(sentinels, sentinel_password.as_deref())?;
+            // The primary's own password: Sentinels and data servers each have theirs.
+            let primary = master_password.as_ref().map(|password| {
+                let auth = RedisConnectionInfo::default().set_password(password);
+                SentinelNodeConnectionInfo::default().set_redis_connection_info(auth)
+            });
             let mut sentinel = SentinelClient::build(
-                sentinels.clone(),
+                sentinels,
                 master.clone(),
-                None,
+                primary,
                 SentinelServerType::Master,
             )
             .map_err(|e| e.to_string())?;
@@ -130,6 +144,28 @@ async fn client(config: &RedisConfig) -> Result<Client, String> {
                 .map_err(|e| format!("asking the Sentinels for {master:?}: {e}"))
         }
     }
+}
+
+/// Each Sentinel's address, with `password` (`store.sentinel_password`) unless its
+/// URL carries one of its own.
+fn with_password(
+    sentinels: &[String],
+    password: Option<&str>,
+) -> Result<Vec<ConnectionInfo>, String> {
+    let each = sentinels.iter().map(|url| {
+        let info = url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| e.to_string())?;
+        Ok(match password {
+            Some(password) if info.redis_settings().password().is_none() => {
+                let auth = info.redis_settings().clone().set_password(password);
+                info.set_redis_settings(auth)
+            }
+            _ => info,
+        })
+    });
+    each.collect()
 }
 
 async fn within<T>(

@@ -29,11 +29,14 @@
 //! - **Conflicts: the first writer wins.** What this gateway bound while Redis was
 //!   away is written back with `SET NX`: a session some other gateway wrote first
 //!   keeps that gateway's node, and this one adopts it, because the others have
-//!   been routing it there all along.
+//!   been routing it there all along. A session moving off a node, and an admin
+//!   taking a node out, are compare-and-set in Redis for the same reason (see
+//!   `agree`).
 //!
 //! The store knows sessions and node names, never HTTP: what it needs of the
 //! gateway is the [`Local`] trait.
 
+mod agree;
 mod heartbeat;
 mod link;
 mod resync;
@@ -54,6 +57,7 @@ use crate::config::{NodeState, RedisConfig};
 use crate::metrics::{Fallback, StoreMeters};
 use crate::sessions::affinity::{AffinityTable, Limits, SessionKey, SessionState};
 
+pub use agree::Checked;
 use link::Link;
 pub use wire::Change;
 

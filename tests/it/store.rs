@@ -667,3 +667,171 @@ async fn least_sessions_counts_every_gateways_sessions() {
         assert_eq!(new_visitor(b).await, "web2", "student {n} at gw-b");
     }
 }
+
+/// Whether every gateway of `site` sees every node of `names` as `state`.
+fn everywhere(site: &Site, names: &[&str], state: NodeState) -> bool {
+    site.gateways.iter().all(|gateway| {
+        let settings = gateway.app.gateway().settings();
+        (names.iter()).all(|name| settings.upstreams.by_name(name).unwrap().state() == state)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn two_admins_draining_the_last_two_active_nodes_on_two_gateways_at_once_one_is_refused_every_time(
+) {
+    let site = Site::start(2, &["gw-a", "gw-b"], "").await;
+    let (a, b) = (site.gw(0), site.gw(1));
+    for attempt in 0..20 {
+        // Each admin drains the node the other keeps, at the same instant.
+        let (on_a, on_b) = tokio::join!(
+            admin(a, "POST", "/nodes/web1/drain"),
+            admin(b, "POST", "/nodes/web2/drain"),
+        );
+        let statuses = [on_a.0, on_b.0];
+        let won = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+        let refused = statuses.iter().filter(|s| **s == StatusCode::CONFLICT);
+        assert_eq!(
+            (won, refused.count()),
+            (1, 1),
+            "attempt {attempt}: exactly one drain passes: {on_a:?} {on_b:?}"
+        );
+        let (drained, gateway, refusal) = match on_a.0 == StatusCode::OK {
+            true => ("web1", a, &on_b.1),
+            false => ("web2", b, &on_a.1),
+        };
+        let refusal = refusal["error"].as_str().unwrap_or_default();
+        assert!(
+            refusal.contains("is the last active node") && refusal.contains("?force=true"),
+            "the local rail's own message: {refusal}"
+        );
+        let kept = if drained == "web1" { "web2" } else { "web1" };
+        eventually(Duration::from_secs(1), "every gateway agrees", || {
+            everywhere(&site, &[drained], NodeState::Draining)
+                && everywhere(&site, &[kept], NodeState::Active)
+        })
+        .await;
+        let (status, _) = admin(gateway, "POST", &format!("/nodes/{drained}/undrain")).await;
+        assert_eq!(status, StatusCode::OK);
+        eventually(Duration::from_secs(1), "both active again", || {
+            everywhere(&site, &["web1", "web2"], NodeState::Active)
+        })
+        .await;
+    }
+    // Force still takes the last one out, on any gateway, and says so.
+    let (status, _) = admin(a, "POST", "/nodes/web1/drain").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = admin(b, "POST", "/nodes/web2/disable").await;
+    assert_eq!(status, StatusCode::CONFLICT, "web1 is draining on gw-a");
+    let (status, _) = admin(b, "POST", "/nodes/web2/disable?force=true").await;
+    assert_eq!(status, StatusCode::OK);
+    let states = site
+        .redis
+        .command(&["HGET", "moodle-gateway:nodes", "web2"]);
+    assert_eq!(
+        redis::from_redis_value::<String>(states.unwrap()).unwrap(),
+        "disabled"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn two_gateways_moving_one_session_at_the_same_moment_end_on_one_node() {
+    let keys = "session.store = \"shared\"\nhealth.interval = \"100ms\"\n\
+                health.timeout = \"50ms\"\nhealth.fall = 1\n";
+    let site = Site::start(3, &["gw-a", "gw-b"], keys).await;
+    let (a, b) = (site.gw(0), site.gw(1));
+    let mut on_web1 = Vec::new();
+    for n in 0..18 {
+        let (student, node) = logged_in(a, n).await;
+        let key = key_of(a, &student);
+        eventually(Duration::from_secs(1), "gw-b hears of it", || {
+            bound_to(b, key).as_deref() == Some(node.as_str())
+        })
+        .await;
+        if node == "web1" {
+            on_web1.push(student);
+        }
+    }
+    assert!(on_web1.len() >= 5, "{} on web1", on_web1.len());
+    site.cluster.by_name("web1").unwrap().stop();
+    // Both gateways know it is down, so both move the student at once, neither
+    // waiting for a refused connection first.
+    eventually(Duration::from_secs(2), "web1 is down on both", || {
+        site.gateways.iter().all(|gateway| {
+            let settings = gateway.app.gateway().settings();
+            !settings.upstreams.by_name("web1").unwrap().health.is_up()
+        })
+    })
+    .await;
+    // gw-a moves one student alone first: its own deal is now a turn ahead of
+    // gw-b's, so the two gateways would pick different nodes for the next ones.
+    let mut first = on_web1.remove(0);
+    let page = first.get("/my/").await.unwrap();
+    assert!(!["", "web1"].contains(&page.upstream()), "moved");
+    for (n, student) in on_web1.iter().enumerate() {
+        let (mut here, mut there) = (student.at(a.addr), student.at(b.addr));
+        let (page_a, page_b) = tokio::join!(here.get("/my/"), there.get("/my/"));
+        let (page_a, page_b) = (page_a.unwrap(), page_b.unwrap());
+        // Answered by a node (the stand-ins keep sessions per node: it asks them
+        // to log in again), not by the gateway.
+        let node = page_a.upstream().to_owned();
+        assert!(!node.is_empty(), "student {n}: {}", page_a.status);
+        assert_eq!(page_a.status, page_b.status, "student {n}");
+        assert_ne!(node, "web1", "student {n}");
+        assert_eq!(
+            page_b.upstream(),
+            node,
+            "student {n}: both requests on one node"
+        );
+        // The node asked each to log in again under a new id (its sessions are its
+        // own): every gateway and Redis bind both ids to the node that issued them.
+        for id in [&page_a.issued, &page_b.issued].into_iter().flatten() {
+            let key = a.app.gateway().table().key(id);
+            let redis_key = format!("moodle-gateway:s:{key}");
+            let agreed = || {
+                let stored = site.redis.get(&redis_key).unwrap_or_default();
+                let stored = stored.split(' ').nth(1).map(str::to_owned);
+                [bound_to(a, key), bound_to(b, key), stored]
+            };
+            let want = Some(node.clone());
+            let waited = std::time::Instant::now();
+            while agreed() != [want.clone(), want.clone(), want.clone()] {
+                let seen = agreed();
+                assert!(
+                    waited.elapsed() < Duration::from_secs(1),
+                    "student {n}: gw-a, gw-b and Redis bind it to {seen:?}, not {node}"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn behind_sentinel_a_primary_with_a_password_is_reached_with_the_primarys_password() {
+    let mut primary = RedisServer::start();
+    primary.restart_locked(Some("the-primarys-password"));
+    let sentinel =
+        RedisServer::sentinel_with_passwords(&primary, "moodle", Some("the-sentinels-password"));
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let store = format!(
+        "store.kind = \"redis\"\nstore.sentinels = [\"redis://127.0.0.1:{}\"]\n\
+         store.master = \"moodle\"\nstore.master_password = \"the-primarys-password\"\n\
+         store.sentinel_password = \"the-sentinels-password\"\n\
+         store.name = \"gw-a\"\nstore.secret = {SECRET:?}\n",
+        sentinel.port()
+    );
+    let admin = Some(("127.0.0.1:0", TOKEN));
+    let gateway =
+        ready(TestGateway::start(&cluster.config_toml("127.0.0.1:0", admin, &store)).await).await;
+    let (student, node) = logged_in(&gateway, 1).await;
+    let key = format!("moodle-gateway:s:{}", key_of(&gateway, &student));
+    assert_eq!(
+        primary.get(&key),
+        Some(format!("L {node} gw-a")),
+        "written to the primary, through its password"
+    );
+    assert_eq!(gateway.app.gateway().store().is_up(), Some(true));
+}

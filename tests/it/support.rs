@@ -758,10 +758,20 @@ impl RedisServer {
 
     /// A Sentinel watching `primary` as `master` (quorum 1, down after 500 ms).
     pub fn sentinel_of(primary: &RedisServer, master: &str) -> Self {
+        Self::sentinel_with_passwords(primary, master, None)
+    }
+
+    /// A Sentinel watching `primary` as `master`, logging in to it with the
+    /// primary's `requirepass` when it has one, and with `requirepass` of its own.
+    pub fn sentinel_with_passwords(
+        primary: &RedisServer,
+        master: &str,
+        requirepass: Option<&str>,
+    ) -> Self {
         let mut sentinel = Self::start();
         sentinel.kill();
         let conf = sentinel._dir.0.join("sentinel.conf");
-        let text = format!(
+        let mut text = format!(
             "port {}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
              sentinel monitor {master} 127.0.0.1 {} 1\n\
              sentinel down-after-milliseconds {master} 500\n\
@@ -770,6 +780,13 @@ impl RedisServer {
             sentinel._dir.0.display(),
             primary.port
         );
+        if let Some(password) = &primary.password {
+            text.push_str(&format!("sentinel auth-pass {master} {password}\n"));
+        }
+        if let Some(password) = requirepass {
+            text.push_str(&format!("requirepass {password}\n"));
+        }
+        sentinel.password = requirepass.map(str::to_owned);
         std::fs::write(&conf, text).unwrap();
         let mut command = Command::new("redis-server");
         command.arg(&conf).arg("--sentinel");

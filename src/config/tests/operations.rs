@@ -14,6 +14,8 @@ fn parse_env(
         admin_token: None,
         route_secret: route_secret.map(String::from),
         store_secret: None,
+        store_master_password: None,
+        store_sentinel_password: None,
     };
     Config::parse(text, base_dir, env)
 }
@@ -340,10 +342,12 @@ fn describe_and_debug_never_show_the_route_secret() {
         admin_token: Some("admin-secret".into()),
         route_secret: None,
         store_secret: None,
+        store_master_password: None,
+        store_sentinel_password: None,
     };
     assert_eq!(
         format!("{env:?}"),
-        "ConfigEnv { admin_token: \"<set>\", route_secret: \"<unset>\", store_secret: \"<unset>\" }"
+        "ConfigEnv { admin_token: \"<set>\", route_secret: \"<unset>\", store_secret: \"<unset>\", store_master_password: \"<unset>\", store_sentinel_password: \"<unset>\" }"
     );
 }
 

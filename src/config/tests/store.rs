@@ -10,6 +10,8 @@ fn parse_with(text: &str, store_secret: Option<&str>) -> Result<Config, ConfigEr
         admin_token: None,
         route_secret: None,
         store_secret: store_secret.map(String::from),
+        store_master_password: None,
+        store_sentinel_password: None,
     };
     Config::parse(
         &format!("{text}\n{NODES}{DATA}"),
@@ -20,7 +22,7 @@ fn parse_with(text: &str, store_secret: Option<&str>) -> Result<Config, ConfigEr
 
 fn redis(text: &str) -> RedisConfig {
     match parse_with(text, None).unwrap().store {
-        StoreConfig::Redis(redis) => redis,
+        StoreConfig::Redis(redis) => *redis,
         StoreConfig::Memory => panic!("not a redis store"),
     }
 }
@@ -73,7 +75,9 @@ fn a_redis_store_by_sentinels_and_the_secret_from_the_environment() {
                 "redis://10.0.0.6:26379".into(),
                 "redis://10.0.0.7:26379".into()
             ],
-            master: "moodle".into()
+            master: "moodle".into(),
+            master_password: None,
+            sentinel_password: None,
         }
     );
     assert_eq!(
@@ -131,4 +135,111 @@ fn check_describes_a_redis_store_without_its_password_or_secret() {
         "{described}"
     );
     assert!(!described.contains(SECRET));
+}
+
+const SENTINEL: &str = "[store]\nkind = \"redis\"\nsentinels = [\"redis://10.0.0.6:26379\"]\n\
+                        master = \"moodle\"\nname = \"gw\"\n";
+
+fn sentinel_passwords(text: &str, env: &ConfigEnv) -> (Option<String>, Option<String>) {
+    let text = format!("{SENTINEL}secret = \"{SECRET}\"\n{text}\n{NODES}{DATA}");
+    let c = Config::parse(&text, Path::new("/nonexistent"), env.clone()).unwrap();
+    let StoreConfig::Redis(redis) = c.store else {
+        panic!("not redis")
+    };
+    match redis.target {
+        RedisTarget::Sentinel {
+            master_password,
+            sentinel_password,
+            ..
+        } => (master_password, sentinel_password),
+        other => panic!("not behind Sentinels: {other:?}"),
+    }
+}
+
+#[test]
+fn behind_sentinels_the_primarys_and_the_sentinels_passwords_are_two_settings() {
+    let none = ConfigEnv::default();
+    assert_eq!(sentinel_passwords("", &none), (None, None));
+    let both = "master_password = \"primary-pw\"\nsentinel_password = \"sentinel-pw\"";
+    assert_eq!(
+        sentinel_passwords(both, &none),
+        (Some("primary-pw".into()), Some("sentinel-pw".into()))
+    );
+    // The environment beats the inline key, as for every other secret.
+    let env = ConfigEnv {
+        store_master_password: Some("from-env".into()),
+        ..ConfigEnv::default()
+    };
+    assert_eq!(
+        sentinel_passwords(both, &env),
+        (Some("from-env".into()), Some("sentinel-pw".into()))
+    );
+    assert_eq!(
+        sentinel_passwords("", &env),
+        (Some("from-env".into()), None)
+    );
+}
+
+#[test]
+fn the_primarys_password_is_read_from_its_file_relative_to_the_config() {
+    let dir = std::env::temp_dir().join(format!("mgw-master-pw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("primary.password"), "from-the-file\n").unwrap();
+    let text = format!(
+        "{SENTINEL}secret = \"{SECRET}\"\nmaster_password_file = \"primary.password\"\n\n{NODES}{DATA}"
+    );
+    let c = Config::parse(&text, &dir, ConfigEnv::default());
+    std::fs::remove_dir_all(&dir).unwrap();
+    let StoreConfig::Redis(r) = c.unwrap().store else {
+        panic!("not redis")
+    };
+    let RedisTarget::Sentinel {
+        master_password, ..
+    } = &r.target
+    else {
+        panic!("not behind Sentinels")
+    };
+    assert_eq!(master_password.as_deref(), Some("from-the-file"));
+    let described = format!("{r:?} {}", r.target.redacted());
+    assert!(!described.contains("from-the-file"), "{described}");
+    assert!(
+        described.contains("(primary's password: set, Sentinels' password: none)"),
+        "{described}"
+    );
+}
+
+#[test]
+fn every_sentinel_password_mistake_names_its_key() {
+    let url = format!(
+        "[store]\nkind = \"redis\"\nurl = \"redis://h\"\nname = \"gw\"\nsecret = \"{SECRET}\"\n"
+    );
+    let sentinel = format!("{SENTINEL}secret = \"{SECRET}\"\n");
+    let cases = [
+        (
+            format!("{url}master_password = \"pw\"\n"),
+            "6: store.master_password: only used with sentinels: with url, the password goes in it \
+             (redis://:password@host:6379)",
+        ),
+        (
+            format!("{url}sentinel_password_file = \"f\"\n"),
+            "6: store.sentinel_password_file: only used with sentinels: with url, the password goes \
+             in it (redis://:password@host:6379)",
+        ),
+        (
+            format!("{sentinel}master_password = \"\"\n"),
+            "7: store.master_password: is empty: remove it if the primary's password has none",
+        ),
+        (
+            format!("{sentinel}sentinel_password = \"a\"\nsentinel_password_file = \"f\"\n"),
+            "8: store.sentinel_password_file: set either sentinel_password or sentinel_password_file, not both",
+        ),
+        (
+            format!("{sentinel}master_password_file = \"missing.password\"\n"),
+            "7: store.master_password_file: cannot read /nonexistent/missing.password: no such file or directory (os error 2)",
+        ),
+    ];
+    for (text, want) in cases {
+        let errors = parse_with(&text, None).unwrap_err().to_string();
+        assert_eq!(errors, want, "for {text:?}");
+    }
 }
