@@ -249,6 +249,8 @@ pub struct GatewayProcess {
     pub addr: SocketAddr,
     /// Its admin listener, as it logged it, when the config has `[admin]`.
     pub admin_addr: Option<SocketAddr>,
+    /// Every line it wrote to stderr after its listen line.
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     _dir: TempDir,
 }
 
@@ -256,6 +258,12 @@ impl GatewayProcess {
     /// Its working directory (where the default state file goes) and `config.toml`.
     pub fn dir(&self) -> &Path {
         &self._dir.0
+    }
+
+    /// The lines of its log (stderr) so far that contain `needle`.
+    pub fn logged(&self, needle: &str) -> Vec<String> {
+        let log = self.log.lock().unwrap();
+        log.iter().filter(|l| l.contains(needle)).cloned().collect()
     }
 
     /// Sends a signal (`"TERM"`, `"HUP"`) to the process.
@@ -369,12 +377,20 @@ fn start_command(mut command: Command, config: &str) -> GatewayProcess {
             Some((addr, admin))
         })
         .expect("the gateway logged its listen address");
-    // Keep draining the log, so a chatty gateway never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
+    // Keep draining the log, so a chatty gateway never blocks on a full pipe, and
+    // keep it for the tests that read what the gateway said.
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            kept.lock().unwrap().push(line);
+        }
+    });
     GatewayProcess {
         child,
         addr,
         admin_addr,
+        log,
         _dir: TempDir(dir),
     }
 }
