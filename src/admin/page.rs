@@ -1,4 +1,5 @@
-//! The dashboard page itself: a card per upstream, the waiting-room panel (with a
+//! The dashboard page itself: a card per upstream (and with `[offload]` one for the
+//! file export, written by `export`), the waiting-room panel (with a
 //! `[surge]` cap, written by `surge_panel`), the asset-cache panel (unless it is
 //! off, written by `cache_panel`), the Gateways panel (with a shared store, written
 //! by `gateways_panel`), the find box and the session table, written from figures
