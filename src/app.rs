@@ -3,7 +3,8 @@
 //! `serve` takes listeners that are already bound, so tests run the real server on
 //! `127.0.0.1:0` and `main` stays a thin shell. Each listener's accept loop is in
 //! [`crate::http::listener`]; this file wires the gateway, the admin API, the background
-//! tasks (sweeper, health checks, snapshots) and reloads together.
+//! tasks (sweeper, health checks of the nodes and the file export, snapshots) and
+//! reloads together.
 //!
 //! The public listener is not an axum `Router`: every path is proxied, so routing
 //! would decide nothing, and calling [`Gateway::handle`] straight from the hyper
@@ -273,6 +274,14 @@ impl App {
         let probed = self.gateway.clone();
         background.spawn(crate::cluster::health::run(
             move || probe_targets(&probed),
+            stop_rx.clone(),
+        ));
+        let watched = self.gateway.clone();
+        background.spawn(crate::cluster::export::run(
+            move || {
+                let settings = watched.settings();
+                (settings.health.clone(), settings.export.clone())
+            },
             stop_rx.clone(),
         ));
         if let Some(file) = save_to.clone() {

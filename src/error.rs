@@ -79,6 +79,9 @@ pub enum GatewayError {
     FileNotOnDataServer,
     /// The data server's file export answered something other than the file.
     FileExportFailed,
+    /// A fetch from the file export failed while its probes say it is down: the
+    /// student is told so, and nothing is logged for this file (the mark was).
+    FileExportDown,
     /// A node named a file with `X-Accel-Redirect` that the gateway may not fetch
     /// (outside `offload.prefix`, `..`, an escape, a query), or without `[offload]`.
     UnusableAccelRedirect,
@@ -109,9 +112,10 @@ impl GatewayError {
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::UriTooLong => StatusCode::URI_TOO_LONG,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::FileExportUnreachable | Self::FileExportFailed | Self::UnusableAccelRedirect => {
-                StatusCode::BAD_GATEWAY
-            }
+            Self::FileExportUnreachable
+            | Self::FileExportFailed
+            | Self::FileExportDown
+            | Self::UnusableAccelRedirect => StatusCode::BAD_GATEWAY,
             Self::FileExportTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::FileNotOnDataServer => StatusCode::NOT_FOUND,
         }
@@ -171,6 +175,9 @@ impl GatewayError {
             }
             Self::FileNotOnDataServer => "not found: the data server does not have this file\n",
             Self::FileExportFailed => "bad gateway: the data server's file export failed\n",
+            Self::FileExportDown => {
+                "bad gateway: the data server's file export is down; files come back when it does\n"
+            }
             Self::UnusableAccelRedirect => {
                 "bad gateway: the moodle server named a file the gateway may not fetch\n"
             }
@@ -269,6 +276,7 @@ impl GatewayError {
             Self::FileExportTimeout => "file_export_timeout",
             Self::FileNotOnDataServer => "file_not_on_data_server",
             Self::FileExportFailed => "file_export_failed",
+            Self::FileExportDown => "file_export_down",
             Self::UnusableAccelRedirect => "unusable_accel_redirect",
             Self::OutOfConnections => "out_of_connections",
         }
@@ -303,6 +311,7 @@ impl GatewayError {
                 | Self::FileExportTimeout
                 | Self::FileNotOnDataServer
                 | Self::FileExportFailed
+                | Self::FileExportDown
                 | Self::UnusableAccelRedirect
         )
     }
@@ -345,6 +354,7 @@ mod tests {
             (GatewayError::FileExportTimeout, 504),
             (GatewayError::FileNotOnDataServer, 404),
             (GatewayError::FileExportFailed, 502),
+            (GatewayError::FileExportDown, 502),
             (GatewayError::UnusableAccelRedirect, 502),
             (GatewayError::OutOfConnections, 503),
         ];

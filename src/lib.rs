@@ -38,6 +38,8 @@
 //!   - [`cluster::balancer`]: the lock-free deal of new sessions over weighted nodes.
 //!   - [`cluster::health`]: active probes and passive marks that take nodes down and bring
 //!     them back.
+//!   - [`cluster::export`]: the data server's file export (`[offload]`), probed on the
+//!     nodes' rhythm, its going down and coming back said once each.
 //! - [`store`]: several gateways, one truth: the table, the deal and the admin state
 //!   shared through Redis (`[store] kind = "redis"`); nothing at all with the default
 //!   `memory`. Knows sessions and node names, never HTTP.

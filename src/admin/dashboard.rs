@@ -130,6 +130,7 @@ async fn show(
         cards: (upstreams(&settings))
             .map(|u| card(&dash, u, data, capped))
             .collect(),
+        export: super::export::now(gateway, settings.export.as_deref()),
         totals: (table.len() as u64, table.logged_in_total()),
         surge,
         cache,

@@ -37,6 +37,7 @@ pub(super) fn snapshot(gateway: &Gateway) -> Snapshot {
         table_len: gateway.table().len(),
         room: gateway.room_now(),
         cache: gateway.asset_cache().now(),
+        export_up: settings.export.as_ref().map(|e| e.health.is_up()),
     }
 }
 

@@ -37,6 +37,7 @@ use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
 
 mod cache;
 mod cluster;
+mod export;
 mod guard;
 mod layers;
 mod metrics;

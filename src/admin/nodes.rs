@@ -136,15 +136,25 @@ pub(super) fn rows(gateway: &Gateway, settings: &Settings, details: bool) -> Vec
 struct NodesBody {
     nodes: Vec<Node>,
     data: Node,
+    /// The data server's file export, with `[offload]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    export: Option<super::export::ExportNow>,
 }
 
 /// `GET /nodes`: the upstreams in config order, with state, health, sessions and
-/// (PHP nodes) their slots: `max_active`, `active`, `queued` per class.
+/// (PHP nodes) their slots: `max_active`, `active`, `queued` per class; and with
+/// `[offload]` the file export: health, last probe, files served and failed.
 pub(super) async fn list(State(gateway): State<Arc<Gateway>>) -> Response {
     let settings = gateway.settings();
     let nodes = rows(&gateway, &settings, true);
     let data = row(&gateway, settings.upstreams.data(), true, false);
-    Json(NodesBody { nodes, data }).into_response()
+    let export = super::export::now(&gateway, settings.export.as_deref());
+    Json(NodesBody {
+        nodes,
+        data,
+        export,
+    })
+    .into_response()
 }
 
 /// Every action `POST /nodes/{name}/{action}` knows, as its errors name them.

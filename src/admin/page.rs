@@ -1,4 +1,5 @@
-//! The dashboard page itself: a card per upstream, the waiting-room panel (with a
+//! The dashboard page itself: a card per upstream (and with `[offload]` one for the
+//! file export, written by `export`), the waiting-room panel (with a
 //! `[surge]` cap, written by `surge_panel`), the asset-cache panel (unless it is
 //! off, written by `cache_panel`), the Gateways panel (with a shared store, written
 //! by `gateways_panel`), the find box and the session table, written from figures
@@ -13,6 +14,7 @@ use std::fmt::Write as _;
 
 use super::cache::CacheView;
 use super::cache_panel;
+use super::export::{self, ExportNow};
 use super::gateways_panel::{self, Panel};
 use super::html::{duration, Esc};
 use super::rates::Rate;
@@ -77,6 +79,8 @@ pub(super) struct View {
     pub(super) can_log_out: bool,
     pub(super) flash: Option<String>,
     pub(super) cards: Vec<Card>,
+    /// The data server's file export (`None` without `[offload]`).
+    pub(super) export: Option<ExportNow>,
     pub(super) totals: (u64, u64),
     /// The line and the waiting room (`None` while no node has a cap).
     pub(super) surge: Option<SurgeNow>,
@@ -99,6 +103,9 @@ pub(super) fn body(view: &View) -> String {
     out.push_str("<main><section class=\"cards\" aria-label=\"Upstreams\">");
     for card in &view.cards {
         write_card(&mut out, card, view);
+    }
+    if let Some(now) = &view.export {
+        export::card(&mut out, now, view.now);
     }
     out.push_str("</section>");
     if let Some(surge) = &view.surge {
@@ -436,6 +443,7 @@ mod tests {
             can_log_out: true,
             flash: Some("<i>flash</i>".into()),
             cards,
+            export: None,
             totals: (3, 0),
             surge: None,
             cache: None,

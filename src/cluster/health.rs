@@ -115,7 +115,7 @@ impl Health {
             .clone()
     }
 
-    fn note_probe(&self, probe: &Probe) {
+    pub(super) fn note_probe(&self, probe: &Probe) {
         let said = match probe {
             Probe::Healthy(status) => format!("answered {status}"),
             Probe::Maintenance => "answered 503 with Retry-After: Moodle's maintenance page".into(),

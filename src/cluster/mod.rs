@@ -1,7 +1,8 @@
 //! The nodes: who they are (stable ids, addresses, weights, admin state), whether
 //! they are up (active probes, passive marks), and who gets the next session (the
 //! lock-free deal), and how many requests each works on at once (its slots, and
-//! the line of requests waiting for them).
+//! the line of requests waiting for them). Beside them, the data server's file
+//! export, watched by the same probes (`export`).
 //!
 //! It owns the nodes only. It must never import `sessions` or `gateway`: it does
 //! not know which sessions a node holds. Of `http` it uses only the keep-alive
@@ -10,6 +11,7 @@
 //! a node's response body keeps its slot with.
 
 pub mod balancer;
+pub mod export;
 pub mod health;
 pub mod slots;
 pub mod upstreams;

@@ -321,8 +321,15 @@ impl Config {
                  file offload: a node that has checked the student answers X-Accel-Redirect \
                  under {}; the gateway fetches those bytes from the data server's export \
                  http://{} and streams them with the node's headers, so SCORM bytes come from \
-                 the data server and the session from the student's own node.\n",
-                o.prefix, o.authority
+                 the data server and the session from the student's own node; the export is \
+                 probed every {} with GET {}.\n",
+                o.prefix,
+                o.authority,
+                d(self.health.interval),
+                match &o.probe {
+                    Some(file) => format!("{file} (up: 2xx)"),
+                    None => format!("{} (up: any answer below 500)", o.prefix),
+                }
             ),
         };
         out + &format!(

@@ -214,6 +214,10 @@ pub struct OffloadConfig {
     /// `prefix`: the key of `$CFG->xsendfilealiases`, like `"/dataroot/"`: only a
     /// header under it is honoured. Starts and ends with `/`. Default `"/dataroot/"`.
     pub prefix: String,
+    /// `probe`: a file under `prefix` the export must answer `2xx`, so a probe proves
+    /// the files are there; `None` probes `prefix` itself, where any answer below
+    /// `500` proves only that the export is up.
+    pub probe: Option<String>,
 }
 
 /// `offload.prefix` default: the alias Moodle's own documentation uses.

@@ -13,7 +13,7 @@ use super::{
     MAX_WEIGHT,
 };
 
-const OFFLOAD_KEYS: &str = "url prefix";
+const OFFLOAD_KEYS: &str = "url prefix probe";
 
 const NODE_KEYS: &str = "name url weight state max_active";
 // No `state`: the data server is not dealt sessions, so draining it means nothing,
@@ -53,9 +53,12 @@ impl Checker<'_> {
         self.require(&s, "url");
         let url = self.parsed(&s, "url", upstream_authority);
         let prefix = self.parsed(&s, "prefix", offload_prefix);
+        let prefix = prefix.map_or_else(|| DEFAULT_OFFLOAD_PREFIX.to_owned(), |v| v.0);
+        let probe = self.parsed(&s, "probe", |raw| offload_probe(raw, &prefix));
         Some(OffloadConfig {
             authority: url?.0,
-            prefix: prefix.map_or_else(|| DEFAULT_OFFLOAD_PREFIX.to_owned(), |v| v.0),
+            probe: probe.map(|v| v.0),
+            prefix,
         })
     }
 
@@ -172,6 +175,25 @@ impl Checker<'_> {
                 self.error(format!("{}.{field}", u.key), Some(span.clone()), message);
             }
         }
+    }
+}
+
+/// `offload.probe`: a file under `prefix`, in the same plain characters, that the
+/// export must answer `2xx`: the gateway asks the export only for paths under the
+/// prefix, and a probe elsewhere would prove nothing about the alias that serves
+/// the files.
+fn offload_probe(raw: &str, prefix: &str) -> Result<String, String> {
+    let plain = raw
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/-._~".contains(&b));
+    let rest = raw.strip_prefix(prefix).unwrap_or_default();
+    let segments_ok = rest.split('/').all(|seg| !matches!(seg, "" | "." | ".."));
+    match plain && !rest.is_empty() && segments_ok {
+        true => Ok(raw.to_owned()),
+        false => Err(format!(
+            "{raw:?} must be a file under offload.prefix ({prefix:?}) in plain characters, \
+             like \"{prefix}filedir/probe.txt\": the export must answer it 2xx"
+        )),
     }
 }
 

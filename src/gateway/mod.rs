@@ -15,6 +15,7 @@
 //! requests still using the old.
 
 mod cached;
+mod export;
 mod failover;
 mod learning;
 mod peers;
@@ -34,6 +35,7 @@ use hyper::body::Incoming;
 use ipnet::IpNet;
 
 use crate::admin::LOGIN_COOKIE;
+use crate::cluster::export::Export;
 use crate::cluster::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
 use crate::config::{Config, HealthConfig, SessionStore, StoreConfig, SurgeConfig};
 use crate::error::GatewayError;
@@ -115,6 +117,9 @@ pub struct Settings {
     /// The file offload (`[offload]`): SCORM files go to the nodes, and their
     /// `X-Accel-Redirect` answers are served from the data server's export.
     offload: Option<Offload>,
+    /// The data server's file export as the probes see it (with `[offload]`): kept
+    /// across a reload that names the same export.
+    pub export: Option<Arc<Export>>,
     /// The line's patience and aging, and the waiting room (`[surge]`); the caps
     /// live in the upstreams.
     pub surge: SurgeConfig,
@@ -146,6 +151,8 @@ impl Settings {
             sessiontimeout: config.session.sessiontimeout,
             offload: (config.offload.as_ref())
                 .map(|o| Offload::new(o.authority.clone(), o.prefix.clone())),
+            export: (config.offload.as_ref())
+                .map(|o| Export::new(o, previous.and_then(|p| p.export.as_ref()))),
             surge: config.surge.clone(),
             cache_on: config.cache.enabled,
         })
@@ -261,6 +268,10 @@ impl Gateway {
         let upstreams = &settings.upstreams;
         for upstream in upstreams.nodes().iter().chain([upstreams.data()]) {
             self.metrics.register(upstream.id, &upstream.name);
+        }
+        // Its series exist from the start at 0, so "no file yet" is not "no data".
+        if settings.export.is_some() {
+            self.metrics.export();
         }
     }
 
@@ -513,7 +524,8 @@ impl Gateway {
         match (&settings.offload, route.node(), asked) {
             (Some(offload), Some(_), Some(asked)) => {
                 let bounds = settings.bounds;
-                (offload.serve(&self.pool, redirect, response, asked, peer, bounds)).await
+                let served = offload.serve(&self.pool, redirect, response, asked, peer, bounds);
+                self.watched(settings, offload.prefix(), redirect, served.await)
             }
             (None, ..) => {
                 tracing::error!(

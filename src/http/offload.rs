@@ -111,6 +111,11 @@ impl Offload {
         }
     }
 
+    /// The alias only paths under which are fetched (`offload.prefix`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// The export's kept connections, for the sweeper.
     pub fn conns(&self) -> &Arc<Conns> {
         &self.conns
@@ -119,7 +124,9 @@ impl Offload {
     /// Answers the student with the file `node`'s `X-Accel-Redirect` named, fetched
     /// from the export. The node's body is dropped (its connection is kept only when
     /// that body was already complete). Every failure is the export's or the node's,
-    /// logged as such, and never a mark against a node's health.
+    /// and never a mark against a node's health. An export's failure is left to the
+    /// caller to count and log (at debug here): it knows whether the export is
+    /// already marked down, which says it once instead of once per file.
     pub async fn serve(
         &self,
         pool: &Pool,
@@ -149,18 +156,18 @@ impl Offload {
                 }
                 other => other,
             };
-            tracing::warn!(export = %self.authority, path, "file offload failed: {error}");
+            tracing::debug!(export = %self.authority, path, "file offload failed: {error}");
             error
         })?;
         let (file, body) = file.into_parts();
         match file.status {
             StatusCode::OK | StatusCode::PARTIAL_CONTENT | StatusCode::RANGE_NOT_SATISFIABLE => {}
             StatusCode::NOT_FOUND => {
-                tracing::warn!(export = %self.authority, path, "the file export has no such file");
+                tracing::debug!(export = %self.authority, path, "the file export has no such file");
                 return Err(GatewayError::FileNotOnDataServer);
             }
             status => {
-                tracing::warn!(export = %self.authority, path, %status, "the file export failed");
+                tracing::debug!(export = %self.authority, path, %status, "the file export failed");
                 return Err(GatewayError::FileExportFailed);
             }
         }

@@ -24,11 +24,13 @@ use crate::cluster::slots::{Class, SlotsNow};
 use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
 
 mod cache;
+mod export;
 mod node;
 mod store;
 mod surge;
 
 use cache::CacheMeters;
+pub use export::{ExportMeters, ExportTotals, Fetched};
 use node::class;
 pub use node::{LossCause, MoveCause, NodeMeters, NodeTotals};
 pub use store::{Degradation, Fallback, StoreMeters};
@@ -64,6 +66,8 @@ pub struct Snapshot {
     pub room: RoomNow,
     /// The asset cache.
     pub cache: crate::http::asset_cache::CacheNow,
+    /// Whether the file export passes its probes; `None` without `[offload]`.
+    pub export_up: Option<bool>,
 }
 
 /// One upstream at scrape time.
@@ -110,6 +114,7 @@ pub struct Metrics {
     scraping: std::sync::Mutex<()>,
     nodes: Box<[OnceLock<NodeMeters>]>,
     store: OnceLock<StoreMeters>,
+    export: OnceLock<ExportMeters>,
     surge: SurgeMeters,
     cache: CacheMeters,
 }
@@ -206,6 +211,7 @@ impl Metrics {
             table_len: gauge(&registry, "table_entries", "Entries in the affinity table."),
             nodes: (0..MAX_NODE_IDS).map(|_| OnceLock::new()).collect(),
             store: OnceLock::new(),
+            export: OnceLock::new(),
             surge: SurgeMeters::new(&registry),
             cache: CacheMeters::new(&registry),
             registry,
@@ -248,6 +254,13 @@ impl Metrics {
     /// `[store] kind = "redis"` exports them.
     pub fn store(&self) -> &StoreMeters {
         self.store.get_or_init(|| StoreMeters::new(&self.registry))
+    }
+
+    /// The file export's meters, registered on first use: only a gateway with
+    /// `[offload]` exports them.
+    pub fn export(&self) -> &ExportMeters {
+        self.export
+            .get_or_init(|| ExportMeters::new(&self.registry))
     }
 
     /// An answer the gateway gave itself.
@@ -324,6 +337,9 @@ impl Metrics {
         self.surge.reset();
         self.surge.room(&now.room);
         self.cache.set(&now.cache);
+        if let Some(up) = now.export_up {
+            self.export().set_up(up);
+        }
         for upstream in &now.upstreams {
             let name = upstream.name.as_str();
             self.up
@@ -456,6 +472,26 @@ mod tests {
             queried += 1;
         }
         assert!(queried >= 20, "the dashboard has its panels");
+    }
+
+    #[test]
+    fn the_file_export_is_exported_only_with_offload_and_counts_by_result() {
+        let metrics = Metrics::new();
+        let without = metrics.render(&Snapshot::default());
+        assert!(!without.contains("moodle_gateway_export_"), "{without}");
+        metrics.export().fetched(Fetched::Served);
+        metrics.export().fetched(Fetched::Unreachable);
+        let down = Snapshot {
+            export_up: Some(false),
+            ..Snapshot::default()
+        };
+        let text = metrics.render(&down);
+        assert!(text.contains("moodle_gateway_export_up 0"), "{text}");
+        assert!(text.contains(r#"moodle_gateway_export_files_total{result="served"} 1"#));
+        assert!(text.contains(r#"moodle_gateway_export_files_total{result="unreachable"} 1"#));
+        assert!(text.contains(r#"moodle_gateway_export_files_total{result="not_found"} 0"#));
+        let totals = metrics.export().totals();
+        assert_eq!((totals.served, totals.not_found, totals.failed), (1, 0, 1));
     }
 
     #[test]

@@ -73,6 +73,16 @@ pub fn rotates_by_design(kind: RequestKind) -> bool {
     matches!(kind, RequestKind::Page(PageKind::Login | PageKind::Logout))
 }
 
+/// Whether a path a node named with `X-Accel-Redirect`, taken after the alias of the
+/// dataroot (`$CFG->xsendfilealiases`), lies in Moodle's default `$CFG->localcachedir`,
+/// `{dataroot}/localcache`. `theme/image.php`, `font.php`, `javascript.php` and
+/// `requirejs.php` accelerate their cached copies only while that directory is under an
+/// alias, which is exactly the default; a file export set up for the file pool
+/// (`filedir/`) then answers them 404, and only the site's config can fix it.
+pub fn in_default_localcache(under_alias: &str) -> bool {
+    under_alias.starts_with("localcache/")
+}
+
 /// One Moodle site as the gateway sees it: its sub-path and session cookie.
 #[derive(Debug, Clone)]
 pub struct Site {

@@ -363,3 +363,14 @@ fn an_expiry_earlier_the_same_day_is_already_past() {
     assert_eq!(root().issued_session_at(&map, || at(12)), Some(Cleared));
     assert_eq!(root().issued_session_at(&map, || at(9)), Some(Id(ID)));
 }
+
+#[test]
+fn only_the_default_localcachedir_is_the_local_cache() {
+    assert!(in_default_localcache(
+        "localcache/theme/1700000000/boost/pix/core/t/edit.svg"
+    ));
+    assert!(!in_default_localcache(
+        "filedir/3b/8f/3b8f0c1e9d2a7f4b5c6d7e8f9a0b1c2d3e4f5a6b"
+    ));
+    assert!(!in_default_localcache("localcachefoo/x"));
+}

@@ -497,3 +497,222 @@ async fn an_accelerated_theme_image_is_kept_as_the_student_got_it() {
         "the node decided once"
     );
 }
+
+const TOKEN: &str = "export-watch-admin-token-0123456789";
+
+/// A file export that can be taken away and brought back on the same address, as
+/// an nginx restart does: its directory answers 404 (nginx's `location / { return
+/// 404; }` in the shipped recipe) and the one stored file its bytes. Stopping it
+/// closes the listener and every connection it holds, kept ones included.
+struct Removable {
+    addr: SocketAddr,
+    serving: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Removable {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut export = Self {
+            addr,
+            serving: None,
+        };
+        export.serve(listener);
+        export
+    }
+
+    fn serve(&mut self, listener: tokio::net::TcpListener) {
+        self.serving = Some(tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                let service = hyper::service::service_fn(|request: Request<Incoming>| async move {
+                    let found = request.uri().path() == ACCEL;
+                    let response = Response::builder()
+                        .status(if found { 200 } else { 404 })
+                        .header("content-type", "application/octet-stream")
+                        .body(Body::from(if found { stored() } else { b"nope".to_vec() }))
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(response)
+                });
+                connections.spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+                );
+            }
+        }));
+    }
+
+    fn stop(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+    }
+
+    async fn restart(&mut self) {
+        let listener = tokio::net::TcpListener::bind(self.addr).await.unwrap();
+        self.serve(listener);
+    }
+}
+
+/// The gateway binary with an admin listener, probing every 200 ms, down after 2
+/// failures and up after 2 successes.
+fn watching_gateway(
+    node: SocketAddr,
+    data: SocketAddr,
+    export: SocketAddr,
+) -> support::GatewayProcess {
+    let extra = format!(
+        "admin.listen = \"127.0.0.1:0\"\nadmin.token = \"{TOKEN}\"\n\
+         [session]\nstore = \"node-local\"\n\
+         [health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nfall = 2\nrise = 2\n\
+         [offload]\nurl = \"http://{export}\"\n"
+    );
+    support::start_binary(&config_for(&[node], data, &extra))
+}
+
+async fn admin(gateway: &support::GatewayProcess, path: &str) -> support::Seen {
+    let url = format!("http://{}{path}", gateway.admin_addr.unwrap());
+    let auth = format!("Bearer {TOKEN}");
+    send(&url, "GET", &[("authorization", &auth)], Body::empty()).await
+}
+
+/// `GET /nodes`' `export` entry.
+async fn export_entry(gateway: &support::GatewayProcess) -> serde_json::Value {
+    let seen = admin(gateway, "/nodes").await;
+    assert_eq!(seen.status, StatusCode::OK, "{}", seen.text());
+    let nodes: serde_json::Value = serde_json::from_slice(&seen.body).unwrap();
+    nodes["export"].clone()
+}
+
+/// Waits up to 10 s for `/nodes` to show the export `health` after a probe.
+async fn export_turns(gateway: &support::GatewayProcess, health: &str) -> serde_json::Value {
+    for _ in 0..100 {
+        let entry = export_entry(gateway).await;
+        if entry["health"] == health && !entry["last_probe"].is_null() {
+            return entry;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "the export never showed {health}: {}",
+        export_entry(gateway).await
+    );
+}
+
+async fn metric(gateway: &support::GatewayProcess, sample: &str) -> String {
+    let text = admin(gateway, "/metrics").await.text();
+    let line = text.lines().find(|l| l.starts_with(&format!("{sample} ")));
+    let line = line.unwrap_or_else(|| panic!("no {sample} in /metrics:\n{text}"));
+    line.rsplit(' ').next().unwrap().to_owned()
+}
+
+/// The gateway's log lines containing `needle`, once there is one (the log is read
+/// by another thread) or after 5 s.
+async fn said(gateway: &support::GatewayProcess, needle: &str) -> Vec<String> {
+    for _ in 0..50 {
+        if !gateway.logged(needle).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    gateway.logged(needle)
+}
+
+async fn file_from(gateway: &support::GatewayProcess) -> support::Seen {
+    let url = format!("http://{}{SCORM}", gateway.addr);
+    send(&url, "GET", &[("host", HOST)], Body::empty()).await
+}
+
+/// The export is watched like an upstream: its going away shows in `/nodes`, the
+/// dashboard and `/metrics`, is one log line however many files fail meanwhile (each
+/// student told the export is down), and its return is one line again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_that_goes_down_and_comes_back_is_shown_and_said_once_each_way() {
+    let mut export = Removable::start().await;
+    let (node, _) = node(ACCEL).await;
+    let data = named_upstream("data").await;
+    let gateway = watching_gateway(node, data, export.addr);
+
+    let up = export_turns(&gateway, "up").await;
+    assert_eq!(up["url"], format!("http://{}", export.addr));
+    assert_eq!(up["probe"], "/dataroot/");
+    assert_eq!(up["last_probe"]["said"], "answered 404 Not Found", "{up}");
+    let served = file_from(&gateway).await;
+    assert_eq!(served.status, StatusCode::OK);
+    assert_eq!(served.body.as_ref(), stored().as_slice());
+    assert_eq!(metric(&gateway, "moodle_gateway_export_up").await, "1");
+
+    export.stop();
+    let down = export_turns(&gateway, "down").await;
+    assert_eq!(down["last_probe"]["said"], "connection failed", "{down}");
+    for _ in 0..5 {
+        let failed = file_from(&gateway).await;
+        assert_eq!(failed.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            failed.text(),
+            "bad gateway: the data server's file export is down; files come back when it does\n"
+        );
+    }
+    assert_eq!(metric(&gateway, "moodle_gateway_export_up").await, "0");
+    let unreachable = r#"moodle_gateway_export_files_total{result="unreachable"}"#;
+    assert_eq!(metric(&gateway, unreachable).await, "5");
+    let served = r#"moodle_gateway_export_files_total{result="served"}"#;
+    assert_eq!(metric(&gateway, served).await, "1");
+    let entry = export_entry(&gateway).await;
+    assert_eq!(entry["files"]["failed"], 5, "{entry}");
+    let page = admin(&gateway, "/").await.text();
+    assert!(page.contains("id=\"export\""), "{page}");
+    assert!(page.contains("502 for every offloaded file"), "{page}");
+    let said_down = said(&gateway, "file export is down").await;
+    assert_eq!(said_down.len(), 1, "{said_down:?}");
+    assert!(
+        said_down[0].contains(&export.addr.to_string()),
+        "{said_down:?}"
+    );
+    assert!(
+        said_down[0].contains("502"),
+        "says what students get: {said_down:?}"
+    );
+    assert_eq!(gateway.logged("file offload failed"), Vec::<String>::new());
+
+    export.restart().await;
+    export_turns(&gateway, "up").await;
+    let served = file_from(&gateway).await;
+    assert_eq!(served.status, StatusCode::OK);
+    assert_eq!(metric(&gateway, "moodle_gateway_export_up").await, "1");
+    assert_eq!(said(&gateway, "file export is up again").await.len(), 1);
+    assert_eq!(gateway.logged("file export is down").len(), 1, "still one");
+}
+
+/// A node whose `$CFG->localcachedir` is Moodle's default (inside the dataroot)
+/// accelerates theme files the recipe's export does not serve: the students get
+/// 404s, and the admin one warning naming the setting and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn theme_files_from_a_localcachedir_the_export_lacks_are_one_warning_naming_it() {
+    const ICON: &str = "/theme/image.php/boost/core/1700000000/t/edit";
+    let node = support::upstream(|_request: Request<Incoming>| async move {
+        Response::builder()
+            .header("content-type", "image/svg+xml")
+            .header(
+                "x-accel-redirect",
+                "/dataroot/localcache/theme/1700000000/boost/pix/core/t/edit.svg",
+            )
+            .body(Body::empty())
+            .unwrap()
+    })
+    .await;
+    let export = Removable::start().await;
+    let data = named_upstream("data").await;
+    let gateway = watching_gateway(node, data, export.addr);
+    for _ in 0..3 {
+        let url = format!("http://{}{ICON}", gateway.addr);
+        let seen = send(&url, "GET", &[("host", HOST)], Body::empty()).await;
+        assert_eq!(seen.status, StatusCode::NOT_FOUND);
+    }
+    let warned = said(&gateway, "$CFG->localcachedir").await;
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(warned[0].contains("outside the dataroot"), "{warned:?}");
+    assert!(warned[0].contains("/dataroot/localcache/"), "{warned:?}");
+    let not_found = r#"moodle_gateway_export_files_total{result="not_found"}"#;
+    assert_eq!(metric(&gateway, not_found).await, "3");
+}

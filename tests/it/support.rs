@@ -249,7 +249,7 @@ pub struct GatewayProcess {
     pub addr: SocketAddr,
     /// Its admin listener, as it logged it, when the config has `[admin]`.
     pub admin_addr: Option<SocketAddr>,
-    /// Every line it has written to stderr (its log) since it started.
+    /// Every line it wrote to stderr after its listen line.
     log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     _dir: TempDir,
 }
@@ -260,10 +260,10 @@ impl GatewayProcess {
         &self._dir.0
     }
 
-    /// The lines of its log so far that contain `text`.
-    pub fn logged(&self, text: &str) -> Vec<String> {
+    /// The lines of its log (stderr) so far that contain `needle`.
+    pub fn logged(&self, needle: &str) -> Vec<String> {
         let log = self.log.lock().unwrap();
-        log.iter().filter(|l| l.contains(text)).cloned().collect()
+        log.iter().filter(|l| l.contains(needle)).cloned().collect()
     }
 
     /// Sends a signal (`"TERM"`, `"HUP"`) to the process.
@@ -414,8 +414,9 @@ fn spawn_in(mut command: Command, dir: TempDir) -> GatewayProcess {
             Some((addr, admin))
         })
         .expect("the gateway logged its listen address");
-    // Keep draining the log, so a chatty gateway never blocks on a full pipe.
-    let log = std::sync::Arc::<std::sync::Mutex<Vec<String>>>::default();
+    // Keep draining the log, so a chatty gateway never blocks on a full pipe, and
+    // keep it for the tests that read what the gateway said.
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let kept = log.clone();
     std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {

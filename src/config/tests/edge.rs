@@ -323,3 +323,49 @@ fn offload_problems_name_their_key() {
     ));
     assert!(text.starts_with("2: offload.url: "), "{text}");
 }
+
+#[test]
+fn the_export_is_probed_at_its_prefix_unless_a_probe_file_is_named_under_it() {
+    let c = valid("[offload]\nurl = \"http://10.0.0.5:8080\"\n");
+    assert_eq!(c.offload.as_ref().unwrap().probe, None);
+    assert!(
+        c.describe()
+            .contains("probed every 2s with GET /dataroot/ (up: any answer below 500)"),
+        "{}",
+        c.describe()
+    );
+    let c = valid(
+        "[offload]\nurl = \"http://10.0.0.5:8080\"\nprobe = \"/dataroot/filedir/probe.txt\"\n",
+    );
+    let probe = c.offload.as_ref().unwrap().probe.as_deref();
+    assert_eq!(probe, Some("/dataroot/filedir/probe.txt"));
+    assert!(c
+        .describe()
+        .contains("GET /dataroot/filedir/probe.txt (up: 2xx)"));
+    for bad in [
+        "/etc/passwd",
+        "/dataroot/",
+        "/dataroot/../x",
+        "/dataroot/a b",
+        "/dataroot/d/",
+    ] {
+        let text = errors(&format!(
+            "[offload]\nurl = \"http://10.0.0.5:8080\"\nprobe = {bad:?}\n{NODES}{DATA}"
+        ));
+        assert_eq!(
+            text,
+            format!(
+                "3: offload.probe: {bad:?} must be a file under offload.prefix (\"/dataroot/\") \
+                 in plain characters, like \"/dataroot/filedir/probe.txt\": the export must \
+                 answer it 2xx"
+            ),
+        );
+    }
+    let text = errors(&format!(
+        "[offload]\nurl = \"http://10.0.0.5:8080\"\nprobes = \"/x\"\n{NODES}{DATA}"
+    ));
+    assert!(
+        text.contains("offload.probes: unknown key (expected one of: url, prefix, probe)"),
+        "{text}"
+    );
+}
