@@ -37,6 +37,7 @@ pub(super) fn snapshot(gateway: &Gateway) -> Snapshot {
         table_len: gateway.table().len(),
         room: gateway.room_now(),
         cache: gateway.asset_cache().now(),
+        spool: gateway.spool().now(),
     }
 }
 

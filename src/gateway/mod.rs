@@ -43,6 +43,7 @@ use crate::http::edge::EdgeRules;
 use crate::http::offload::{self, Asked, Offload};
 use crate::http::pool::Pool;
 use crate::http::proxy::{self, Bounds, Client, Peer, Withheld};
+use crate::http::spool::Spool;
 use crate::logs::Every;
 use crate::metrics::{Metrics, MoveCause, RoomNow};
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
@@ -135,6 +136,7 @@ impl Settings {
                 response_headers: config.timeouts.response_headers,
                 body_idle: config.timeouts.body_idle,
                 buffer_body_bytes: config.limits.buffer_body_bytes,
+                spool_body_bytes: config.limits.spool_body_bytes,
                 upload_min_rate: config.timeouts.upload_min_rate,
                 upload_rate_window: config.timeouts.upload_rate_window,
                 upload: config.timeouts.upload,
@@ -189,6 +191,9 @@ pub struct Gateway {
     room: WaitingRoom,
     /// Moodle's revisioned assets, answered from memory (`[cache]`).
     cache: Arc<AssetCache>,
+    /// Uploads kept on disk until whole (`limits.spool_*`); its directory and
+    /// size are the start's, its accounting outlives reloads.
+    spool: Spool,
 }
 
 impl Gateway {
@@ -233,6 +238,10 @@ impl Gateway {
             legacy: None,
             room,
             cache: AssetCache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
+            spool: Spool::new(
+                config.limits.spool_dir.clone(),
+                config.limits.spool_max_bytes,
+            ),
         }
         .registered()
     }
@@ -288,6 +297,11 @@ impl Gateway {
     /// Requests between admission and their response head.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The upload spool: its directory, and its figures for `/metrics`.
+    pub fn spool(&self) -> &Spool {
+        &self.spool
     }
 
     /// The waiting room now, for the dashboard and `/metrics`.

@@ -25,12 +25,14 @@ use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
 
 mod cache;
 mod node;
+mod spool;
 mod store;
 mod surge;
 
 use cache::CacheMeters;
 use node::class;
 pub use node::{LossCause, MoveCause, NodeMeters, NodeTotals};
+use spool::SpoolMeters;
 pub use store::{Degradation, Fallback, StoreMeters};
 pub use surge::RoomNow;
 use surge::SurgeMeters;
@@ -64,6 +66,8 @@ pub struct Snapshot {
     pub room: RoomNow,
     /// The asset cache.
     pub cache: crate::http::asset_cache::CacheNow,
+    /// The upload spool.
+    pub spool: crate::http::spool::SpoolNow,
 }
 
 /// One upstream at scrape time.
@@ -112,6 +116,7 @@ pub struct Metrics {
     store: OnceLock<StoreMeters>,
     surge: SurgeMeters,
     cache: CacheMeters,
+    spool: SpoolMeters,
 }
 
 impl Default for Metrics {
@@ -208,6 +213,7 @@ impl Metrics {
             store: OnceLock::new(),
             surge: SurgeMeters::new(&registry),
             cache: CacheMeters::new(&registry),
+            spool: SpoolMeters::new(&registry),
             registry,
             requests,
             latency,
@@ -324,6 +330,7 @@ impl Metrics {
         self.surge.reset();
         self.surge.room(&now.room);
         self.cache.set(&now.cache);
+        self.spool.set(&now.spool);
         for upstream in &now.upstreams {
             let name = upstream.name.as_str();
             self.up
