@@ -351,14 +351,29 @@ fn a_spool_dir_the_gateway_cannot_create_stops_the_start_naming_the_key() {
     );
     let path = dir.0.join("config.toml");
     std::fs::write(&path, config).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
         .current_dir(&dir.0)
         .args(["run", "--config"])
         .arg(&path)
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "started anyway: {stderr}");
+    let started = std::time::Instant::now();
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break Some(exit);
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(exit.is_some_and(|e| !e.success()), "started anyway: {stderr}");
     let expected = format!("limits.spool_dir: cannot create {}: ", spool.display());
     assert!(stderr.contains(&expected), "{stderr}");
 }
