@@ -74,7 +74,7 @@ impl Checker<'_> {
             .map_or(DEFAULT_BUFFER_BODY_BYTES, |v| v.0);
         let (spool_body_bytes, spool_max_bytes) = self.spool_sizes(&s, buffer);
         let spool_dir = self.string(&s, "spool_dir").map(|v| v.0);
-        if spool_dir.as_deref() == Some("") {
+        if spool_dir == Some("") {
             let span = s.get("spool_dir").map(|v| v.span());
             let why = "must name a directory (spool_body_bytes = 0 turns the spool off)";
             self.error(s.key("spool_dir"), span, why.to_owned());
