@@ -200,6 +200,20 @@ impl App {
         Ok(self.access_log.get_or_init(|| log).clone())
     }
 
+    /// Creates the upload spool's directory and proves it writable, so that a
+    /// directory the service may not use stops the start before it reports ready
+    /// (rather than every upload streaming at a deadline). A spool turned off
+    /// (`spool_body_bytes = 0`) is not touched.
+    pub fn open_spool(&self) -> std::io::Result<()> {
+        if self.config().limits.spool_body_bytes == 0 {
+            return Ok(());
+        }
+        self.gateway
+            .spool()
+            .prepare()
+            .map_err(|reason| std::io::Error::other(format!("limits.spool_dir: {reason}")))
+    }
+
     /// Reloads and logs the outcome (for `SIGHUP`, which has nobody to answer), and
     /// reopens the access log file (logrotate sends `SIGHUP` after moving it).
     pub fn reload_and_log(&self) {
@@ -255,6 +269,7 @@ impl App {
             redirect,
         } = listeners;
         let access_log = self.open_access_log()?;
+        self.open_spool()?;
         let access_log_for_flush = access_log.clone();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         // Only the public listener's turn-aways and handshakes are the students'.
@@ -411,6 +426,11 @@ fn restart_needed(running: &Config, next: &Config) -> Vec<String> {
             "cache.max_bytes or max_entry_bytes",
             (r.cache.max_bytes, r.cache.max_entry_bytes)
                 != (n.cache.max_bytes, n.cache.max_entry_bytes),
+        ),
+        (
+            "limits.spool_dir or spool_max_bytes",
+            (&r.limits.spool_dir, r.limits.spool_max_bytes)
+                != (&n.limits.spool_dir, n.limits.spool_max_bytes),
         ),
         (
             "limits.max_connections, max_headers or http2_max_streams",

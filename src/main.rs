@@ -249,6 +249,7 @@ async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
     tokio::spawn(reload_on_hangup(app.clone()));
     // Before READY: a log file the service may not write must fail the start.
     app.open_access_log().map_err(|error| error.to_string())?;
+    app.open_spool().map_err(|error| error.to_string())?;
     let listen = public.local_addr().map_err(|e| e.to_string())?;
     let admin_at = admin_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
     tracing::info!(%listen, admin = %admin_at, tls, nodes, "moodle-gateway ready");

@@ -74,6 +74,17 @@ echo "open files: the shipped config needs ${needed:-?}, the unit allows $limit"
 [ -n "$needed" ] && [ "$needed" -le "$limit" ] ||
     fail "LimitNOFILE=$limit in $UNIT is below what $CONFIG needs (${needed:-unknown})"
 
+# The shipped config's upload spool must be the directory the unit's sandbox
+# lets the service write (CacheDirectory=); as the unit makes it, the service
+# user can write there.
+spool=$(sed -n 's/^spool_dir = "\(.*\)"$/\1/p' $CONFIG)
+cache=$(sed -n 's/^CacheDirectory=//p' "$UNIT")
+[ "$spool" = "/var/cache/$cache" ] ||
+    fail "spool_dir \"$spool\" in $CONFIG is not the unit's CacheDirectory /var/cache/$cache"
+install -d -m 0700 -o $PKG -g $PKG "$spool"
+runuser -u $PKG -- sh -c "touch '$spool/probe' && rm '$spool/probe'" ||
+    fail "the service user cannot write $spool"
+
 if command -v systemd-analyze >/dev/null; then
     step "systemd-analyze verify $UNIT"
     systemd-analyze verify "$UNIT"
@@ -100,7 +111,7 @@ dpkg-query -W -f='${Status}\n' "$PKG" | grep -q "config-files" || fail "not in c
 
 step "dpkg --purge $PKG: nothing of it is left"
 dpkg --purge "$PKG"
-for gone in $CONFIG $TOKEN $ROUTE_SECRET /etc/$PKG /var/lib/$PKG; do
+for gone in $CONFIG $TOKEN $ROUTE_SECRET /etc/$PKG /var/lib/$PKG /var/cache/$PKG; do
     [ ! -e "$gone" ] || fail "$gone survived the purge"
 done
 

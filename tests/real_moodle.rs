@@ -237,6 +237,10 @@ fn the_shipped_config_with_only_addresses_changed_keeps_real_moodle_up() {
         "file = \"moodle-gateway.state\"",
         "file = \"gateway.state\"".into(),
     );
+    swap(
+        "spool_dir = \"/var/cache/moodle-gateway\"",
+        "spool_dir = \"spool\"".into(),
+    );
     for (i, node) in cluster.nodes.iter().enumerate() {
         swap(
             &format!("url = \"http://192.168.1.{}\"\n", i + 1),

@@ -38,6 +38,7 @@ pub(super) fn snapshot(gateway: &Gateway) -> Snapshot {
         room: gateway.room_now(),
         cache: gateway.asset_cache().now(),
         export_up: settings.export.as_ref().map(|e| e.health.is_up()),
+        spool: gateway.spool().now(),
     }
 }
 

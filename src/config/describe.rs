@@ -109,17 +109,32 @@ impl Config {
         let size = |n: usize| format_size(n as u64);
         format!(
             "request head {} and {} header lines (431 beyond), URI {} (414 beyond), \
-             body {} (413 beyond), read whole before a node is contacted up to {}; {} connections and {} requests in flight (503 beyond); \
+             body {} (413 beyond), read whole before a node is contacted up to {}, {}; {} connections and {} requests in flight (503 beyond); \
              {} streams per HTTP/2 connection",
             size(l.max_header_bytes),
             l.max_headers,
             size(l.max_uri_bytes),
             format_size(l.max_body_bytes),
             format_size(l.buffer_body_bytes),
+            self.describe_spool(),
             l.max_connections,
             l.max_in_flight,
             l.http2_max_streams
         )
+    }
+
+    /// `limits.spool_*`: how large a body waits on disk, and where.
+    fn describe_spool(&self) -> String {
+        let l = &self.limits;
+        match l.spool_body_bytes {
+            0 => "larger ones stream (no spool)".to_owned(),
+            n => format!(
+                "on disk up to {} ({} at once, in {})",
+                format_size(n),
+                format_size(l.spool_max_bytes),
+                l.spool_dir.display()
+            ),
+        }
     }
 
     /// `[tls]`: the files it will read, and the redirect listener.

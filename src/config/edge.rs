@@ -15,11 +15,13 @@ use super::values::{format_size, listeners_clash, parse_size, site_host};
 use super::{
     io_reason, LimitsConfig, TlsConfig, DEFAULT_BUFFER_BODY_BYTES, DEFAULT_HTTP2_MAX_STREAMS,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADERS, DEFAULT_MAX_HEADER_BYTES,
-    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_URI_BYTES,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_URI_BYTES, DEFAULT_SPOOL_BODY_BYTES, DEFAULT_SPOOL_DIR,
+    DEFAULT_SPOOL_MAX_BYTES,
 };
 
 const LIMITS_KEYS: &str = "max_header_bytes max_headers max_uri_bytes max_body_bytes \
-                           buffer_body_bytes max_connections max_in_flight http2_max_streams";
+                           buffer_body_bytes spool_body_bytes spool_max_bytes spool_dir \
+                           max_connections max_in_flight http2_max_streams";
 const TLS_KEYS: &str = "cert key redirect_listen";
 
 const KIB: u64 = 1 << 10;
@@ -65,22 +67,68 @@ impl Checker<'_> {
             c.int_in(&s, name, 1..=max).map_or(default, |n| n as usize)
         };
         let body = self.size_in(&s, "max_body_bytes", 1..=TIB);
+        // Held in memory per slow client: 16 MiB is already 160 GB at
+        // 10,000 connections. 0 streams every body as it arrives.
+        let buffer = self
+            .size_in(&s, "buffer_body_bytes", 0..=16 * MIB)
+            .map_or(DEFAULT_BUFFER_BODY_BYTES, |v| v.0);
+        let (spool_body_bytes, spool_max_bytes) = self.spool_sizes(&s, buffer);
+        let spool_dir = self.string(&s, "spool_dir").map(|v| v.0);
+        if spool_dir == Some("") {
+            let span = s.get("spool_dir").map(|v| v.span());
+            let why = "must name a directory (spool_body_bytes = 0 turns the spool off)";
+            self.error(s.key("spool_dir"), span, why.to_owned());
+        }
         LimitsConfig {
             max_header_bytes,
             max_headers: count(self, "max_headers", 1000, DEFAULT_MAX_HEADERS),
             max_uri_bytes,
             max_body_bytes: body.map_or(DEFAULT_MAX_BODY_BYTES, |v| v.0),
-            // Held in memory per slow client: 16 MiB is already 160 GB at
-            // 10,000 connections. 0 streams every body as it arrives.
-            buffer_body_bytes: self
-                .size_in(&s, "buffer_body_bytes", 0..=16 * MIB)
-                .map_or(DEFAULT_BUFFER_BODY_BYTES, |v| v.0),
+            buffer_body_bytes: buffer,
+            spool_body_bytes,
+            spool_max_bytes,
+            spool_dir: PathBuf::from(spool_dir.unwrap_or(DEFAULT_SPOOL_DIR)),
             max_connections: count(self, "max_connections", 1_000_000, DEFAULT_MAX_CONNECTIONS),
             max_in_flight: count(self, "max_in_flight", 1_000_000, DEFAULT_MAX_IN_FLIGHT),
             http2_max_streams: self
                 .int_in(&s, "http2_max_streams", 1..=10_000)
                 .map_or(DEFAULT_HTTP2_MAX_STREAMS, |n| n as u32),
         }
+    }
+
+    /// `spool_body_bytes` and `spool_max_bytes`. A spool limit at or below the
+    /// buffer limit would never take a body (those are read into memory), and a
+    /// spool smaller than its largest body could never hold one: both are errors
+    /// on the key that was written.
+    fn spool_sizes(&mut self, s: &Section, buffer: u64) -> (u64, u64) {
+        let body = self.size_in(s, "spool_body_bytes", 0..=TIB);
+        let max = self.size_in(s, "spool_max_bytes", MIB..=64 * TIB);
+        let b = body.as_ref().map_or(DEFAULT_SPOOL_BODY_BYTES, |v| v.0);
+        let m = max.as_ref().map_or(DEFAULT_SPOOL_MAX_BYTES, |v| v.0);
+        if let Some((_, span)) = body.as_ref().filter(|_| b != 0 && b <= buffer) {
+            let message = format!(
+                "{} is not above limits.buffer_body_bytes ({}): such bodies are read into memory already; raise it, or 0 turns the spool off",
+                format_size(b),
+                format_size(buffer)
+            );
+            self.error(s.key("spool_body_bytes"), Some(span.clone()), message);
+        }
+        if b > m {
+            let (key, span) = match (&max, &body) {
+                (Some((_, span)), _) => ("spool_max_bytes", span.clone()),
+                (None, body) => (
+                    "spool_body_bytes",
+                    body.clone().map(|v| v.1).unwrap_or_default(),
+                ),
+            };
+            let message = format!(
+                "limits.spool_body_bytes ({}) is above limits.spool_max_bytes ({}): the spool could never hold such a body",
+                format_size(b),
+                format_size(m)
+            );
+            self.error(s.key(key), Some(span), message);
+        }
+        (b, m)
     }
 
     /// `max_header_bytes` and `max_uri_bytes`. The request line is part of the

@@ -110,6 +110,18 @@ pub const DEFAULT_MAX_BODY_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 /// values) fit many times over, so nearly every POST reaches PHP whole and at LAN
 /// speed; a slow student then holds 64 KiB of gateway memory, never a PHP worker.
 pub const DEFAULT_BUFFER_BODY_BYTES: u64 = 64 * 1024;
+/// `limits.spool_body_bytes` default: an assignment's files fit whole many times
+/// over at Moodle's and PHP's default upload limits (`maxbytes` falls back to
+/// PHP's `upload_max_filesize`, 2 MB; `post_max_size` 8 MB), and so do the
+/// 20-50 MB most sites raise them to; a course backup or a SCORM package above it
+/// streams, as an admin's rare upload may.
+pub const DEFAULT_SPOOL_BODY_BYTES: u64 = 64 * 1024 * 1024;
+/// `limits.spool_max_bytes` default: 64 such uploads at once, or 800 of 5 MB, at a
+/// deadline; a body that finds it full streams.
+pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+/// `limits.spool_dir` default, relative to the working directory like the state
+/// file: the Debian package's config names its `CacheDirectory` instead.
+pub const DEFAULT_SPOOL_DIR: &str = "moodle-gateway.spool";
 /// `timeouts.upload_min_rate` default, bytes per second: 1 KiB/s is 8 kbit/s, below
 /// what a 2G phone sends; a real student on the worst line stays far above it.
 pub const DEFAULT_UPLOAD_MIN_RATE: u64 = 1024;
@@ -276,6 +288,17 @@ pub struct LimitsConfig {
     /// chunked one that ends within it) is read whole before a node is contacted,
     /// so a slow client never holds a PHP worker. Default 64 KiB.
     pub buffer_body_bytes: u64,
+    /// `spool_body_bytes`: a larger body of at most this much is kept on disk
+    /// until whole, then sent at LAN speed, so a slow upload holds no PHP worker
+    /// while it arrives; 0 streams every body above `buffer_body_bytes`.
+    /// Default 64 MiB.
+    pub spool_body_bytes: u64,
+    /// `spool_max_bytes`: the disk all spooled bodies may use at once; a body that
+    /// does not fit streams. Default 4 GiB.
+    pub spool_max_bytes: u64,
+    /// `spool_dir`: where spooled bodies live, as files without names. Relative
+    /// to the working directory. Default `moodle-gateway.spool`.
+    pub spool_dir: PathBuf,
     /// `max_connections`: open client connections; one more gets a 503 and is
     /// closed. Default 10,000.
     pub max_connections: usize,

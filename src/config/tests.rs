@@ -49,7 +49,7 @@ session cookie: MoodleSession (path /)
 balance: round-robin
 sessions: at most 1000000; forgotten after 8h 30m idle when logged in, 1h when anonymous
 timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s, body idle 1m, tunnel idle 1h, uploads at least 1KiB/s over 1m and 2h in all
-limits: request head 32KiB and 100 header lines (431 beyond), URI 8KiB (414 beyond), body 2GiB (413 beyond), read whole before a node is contacted up to 64KiB; 10000 connections and 10000 requests in flight (503 beyond); 100 streams per HTTP/2 connection
+limits: request head 32KiB and 100 header lines (431 beyond), URI 8KiB (414 beyond), body 2GiB (413 beyond), read whole before a node is contacted up to 64KiB, on disk up to 64MiB (4GiB at once, in moodle-gateway.spool); 10000 connections and 10000 requests in flight (503 beyond); 100 streams per HTTP/2 connection
 session store: node-local: a student whose node is down waits up to 10s for it to come back, then goes to another node and must log in again
 shutdown: in-flight requests get 30s to finish
 health checks: GET /theme/image.php?theme=boost&component=theme&image=favicon every 2s, timeout 1s; an upstream is marked down after 3 failures in a row, up after 2 successes; healthy statuses: 200
@@ -146,6 +146,9 @@ max_headers = 200
 max_uri_bytes = 16384
 max_body_bytes = "100MB"
 buffer_body_bytes = "128KiB"
+spool_body_bytes = "32MiB"
+spool_max_bytes = "1GiB"
+spool_dir = "/var/cache/moodle-gateway"
 max_connections = 50_000
 max_in_flight = 2000
 http2_max_streams = 250
@@ -198,7 +201,7 @@ session cookie: MoodleSessionprod (path /moodle/)
 balance: least-sessions
 sessions: at most 5000; forgotten after 2h 30m idle when logged in, 15m when anonymous
 timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s, body idle 20s, tunnel idle 2h, uploads at least 2KiB/s over 30s and 3h in all
-limits: request head 64KiB and 200 header lines (431 beyond), URI 16KiB (414 beyond), body 100MB (413 beyond), read whole before a node is contacted up to 128KiB; 50000 connections and 2000 requests in flight (503 beyond); 250 streams per HTTP/2 connection
+limits: request head 64KiB and 200 header lines (431 beyond), URI 16KiB (414 beyond), body 100MB (413 beyond), read whole before a node is contacted up to 128KiB, on disk up to 32MiB (1GiB at once, in /var/cache/moodle-gateway); 50000 connections and 2000 requests in flight (503 beyond); 250 streams per HTTP/2 connection
 session store: shared: a student whose node is down goes to another node at once
 shutdown: in-flight requests get 2m to finish
 health checks: GET /moodle/admin/tool/heartbeat/?fail=1 (Host: moodle.example.edu) every 10s, timeout 10s; an upstream is marked down after 100 failures in a row, up after 1 success; healthy statuses: 200, 3xx, 500
@@ -226,6 +229,9 @@ routing: SCORM files (/moodle/pluginfile.php/*/mod_scorm/..., and the same files
     assert_eq!(c.limits.max_header_bytes, 65536);
     assert_eq!(c.limits.max_body_bytes, 100_000_000);
     assert_eq!(c.limits.buffer_body_bytes, 128 * 1024);
+    assert_eq!(c.limits.spool_body_bytes, 32 << 20);
+    assert_eq!(c.limits.spool_max_bytes, 1 << 30);
+    assert_eq!(c.limits.spool_dir, Path::new("/var/cache/moodle-gateway"));
     assert_eq!(c.timeouts.upload_min_rate, 2048);
     assert_eq!(c.timeouts.upload_rate_window, Duration::from_secs(30));
     assert_eq!(c.timeouts.upload, Duration::from_secs(3 * 3600));

@@ -69,6 +69,11 @@ impl Gateway {
             return upgraded.map(|response| (route, response, None));
         }
         let mut request = request.map(|body| Upload::new(body, &settings.bounds));
+        // The body is read (into memory, or onto disk) before the node's slot is
+        // taken: a student still sending holds no PHP worker, so they must not
+        // hold one of the gateway's places for a worker either.
+        let upstream = settings.upstream(route).map_or("", |u| u.name.as_str());
+        proxy::read_ahead(&mut request, upstream, &settings.bounds, Some(&self.spool)).await?;
         let mut retry = Retry {
             movable: false,
             attempts: settings.upstreams.nodes().len(),

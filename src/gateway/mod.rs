@@ -47,6 +47,7 @@ use crate::http::edge::EdgeRules;
 use crate::http::offload::{self, Asked, Offload};
 use crate::http::pool::Pool;
 use crate::http::proxy::{self, Bounds, Client, Peer, Withheld};
+use crate::http::spool::Spool;
 use crate::logs::Every;
 use crate::metrics::{Metrics, MoveCause, RoomNow};
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
@@ -142,6 +143,7 @@ impl Settings {
                 response_headers: config.timeouts.response_headers,
                 body_idle: config.timeouts.body_idle,
                 buffer_body_bytes: config.limits.buffer_body_bytes,
+                spool_body_bytes: config.limits.spool_body_bytes,
                 upload_min_rate: config.timeouts.upload_min_rate,
                 upload_rate_window: config.timeouts.upload_rate_window,
                 upload: config.timeouts.upload,
@@ -208,6 +210,9 @@ pub struct Gateway {
     /// Asks the snapshot task for a save now, not at the next `save_every`: an
     /// admin's drain is kept with the snapshot, and must be on disk before a crash.
     save_soon: tokio::sync::Notify,
+    /// Uploads kept on disk until whole (`limits.spool_*`); its directory and
+    /// size are the start's, its accounting outlives reloads.
+    spool: Spool,
 }
 
 impl Gateway {
@@ -254,6 +259,10 @@ impl Gateway {
             cache: AssetCache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
             node_states: std::sync::Mutex::new(()),
             save_soon: tokio::sync::Notify::new(),
+            spool: Spool::new(
+                config.limits.spool_dir.clone(),
+                config.limits.spool_max_bytes,
+            ),
         }
         .registered()
     }
@@ -331,6 +340,11 @@ impl Gateway {
     /// Requests between admission and their response head.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The upload spool: its directory, and its figures for `/metrics`.
+    pub fn spool(&self) -> &Spool {
+        &self.spool
     }
 
     /// The waiting room now, for the dashboard and `/metrics`.

@@ -14,6 +14,7 @@ pub mod listener;
 pub mod offload;
 pub mod pool;
 pub mod proxy;
+pub mod spool;
 pub mod stall;
 pub(crate) mod streams;
 pub mod tls;

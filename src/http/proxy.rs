@@ -22,6 +22,7 @@ use crate::http::body::{
 use crate::http::fault::ConnectFault;
 use crate::http::offload;
 use crate::http::pool::{ConnectError, Conns, NodeBody, Pool};
+use crate::http::spool::Spool;
 use crate::http::upload::{RequestBody, Upload};
 
 /// How long the parts of one exchange may take, and how large the upload may be.
@@ -39,6 +40,8 @@ pub struct Bounds {
     pub body_idle: Duration,
     /// A request body up to this size is read whole before a node is contacted.
     pub buffer_body_bytes: u64,
+    /// A larger body up to this size is kept on disk until whole (0: never).
+    pub spool_body_bytes: u64,
     /// Bytes per second a streamed upload must average over each window (0: none).
     pub upload_min_rate: u64,
     /// The window `upload_min_rate` is averaged over.
@@ -226,7 +229,8 @@ fn connect_failed(upstream: &str, error: &ConnectError) -> ConnectFault {
 /// one node, another node must not see the same POST.
 ///
 /// A small body is read whole before any node is contacted (see
-/// [`crate::http::upload`]): a slow student then never holds a PHP worker.
+/// [`crate::http::upload`]): a slow student then never holds a PHP worker. A
+/// caller that spools reads the body with [`read_ahead`] first.
 pub async fn forward(
     pool: &Pool,
     target: Target<'_>,
@@ -239,11 +243,7 @@ pub async fn forward(
         authority,
         conns,
     } = target;
-    if let Err(error) = request.body_mut().buffer(&bounds).await {
-        return Err(client_fault(name, &*error)
-            .unwrap_or(GatewayError::MalformedRequest)
-            .into());
-    }
+    read_ahead(&mut request, name, &bounds, None).await?;
     // The connection first: a request whose node cannot be reached goes back as it
     // came, before any header hygiene, so another node can take it as is.
     let first = match pool.lease(authority, conns).await {
@@ -336,9 +336,26 @@ pub async fn forward(
     Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)))
 }
 
+/// Reads `request`'s body as far as it goes before a node is contacted: into
+/// memory, onto `spool`'s disk, or not at all ([`Upload::read_ahead`]); a failure
+/// is the student's, answered as its status (logged naming the node it was for).
+pub async fn read_ahead(
+    request: &mut Request<Upload>,
+    upstream: &str,
+    bounds: &Bounds,
+    spool: Option<&Spool>,
+) -> Result<(), GatewayError> {
+    match request.body_mut().read_ahead(bounds, spool).await {
+        Ok(()) => Ok(()),
+        Err(error) => {
+            Err(client_fault(upstream, &*error).unwrap_or(GatewayError::MalformedRequest))
+        }
+    }
+}
+
 /// A body read whole goes with its length: a chunked one is re-framed, and nothing
 /// is left for the node to wait for (`Expect: 100-continue` is answered already).
-fn sized(headers: &mut HeaderMap, len: usize) {
+fn sized(headers: &mut HeaderMap, len: u64) {
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     headers.remove(header::EXPECT);
 }

@@ -9,8 +9,10 @@
 //! answers the same attack by reading the body before it contacts the upstream
 //! (`proxy_request_buffering`); the gateway does that for bodies up to
 //! `limits.buffer_body_bytes` (nearly every Moodle POST), and holds the few larger
-//! uploads to `timeouts.upload_min_rate` and `timeouts.upload`, so a slow one costs
-//! a worker for a bounded time only.
+//! uploads to `timeouts.upload_min_rate` and `timeouts.upload`. Bodies up to
+//! `limits.spool_body_bytes` (a typical assignment) are kept on disk until whole
+//! ([`crate::http::spool`]), so only the few larger than that cost a worker while
+//! they arrive, and for a bounded time only.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,15 +30,23 @@ use crate::http::body::{
     UploadTooSlow,
 };
 use crate::http::proxy::Bounds;
+use crate::http::spool::{Spool, Spooled};
 
 /// A request body as the gateway holds it before it goes to a node: what has been
-/// read of it (`head`) and what has not (`rest`). Nothing of it has left for a node,
-/// so a request carrying it may still go to any node (see `proxy::Failed`).
+/// read of it (on disk in `spooled`, then in memory in `head`) and what has not
+/// (`rest`). Nothing of it has left for a node, so a request carrying it may still
+/// go to any node (see `proxy::Failed`).
 #[derive(Debug, Default)]
 pub struct Upload {
-    /// Bytes already read from the student: the whole body when `rest` is `None`.
+    /// Bytes already read and kept on disk, sent first.
+    spooled: Option<Spooled>,
+    /// Bytes already read and kept in memory, sent after `spooled`: the whole body
+    /// when both others are `None`.
     head: Option<Bytes>,
     rest: Option<Paced>,
+    /// Read as far as it will be before a node is contacted: a request sent again
+    /// is not read (nor spooled) twice.
+    read_ahead: bool,
 }
 
 impl Upload {
@@ -51,30 +61,88 @@ impl Upload {
             return Self::empty();
         }
         Self {
-            head: None,
             rest: Some(Paced::new(body, bounds)),
+            ..Self::default()
         }
     }
 
     /// Whether there is no body to send.
     pub fn is_empty(&self) -> bool {
-        self.rest.is_none() && self.head.as_ref().is_none_or(Bytes::is_empty)
+        self.rest.is_none()
+            && self.head.as_ref().is_none_or(Bytes::is_empty)
+            && self.spooled.as_ref().is_none_or(Spooled::is_empty)
     }
 
-    /// The body's length when it has been read whole.
-    pub fn whole_len(&self) -> Option<usize> {
-        match (&self.head, &self.rest) {
-            (Some(head), None) => Some(head.len()),
-            _ => None,
+    /// The body's length when it has been read whole (into memory, onto disk or
+    /// both).
+    pub fn whole_len(&self) -> Option<u64> {
+        if self.rest.is_some() || (self.head.is_none() && self.spooled.is_none()) {
+            return None;
         }
+        let head = self.head.as_ref().map_or(0, |head| head.len() as u64);
+        Some(head + self.spooled.as_ref().map_or(0, Spooled::len))
+    }
+
+    /// Whether any of it is on disk.
+    pub fn is_spooled(&self) -> bool {
+        self.spooled.is_some()
+    }
+
+    /// Reads the body as far as it goes before a node is contacted: whole into
+    /// memory up to `buffer_body_bytes` ([`buffer`](Self::buffer)), else whole onto
+    /// disk up to `spool_body_bytes` when there is a `spool` with room; a body
+    /// larger than that, or one that finds the spool full, streams as it arrives
+    /// with what was read in front. Done once: a request sent again is left as is.
+    pub async fn read_ahead(
+        &mut self,
+        bounds: &Bounds,
+        spool: Option<&Spool>,
+    ) -> Result<(), BoxError> {
+        if std::mem::replace(&mut self.read_ahead, true) {
+            return Ok(());
+        }
+        self.buffer(bounds).await?;
+        match spool {
+            Some(spool) if bounds.spool_body_bytes > 0 => self.spool(bounds, spool).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Puts what `buffer` left streaming onto disk, if it fits the limit and the
+    /// spool; otherwise leaves it to stream.
+    async fn spool(&mut self, bounds: &Bounds, spool: &Spool) -> Result<(), BoxError> {
+        let Some(rest) = self.rest.as_mut() else {
+            return Ok(());
+        };
+        // Past max_body_bytes a body streams, to be cut there as it always was.
+        let limit = bounds.spool_body_bytes.min(bounds.max_body_bytes);
+        let read = self.head.as_ref().map_or(0, |head| head.len() as u64);
+        let hint = rest.size_hint();
+        // A chunked body could be as large as the limit: it reserves all of it.
+        let size = hint.exact().map_or(limit, |rest| rest + read);
+        if size > limit || hint.lower() + read > limit {
+            return Ok(());
+        }
+        let Some(reservation) = spool.reserve(size) else {
+            return Ok(());
+        };
+        let Some(file) = reservation.open().await else {
+            return Ok(());
+        };
+        let filled = file.fill(self.head.take(), rest, limit).await?;
+        self.spooled = Some(filled.spooled);
+        self.head = filled.after;
+        if filled.ended {
+            self.rest = None;
+        }
+        Ok(())
     }
 
     /// Reads the body into memory when it fits in `bounds.buffer_body_bytes`: by its
     /// `Content-Length`, or (chunked, HTTP/2 without a length) by ending within it.
     /// One that goes past the limit keeps what was read in front of the rest, which
-    /// then streams. Every pause is under `body_idle` and the pace rules; a body
-    /// already read (a request sent again) is left as it is.
-    pub async fn buffer(&mut self, bounds: &Bounds) -> Result<(), BoxError> {
+    /// then streams. Every pause is under `body_idle` and the pace rules.
+    async fn buffer(&mut self, bounds: &Bounds) -> Result<(), BoxError> {
         let limit = bounds.buffer_body_bytes;
         let Some(rest) = self.rest.as_mut().filter(|_| self.head.is_none()) else {
             return Ok(());
@@ -235,7 +303,9 @@ impl Body for Paced {
 /// arrive must not be cut off by a 60 s wait for the answer.
 #[derive(Debug)]
 pub struct RequestBody {
-    /// Read before the node was contacted, sent first.
+    /// Read onto disk before the node was contacted, sent first.
+    spooled: Option<Spooled>,
+    /// Read into memory before the node was contacted, sent next.
     head: Option<Bytes>,
     rest: Option<Paced>,
     sent: Option<oneshot::Sender<()>>,
@@ -248,8 +318,11 @@ impl RequestBody {
     /// in full (or failed).
     pub fn new(upload: Upload, max_bytes: u64, sent: Option<oneshot::Sender<()>>) -> Self {
         let head = upload.head.filter(|head| !head.is_empty());
-        let read = head.as_ref().map_or(0, |head| head.len() as u64);
+        let spooled = upload.spooled.filter(|spooled| !spooled.is_empty());
+        let read = head.as_ref().map_or(0, |head| head.len() as u64)
+            + spooled.as_ref().map_or(0, Spooled::len);
         Self {
+            spooled,
             head,
             rest: upload.rest,
             sent,
@@ -272,22 +345,26 @@ impl Body for RequestBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let frame = match (self.head.take(), self.rest.as_mut()) {
-            (Some(head), _) => Poll::Ready(Some(Ok(Frame::data(head)))),
-            (None, None) => Poll::Ready(None),
-            (None, Some(rest)) => match Pin::new(rest).poll_frame(cx) {
-                Poll::Ready(Some(Ok(data))) => {
-                    let len = data.data_ref().map_or(0, |d| d.len() as u64);
-                    match self.allowed.checked_sub(len) {
-                        Some(left) => {
-                            self.allowed = left;
-                            Poll::Ready(Some(Ok(data)))
+        let this = &mut *self;
+        let frame = match this.spooled.as_mut().filter(|s| !s.is_end_stream()) {
+            Some(spooled) => Pin::new(spooled).poll_frame(cx),
+            None => match (this.head.take(), this.rest.as_mut()) {
+                (Some(head), _) => Poll::Ready(Some(Ok(Frame::data(head)))),
+                (None, None) => Poll::Ready(None),
+                (None, Some(rest)) => match Pin::new(rest).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(data))) => {
+                        let len = data.data_ref().map_or(0, |d| d.len() as u64);
+                        match this.allowed.checked_sub(len) {
+                            Some(left) => {
+                                this.allowed = left;
+                                Poll::Ready(Some(Ok(data)))
+                            }
+                            // Chunked bodies have no length to check up front: cut here.
+                            None => Poll::Ready(Some(Err(Box::new(BodyTooLarge) as BoxError))),
                         }
-                        // Chunked bodies have no length to check up front: cut here.
-                        None => Poll::Ready(Some(Err(Box::new(BodyTooLarge) as BoxError))),
                     }
-                }
-                other => other,
+                    other => other,
+                },
             },
         };
         // hyper stops polling once a sized body reports its end, so check after
@@ -299,11 +376,14 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.head.is_none() && self.rest.as_ref().is_none_or(Body::is_end_stream)
+        self.spooled.as_ref().is_none_or(Body::is_end_stream)
+            && self.head.is_none()
+            && self.rest.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        let read = self.head.as_ref().map_or(0, |head| head.len() as u64);
+        let read = self.head.as_ref().map_or(0, |head| head.len() as u64)
+            + self.spooled.as_ref().map_or(0, |s| s.size_hint().lower());
         let Some(rest) = &self.rest else {
             return SizeHint::with_exact(read);
         };

@@ -26,6 +26,7 @@ use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
 mod cache;
 mod export;
 mod node;
+mod spool;
 mod store;
 mod surge;
 
@@ -33,6 +34,7 @@ use cache::CacheMeters;
 pub use export::{ExportMeters, ExportTotals, Fetched};
 use node::class;
 pub use node::{LossCause, MoveCause, NodeMeters, NodeTotals};
+use spool::SpoolMeters;
 pub use store::{Degradation, Fallback, StoreMeters};
 pub use surge::RoomNow;
 use surge::SurgeMeters;
@@ -68,6 +70,8 @@ pub struct Snapshot {
     pub cache: crate::http::asset_cache::CacheNow,
     /// Whether the file export passes its probes; `None` without `[offload]`.
     pub export_up: Option<bool>,
+    /// The upload spool.
+    pub spool: crate::http::spool::SpoolNow,
 }
 
 /// One upstream at scrape time.
@@ -117,6 +121,7 @@ pub struct Metrics {
     export: OnceLock<ExportMeters>,
     surge: SurgeMeters,
     cache: CacheMeters,
+    spool: SpoolMeters,
 }
 
 impl Default for Metrics {
@@ -214,6 +219,7 @@ impl Metrics {
             export: OnceLock::new(),
             surge: SurgeMeters::new(&registry),
             cache: CacheMeters::new(&registry),
+            spool: SpoolMeters::new(&registry),
             registry,
             requests,
             latency,
@@ -340,6 +346,7 @@ impl Metrics {
         if let Some(up) = now.export_up {
             self.export().set_up(up);
         }
+        self.spool.set(&now.spool);
         for upstream in &now.upstreams {
             let name = upstream.name.as_str();
             self.up

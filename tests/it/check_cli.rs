@@ -135,3 +135,33 @@ fn a_missing_config_file_is_named() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("no/such/config.toml"), "{stderr}");
 }
+
+/// The package's sandbox (`ProtectSystem=strict`) lets the gateway write only the
+/// directories its unit names: the shipped config's spool must be one of them, and
+/// private (mode 0700), or every spooled upload would fail at a deadline.
+#[test]
+fn the_shipped_spool_dir_is_the_units_private_cache_directory() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let unit = std::fs::read_to_string(root.join("debian/moodle-gateway.service")).unwrap();
+    let setting = |name: &str| {
+        let prefix = format!("{name}=");
+        let line = unit.lines().find(|l| l.starts_with(&prefix));
+        line.map(|l| l[prefix.len()..].to_owned())
+    };
+    let cache = setting("CacheDirectory").expect("the unit has a CacheDirectory=");
+    assert_eq!(setting("CacheDirectoryMode").as_deref(), Some("0700"));
+    let config = moodle_gateway::Config::load(&root.join("config.toml"));
+    let spool_dir = match config {
+        Ok(config) => config.limits.spool_dir,
+        // The shipped admin token is not in the tree: read the key itself.
+        Err(_) => {
+            let text = std::fs::read_to_string(root.join("config.toml")).unwrap();
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("spool_dir = "))
+                .unwrap();
+            line["spool_dir = ".len()..].trim_matches('"').into()
+        }
+    };
+    assert_eq!(spool_dir, Path::new("/var/cache").join(cache));
+}

@@ -42,6 +42,11 @@ fn shipped_config(cluster: &Cluster, port: u16) -> String {
         "\nstore = \"shared\"\n",
         "\nstore = \"node-local\"\n".into(),
     );
+    // The package's spool directory is the unit's; the test's own is in its directory.
+    swap(
+        "spool_dir = \"/var/cache/moodle-gateway\"",
+        "spool_dir = \"spool\"".into(),
+    );
     for (i, node) in cluster.nodes().iter().enumerate() {
         swap(
             &format!("url = \"http://192.168.1.{}\"\n", i + 1),

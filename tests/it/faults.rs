@@ -297,10 +297,14 @@ async fn connection_counting_node() -> (std::net::SocketAddr, Arc<Mutex<Vec<Arri
     (addr, arrivals)
 }
 
+/// Uploads stream to the node as they arrive, as those above `spool_body_bytes` do.
+const STREAMED: &str = "[limits]\nspool_body_bytes = 0\n";
+
 #[tokio::test]
 async fn an_upload_the_student_abandons_is_cut_short_at_the_node_and_its_connection_not_reused() {
     let (node, arrivals) = connection_counting_node().await;
-    let gateway = gateway_for(node, "").await;
+    // A streamed upload (the spool off: a spooled one never reaches the node).
+    let gateway = gateway_for(node, STREAMED).await;
     let mut conn = RawConn::connect(gateway.addr).await;
     let head = format!(
         "POST /repository/repository_ajax.php HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 100000\r\n\r\n"
@@ -338,7 +342,7 @@ async fn an_upload_the_node_answers_early_gets_the_answer_then_a_closed_connecti
         )
     };
     let (node, _) = scripted(early).await;
-    let gateway = gateway_for(node, "").await;
+    let gateway = gateway_for(node, STREAMED).await;
     let mut conn = RawConn::connect(gateway.addr).await;
     let head = format!(
         "POST /repository/repository_ajax.php HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 1000000\r\n\r\n"

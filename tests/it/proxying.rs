@@ -64,7 +64,8 @@ async fn an_upload_reaches_the_node_before_the_student_has_finished_sending_it()
         }
     })
     .await;
-    let gateway = in_front_of(node, "").await;
+    // The spool off, as for an upload above `spool_body_bytes`.
+    let gateway = in_front_of(node, "[limits]\nspool_body_bytes = 0\n").await;
 
     // Larger than `limits.buffer_body_bytes` (64 KiB): a small body would be read
     // whole first, an upload past it streams.

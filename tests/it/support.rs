@@ -31,6 +31,7 @@ pub struct TestGateway {
     pub app: App,
     stop: Option<oneshot::Sender<()>>,
     done: Option<tokio::task::JoinHandle<()>>,
+    _spool: Option<TempDir>,
 }
 
 impl TestGateway {
@@ -44,7 +45,14 @@ impl TestGateway {
         if !config_text.contains("[state]") && !config_text.contains("state.file") {
             config.state.file = None;
         }
-        Self::start_with(config).await
+        // Nor a spool directory in the crate root: each gateway gets its own.
+        let spool = (!config_text.contains("spool_dir")).then(|| {
+            config.limits.spool_dir = spool_dir();
+            TempDir(config.limits.spool_dir.clone())
+        });
+        let mut gateway = Self::start_with(config).await;
+        gateway._spool = spool;
+        gateway
     }
 
     /// Serves a config loaded from `path`, which `POST /reload` re-reads.
@@ -82,6 +90,7 @@ impl TestGateway {
             app,
             stop: Some(stop),
             done: Some(done),
+            _spool: None,
         }
     }
 
@@ -99,6 +108,14 @@ impl TestGateway {
             done.await.unwrap();
         }
     }
+}
+
+/// A fresh directory path for one gateway's upload spool, under the system's
+/// temporary one (the gateway creates it).
+pub fn spool_dir() -> std::path::PathBuf {
+    static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("moodle-gateway-spool-{}-{n}", std::process::id()))
 }
 
 /// A minimal gateway config for `nodes` upstream addresses and a data server.

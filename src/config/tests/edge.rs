@@ -166,7 +166,7 @@ max_body = "1GiB""#,
 6: limits.max_connections: must be between 1 and 1000000, got 0
 7: limits.max_in_flight: must be between 1 and 1000000, got 1000001
 8: limits.http2_max_streams: must be between 1 and 10000, got 10001
-9: limits.max_body: unknown key (expected one of: max_header_bytes, max_headers, max_uri_bytes, max_body_bytes, buffer_body_bytes, max_connections, max_in_flight, http2_max_streams)"#,
+9: limits.max_body: unknown key (expected one of: max_header_bytes, max_headers, max_uri_bytes, max_body_bytes, buffer_body_bytes, spool_body_bytes, spool_max_bytes, spool_dir, max_connections, max_in_flight, http2_max_streams)"#,
     );
     check(
         r#"[limits]
@@ -185,6 +185,35 @@ http2_max_streams = 1.5"#,
     let want = "1: limits.max_body_bytes: expected a size (like \"32KiB\" or 4096), found boolean";
     check("limits.max_body_bytes = true", want);
     check("limits = 5", "1: limits: expected a table, found integer");
+}
+
+/// A spool that could never take a body (its limit within the buffer's, or above
+/// the spool's own size) is an error on the key that was written.
+#[test]
+fn spool_limits_that_could_never_spool_a_body_name_their_key() {
+    check(
+        r#"[limits]
+buffer_body_bytes = "1MiB"
+spool_body_bytes = "512KiB"
+spool_max_bytes = "100KiB"
+spool_dir = """#,
+        r#"
+3: limits.spool_body_bytes: 512KiB is not above limits.buffer_body_bytes (1MiB): such bodies are read into memory already; raise it, or 0 turns the spool off
+4: limits.spool_max_bytes: must be between 1MiB and 64TiB, got 100KiB
+5: limits.spool_dir: must name a directory (spool_body_bytes = 0 turns the spool off)"#,
+    );
+    check(
+        "[limits]\nspool_max_bytes = \"32MiB\"",
+        "2: limits.spool_max_bytes: limits.spool_body_bytes (64MiB) is above limits.spool_max_bytes (32MiB): the spool could never hold such a body",
+    );
+    check(
+        "[limits]\nspool_body_bytes = \"8GiB\"",
+        "2: limits.spool_body_bytes: limits.spool_body_bytes (8GiB) is above limits.spool_max_bytes (4GiB): the spool could never hold such a body",
+    );
+    let off =
+        format!("[limits]\nspool_body_bytes = 0\nbuffer_body_bytes = \"16MiB\"\n{NODES}{DATA}");
+    let config = Config::parse(&off, Path::new("."), Default::default()).unwrap();
+    assert_eq!(config.limits.spool_body_bytes, 0);
 }
 
 /// The request line is part of the head: a URI limit above the head limit
