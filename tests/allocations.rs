@@ -90,7 +90,10 @@ async fn a_proxied_request_allocates_no_more_than_it_does_today() {
     /// to another node when its first cannot be reached (a dead node costs no student
     /// an error page). Lowered to 11 (measured 10) when the upstream connections
     /// became the request's own (`pool`) and the peer's address was formatted once
-    /// per connection.
+    /// per connection; measured 8 by 2026-12-01. 10 again on 2026-12-02: a GET keeps a
+    /// copy of its head (the header map's two vectors) to be sent again if its node
+    /// closes before answering (`proxy::replayable`), since hyper cannot hand back a
+    /// request it sent.
     const CEILING: usize = 11;
 
     let _alone = COUNTING.lock().await;
