@@ -281,3 +281,74 @@ impl Hold {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::sessions::affinity::SessionState;
+    use crate::sessions::clock::Clock;
+
+    /// One node-local site, web1's address closed (nothing here connects to it: the
+    /// rules under test decide, the clock is tokio's paused one).
+    fn gateway() -> Gateway {
+        let text = "session.store = \"node-local\"\nsession.failover_hold = \"10s\"\n\
+                    health.fall = 1\nhealth.rise = 1\n\
+                    [[nodes]]\nname = \"web1\"\nurl = \"http://127.0.0.1:1\"\n\
+                    [[nodes]]\nname = \"web2\"\nurl = \"http://127.0.0.1:2\"\n\
+                    [data]\nname = \"data\"\nurl = \"http://127.0.0.1:3\"\n";
+        let config = Config::parse(text, std::path::Path::new("."), Default::default()).unwrap();
+        Gateway::new(&config, Clock::default())
+    }
+
+    /// A student bound to web1 finds it down, waits, sees it come back after 9 s and
+    /// is then refused by it: the wait goes on from the 9 s already spent, so the
+    /// whole request waits one `failover_hold` (10 s), not 9 s plus another 10 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_held_for_a_down_node_then_refused_waits_one_failover_hold_in_all() {
+        let gateway = gateway();
+        let settings = gateway.settings();
+        let web1 = settings.upstreams.by_name("web1").unwrap().clone();
+        web1.health.failure(1);
+        assert!(!web1.health.is_up());
+        let known = Known {
+            key: gateway.table().key("q1w2e3r4t5y6u7i8o9p0a1s2d3"),
+            node: web1.id,
+            state: SessionState::LoggedIn,
+            idle: Duration::ZERO,
+            recovered: false,
+        };
+        let started = tokio::time::Instant::now();
+        let back = {
+            let web1 = web1.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(9)).await;
+                web1.health.success(1);
+            })
+        };
+        let mut hold = None;
+        let route = gateway.sticky(known, &mut hold, &settings).await.unwrap();
+        assert_eq!(route, Route::Sticky(web1.id), "it waited for its node");
+        back.await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(9));
+
+        // Refused on every try from now on.
+        let mut retry = Retry {
+            movable: false,
+            attempts: 2,
+            hold,
+            replayed: false,
+        };
+        while let Some(again) = (gateway)
+            .again(route, Some(known), true, &mut retry, &settings)
+            .await
+        {
+            assert_eq!(again, Route::Sticky(web1.id), "the same node, again");
+        }
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_secs(10),
+            "one failover_hold in all"
+        );
+    }
+}
