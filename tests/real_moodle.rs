@@ -658,6 +658,13 @@ async fn export_served(env: &Env, all: &[&Outcome]) {
         got = export.counts();
     }
     assert_eq!(got, want, "the export's fetches (path, status) -> count");
+    // The gateway watches the export: the real nginx answers the prefix itself 404
+    // (it lists no directory), which proves it listens; `/nodes` shows it up.
+    let probes = export.probes();
+    assert!(!probes.is_empty(), "the export was never probed");
+    assert!(probes.iter().all(|p| p.status == 404), "{probes:?}");
+    let (_, nodes) = env.gateway().admin_get("/nodes").await;
+    assert_eq!(nodes["export"]["health"], "up", "{}", nodes["export"]);
     for fetch in export.fetches() {
         assert!(
             fetch.uri.starts_with("/dataroot/filedir/"),

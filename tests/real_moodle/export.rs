@@ -106,10 +106,17 @@ impl Export {
         format!("http://{}", self.addr)
     }
 
-    /// Every fetch logged so far, in order.
+    /// Every file fetch logged so far, in order: the gateway's probes of the export
+    /// (the prefix itself, with no probe file configured) are [`probes`](Self::probes).
     pub fn fetches(&self) -> Vec<Fetch> {
         let log = std::fs::read_to_string(&self.access_log).unwrap();
-        log.lines().map(parse).collect()
+        log.lines().map(parse).filter(|f| f.uri != PREFIX).collect()
+    }
+
+    /// The gateway's probes of the export logged so far: `GET {PREFIX}`.
+    pub fn probes(&self) -> Vec<Fetch> {
+        let log = std::fs::read_to_string(&self.access_log).unwrap();
+        log.lines().map(parse).filter(|f| f.uri == PREFIX).collect()
     }
 
     /// How many fetches of each (uri, status) are logged.
