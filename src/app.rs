@@ -163,6 +163,15 @@ impl App {
         // Against the start, not the last reload: a second reload of a file that
         // changed `listen` must still say the change is waiting for a restart.
         let mut notes = restart_needed(&self.started, &next);
+        // A spool turned on by this reload gets the check the start gives it: a
+        // directory it cannot use is said now, once, not per upload.
+        if next.limits.spool_body_bytes > 0 && config.limits.spool_body_bytes == 0 {
+            if let Err(reason) = self.gateway.spool().prepare() {
+                notes.push(format!(
+                    "limits.spool_dir: {reason}; uploads stream to their nodes"
+                ));
+            }
+        }
         if let Some(tls) = &self.tls {
             // A renewed certificate, same paths: new handshakes get it at once.
             if let Err(error) = tls.certs.reload() {

@@ -136,6 +136,10 @@ impl Gateway {
             if replay && std::mem::replace(&mut retry.replayed, true) {
                 return Err(error);
             }
+            // A GET that acts (Moodle's sesskey links) may have acted already.
+            if replay && !crate::moodle::may_repeat(unsent.uri().query()) {
+                return Err(error);
+            }
             // Only a request with no affinity moves: no node holds its session. Its
             // body, if any, is whole in memory, or nothing of it was read.
             let body = unsent.body();
@@ -246,37 +250,42 @@ const FIRST_PAUSE: Duration = Duration::from_millis(100);
 const LONGEST_PAUSE: Duration = Duration::from_secs(1);
 
 /// A bound request's wait for its own node, down or refusing: at most
-/// `failover_hold` from the moment it began, however the wait went on (the node
-/// down when the request came, then refusing once up, say), with pauses of 100 ms
-/// doubling to 1 s between tries of a refusing node.
+/// `failover_hold` of waiting in all, however the wait went on (the node down when
+/// the request came, then refusing once up, say), with pauses of 100 ms doubling to
+/// 1 s between tries of a refusing node. A budget, not a deadline: only the waits
+/// for the node spend it, so a request that then spends minutes reading its upload
+/// or standing in a node's line still has the rest of its hold when it is refused.
 pub(super) struct Hold {
-    until: tokio::time::Instant,
+    left: Duration,
     pause: Duration,
 }
 
 impl Hold {
     pub(super) fn start(hold: Duration) -> Self {
         Self {
-            until: tokio::time::Instant::now() + hold,
+            left: hold,
             pause: FIRST_PAUSE,
         }
     }
 
     /// What is left of it.
     pub(super) fn left(&self) -> Duration {
-        self.until
-            .saturating_duration_since(tokio::time::Instant::now())
+        self.left
     }
 
-    /// Waits before the next try; `false` (at once) once the hold is over.
+    /// Counts a wait for the node that took `waited`.
+    pub(super) fn spend(&mut self, waited: Duration) {
+        self.left = self.left.saturating_sub(waited);
+    }
+
+    /// Waits before the next try; `false` (at once) once the hold is spent.
     async fn pause(&mut self) -> bool {
-        let left = self
-            .until
-            .saturating_duration_since(tokio::time::Instant::now());
-        if left.is_zero() {
+        if self.left.is_zero() {
             return false;
         }
-        tokio::time::sleep(self.pause.min(left)).await;
+        let pause = self.pause.min(self.left);
+        tokio::time::sleep(pause).await;
+        self.spend(pause);
         self.pause = (self.pause * 2).min(LONGEST_PAUSE);
         true
     }
@@ -301,9 +310,10 @@ mod tests {
         Gateway::new(&config, Clock::default())
     }
 
-    /// A student bound to web1 finds it down, waits, sees it come back after 9 s and
-    /// is then refused by it: the wait goes on from the 9 s already spent, so the
-    /// whole request waits one `failover_hold` (10 s), not 9 s plus another 10 s.
+    /// A student bound to web1 finds it down, waits, sees it come back after 9 s, then
+    /// spends a minute on its upload and is refused by web1: the wait goes on from the
+    /// 9 s already spent, so the request waits one `failover_hold` (10 s) for its node
+    /// in all, not 9 s plus another 10 s, and not nothing because a minute went by.
     #[tokio::test(start_paused = true)]
     async fn a_request_held_for_a_down_node_then_refused_waits_one_failover_hold_in_all() {
         let gateway = gateway();
@@ -331,6 +341,10 @@ mod tests {
         assert_eq!(route, Route::Sticky(web1.id), "it waited for its node");
         back.await.unwrap();
         assert_eq!(started.elapsed(), Duration::from_secs(9));
+        // Then a minute reading its upload (or in the node's line): not a wait for
+        // the node, so it spends none of the hold.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let refused = tokio::time::Instant::now();
 
         // Refused on every try from now on.
         let mut retry = Retry {
@@ -346,9 +360,9 @@ mod tests {
             assert_eq!(again, Route::Sticky(web1.id), "the same node, again");
         }
         assert_eq!(
-            started.elapsed(),
-            Duration::from_secs(10),
-            "one failover_hold in all"
+            refused.elapsed(),
+            Duration::from_secs(1),
+            "one failover_hold of waiting in all: 9 s down, 1 s refused"
         );
     }
 }

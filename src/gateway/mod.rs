@@ -673,7 +673,10 @@ impl Gateway {
                 }
                 if settings.store == SessionStore::NodeLocal {
                     let hold = hold.get_or_insert_with(|| Hold::start(settings.failover_hold));
-                    if node.health.wait_up(hold.left()).await {
+                    let waiting = tokio::time::Instant::now();
+                    let up = node.health.wait_up(hold.left()).await;
+                    hold.spend(waiting.elapsed());
+                    if up {
                         return Ok(Route::Sticky(node.id));
                     }
                 }

@@ -152,6 +152,9 @@ impl Local for Gateway {
     }
 
     fn node_state(&self, name: &str, state: NodeState, by: &str) {
+        // Under the lock of every node-state change: never in the middle of a reload
+        // copying states, nor between a local change's rail check and its write.
+        let _one_change = self.lock_node_states();
         let settings = self.settings.load();
         let Some(node) = settings.upstreams.by_name(name) else {
             return;

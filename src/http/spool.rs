@@ -37,6 +37,11 @@ use tokio::task::JoinHandle;
 
 use crate::http::body::BoxError;
 
+/// A spool that cannot be used fails every upload of a deadline's crowd the same way
+/// (a full disk, a directory gone): said once a minute, with the count held back.
+static SPOOL_FAILED: crate::logs::Every =
+    crate::logs::Every::new(std::time::Duration::from_secs(60));
+
 /// What the spool reads and writes at a time: large enough that a LAN-speed send
 /// is not a blocking-pool round trip per TCP segment, small enough to stay flat.
 pub const CHUNK: usize = 64 * 1024;
@@ -188,7 +193,9 @@ impl Reservation {
             }),
             Err(error) => {
                 let dir = self.spool.dir.display();
-                tracing::warn!("cannot spool an upload in limits.spool_dir {dir}: {error}; it streams to its node");
+                if let Some(held_back) = SPOOL_FAILED.allow() {
+                    tracing::warn!(held_back, "cannot spool an upload in limits.spool_dir {dir}: {error}; it streams to its node");
+                }
                 None
             }
         }
@@ -315,7 +322,9 @@ impl SpoolFile {
             }
             Err(error) => {
                 let dir = self.reservation.spool.dir.display();
-                tracing::warn!("cannot write a spooled upload in limits.spool_dir {dir}: {error}; the rest streams to its node");
+                if let Some(held_back) = SPOOL_FAILED.allow() {
+                    tracing::warn!(held_back, "cannot write a spooled upload in limits.spool_dir {dir}: {error}; the rest streams to its node");
+                }
                 Err(chunk)
             }
         }

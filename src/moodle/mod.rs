@@ -73,6 +73,20 @@ pub fn rotates_by_design(kind: RequestKind) -> bool {
     matches!(kind, RequestKind::Page(PageKind::Login | PageKind::Logout))
 }
 
+/// Whether a GET or HEAD may be sent again after its node closed the connection
+/// without answering. Moodle guards every state-changing link with `sesskey` in its
+/// query (`require_sesskey()`: logout, subscribe and unsubscribe toggles, course edits,
+/// "mark as done"): the node may have acted before it died, and a toggle sent twice
+/// undoes itself. Pages without it only read.
+pub fn may_repeat(query: Option<&str>) -> bool {
+    let Some(query) = query else {
+        return true;
+    };
+    !query
+        .split('&')
+        .any(|pair| pair.split('=').next() == Some("sesskey"))
+}
+
 /// Whether a path a node named with `X-Accel-Redirect`, taken after the alias of the
 /// dataroot (`$CFG->xsendfilealiases`), lies in Moodle's default `$CFG->localcachedir`,
 /// `{dataroot}/localcache`. `theme/image.php`, `font.php`, `javascript.php` and

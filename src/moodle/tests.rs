@@ -374,3 +374,12 @@ fn only_the_default_localcachedir_is_the_local_cache() {
     ));
     assert!(!in_default_localcache("localcachefoo/x"));
 }
+
+#[test]
+fn a_get_that_carries_sesskey_may_have_changed_something_and_is_not_repeated() {
+    assert!(super::may_repeat(None));
+    assert!(super::may_repeat(Some("id=2")));
+    assert!(super::may_repeat(Some("id=2&notsesskey=1")));
+    assert!(!super::may_repeat(Some("sesskey=Xy12")));
+    assert!(!super::may_repeat(Some("d=5&sesskey=Xy12&return=1")));
+}

@@ -30,14 +30,16 @@
 //!
 //! Layout, integers little-endian:
 //! ```text
-//! header   "MGWSNAP\0" · u32 version = 2 · [u8; 16] secret · u64 saved_at
+//! header   "MGWSNAP\0" · u32 version (2, or 1) · [u8; 16] secret · u64 saved_at
 //! nodes    u16 count · count × (u8 length · UTF-8 name · u8 state · u8 configured)
 //! entries  n × 32 bytes: u64 key · u64 created · u64 last_seen · u32 requests ·
 //!          u16 node · u16 flags (bit 0: logged in; the others are zero)
 //! trailer  "MGWSEND\0" · u64 n · u64 SipHash-1-3 checksum of every byte before it
 //! ```
 //! A state byte is 0 active, 1 draining, 2 disabled, 0xff not recorded. Version 1
-//! files (no state bytes) are still read: their nodes carry no state.
+//! files (no state bytes) are still read: their nodes carry no state. And a snapshot
+//! with no admin change to keep (every node as its file says) is written as version
+//! 1, so a gateway rolled back to a build that knows only version 1 keeps its table.
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -193,7 +195,12 @@ pub fn write(
     entries: impl IntoIterator<Item = SnapshotEntry>,
 ) -> io::Result<usize> {
     static WRITES: AtomicU64 = AtomicU64::new(0);
-    let table = node_table(nodes)?;
+    // With no admin change to keep, the file is the version before node states were
+    // kept: a gateway rolled back to that version still reads it and keeps every
+    // student on their node.
+    let changed = (nodes.iter()).any(|n| n.state.is_some_and(|s| s.now != s.configured));
+    let version = if changed { VERSION } else { VERSION_1 };
+    let table = node_table(nodes, version)?;
     let name = path.file_name().ok_or_else(|| invalid("no file name"))?;
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
@@ -205,7 +212,12 @@ pub fn write(
         std::process::id(),
         WRITES.fetch_add(1, Ordering::Relaxed)
     ));
-    let written = write_temp(&temp, secret, saved_at, &table, nodes.len(), entries)
+    let head = Head {
+        version,
+        secret,
+        saved_at,
+    };
+    let written = write_temp(&temp, &head, &table, nodes.len(), entries)
         .and_then(|count| fs::rename(&temp, path).map(|()| count));
     match written {
         Ok(count) => sync_dir(dir).map(|()| count),
@@ -217,7 +229,7 @@ pub fn write(
 }
 
 /// The encoded node table, or why these names cannot be written.
-fn node_table(nodes: &[SnapshotNode]) -> io::Result<Vec<u8>> {
+fn node_table(nodes: &[SnapshotNode], version: u32) -> io::Result<Vec<u8>> {
     let count = u16::try_from(nodes.len())
         .map_err(|_| invalid(format!("{} nodes, at most {} fit", nodes.len(), u16::MAX)))?;
     let mut table = count.to_le_bytes().to_vec();
@@ -226,10 +238,12 @@ fn node_table(nodes: &[SnapshotNode]) -> io::Result<Vec<u8>> {
             .map_err(|_| invalid(format!("node name {name:?} is over {MAX_NAME} bytes")))?;
         table.push(len);
         table.extend_from_slice(name.as_bytes());
-        table.extend_from_slice(&match state {
-            Some(s) => [state_byte(s.now), state_byte(s.configured)],
-            None => [NO_STATE; 2],
-        });
+        if version != VERSION_1 {
+            table.extend_from_slice(&match state {
+                Some(s) => [state_byte(s.now), state_byte(s.configured)],
+                None => [NO_STATE; 2],
+            });
+        }
     }
     Ok(table)
 }
@@ -266,11 +280,17 @@ impl Output {
     }
 }
 
+/// What the header holds.
+struct Head<'a> {
+    version: u32,
+    secret: &'a [u8; 16],
+    saved_at: u64,
+}
+
 /// Writes the whole file at `temp` and syncs it; returns the number of entries.
 fn write_temp(
     temp: &Path,
-    secret: &[u8; 16],
-    saved_at: u64,
+    head: &Head<'_>,
     node_table: &[u8],
     nodes: usize,
     entries: impl IntoIterator<Item = SnapshotEntry>,
@@ -282,9 +302,9 @@ fn write_temp(
     };
     for part in [
         &MAGIC[..],
-        &VERSION.to_le_bytes(),
-        secret,
-        &saved_at.to_le_bytes(),
+        &head.version.to_le_bytes(),
+        head.secret,
+        &head.saved_at.to_le_bytes(),
         node_table,
     ] {
         out.put(part)?;
@@ -648,7 +668,7 @@ mod tests {
 
     /// Where the entries start in files written with [`nodes`].
     fn entries_start() -> usize {
-        8 + 4 + 16 + 8 + node_table(&nodes()).unwrap().len()
+        8 + 4 + 16 + 8 + node_table(&nodes(), VERSION).unwrap().len()
     }
 
     #[test]
@@ -662,6 +682,27 @@ mod tests {
             assert_eq!(snapshot.nodes, nodes());
             assert_eq!(snapshot.entries, entries(n).collect::<Vec<_>>());
         }
+    }
+
+    /// Nothing an admin changed: the file is version 1, which an older build reads.
+    #[test]
+    fn a_snapshot_with_no_admin_change_is_written_as_version_1() {
+        let scratch = Scratch::new("plain");
+        let plain: Vec<SnapshotNode> = (nodes().into_iter())
+            .map(|n| SnapshotNode {
+                state: n.state.map(|s| SavedState {
+                    now: s.configured,
+                    ..s
+                }),
+                ..n
+            })
+            .collect();
+        write(&scratch.file(), &SECRET, SAVED_AT, &plain, entries(3)).unwrap();
+        let bytes = fs::read(scratch.file()).unwrap();
+        assert_eq!(bytes[8..12], VERSION_1.to_le_bytes());
+        let snapshot = read(&scratch.file()).unwrap().unwrap();
+        assert!(snapshot.nodes.iter().all(|n| n.state.is_none()));
+        assert_eq!(snapshot.entries, entries(3).collect::<Vec<_>>());
     }
 
     /// A gateway upgraded from a version that kept no node states keeps its sessions:

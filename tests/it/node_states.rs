@@ -50,12 +50,15 @@ fn named(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 }
 
 /// Waits until the state file on disk says `node` is `state`: the admin's change is
-/// saved at once, not at the next `save_every`.
+/// saved at once, not at the next `save_every`. A file that records no state for it
+/// (no admin change anywhere: written in the older format) says the file's state,
+/// `active` here.
 async fn saved(file: &std::path::Path, node: &str, state: NodeState) {
     for _ in 0..200 {
         if let Ok(Some(snapshot)) = snapshot::read(file) {
             let found = snapshot.nodes.iter().find(|n| n.name == node);
-            if found.and_then(|n| n.state).is_some_and(|s| s.now == state) {
+            let recorded = found.map(|n| n.state.map_or(NodeState::Active, |s| s.now));
+            if recorded == Some(state) {
                 return;
             }
         }

@@ -205,7 +205,8 @@ impl Dying {
 
 /// A student's GET whose node closed the connection before answering is sent again
 /// to the same node, once: a page, slowly, not a 502. A POST never is (it may have
-/// changed something), and a node that closes the same GET twice gets no third try.
+/// changed something), nor a GET carrying Moodle's `sesskey` (a link that acts), and a
+/// node that closes the same GET twice gets no third try.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_whose_node_dies_before_answering_is_sent_again_and_a_post_is_not() {
     let node = Dying::start().await;
@@ -243,6 +244,14 @@ async fn a_get_whose_node_dies_before_answering_is_sent_again_and_a_post_is_not(
     assert_eq!(post.status(), 502, "a POST is never sent twice");
     assert_eq!(node.seen("POST /course/view.php"), 1);
 
+    // A GET that acts (a sesskey link: a toggle, a logout) may have acted already.
+    node.arm(1);
+    let toggle = send("GET", "/course/view.php?id=2&sesskey=Xy12")
+        .await
+        .unwrap();
+    assert_eq!(toggle.status(), 502, "a sesskey link is never sent twice");
+    assert_eq!(node.seen("GET /course/view.php"), 3);
+
     node.arm(2);
     let page = send("GET", "/course/view.php?id=3").await.unwrap();
     assert_eq!(
@@ -252,7 +261,7 @@ async fn a_get_whose_node_dies_before_answering_is_sent_again_and_a_post_is_not(
     );
     assert_eq!(
         node.seen("GET /course/view.php"),
-        4,
+        5,
         "two more tries, not three"
     );
 }
