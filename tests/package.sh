@@ -58,7 +58,10 @@ uid=$(id -u $PKG) || fail "no user $PKG"
 # like the token, so a crash right after a login still keeps the student home.
 [ "$(stat -c '%a %U' $ROUTE_SECRET)" = "600 $PKG" ] || fail "$ROUTE_SECRET is $(stat -c '%a %U' $ROUTE_SECRET)"
 [ "$(head -1 $ROUTE_SECRET | tr -d ' \n' | wc -c)" -ge 32 ] || fail "$ROUTE_SECRET is shorter than 32 bytes"
-/usr/bin/$PKG check --config $CONFIG | grep -q "^route cookie: MoodleGatewayRoute (secret: set, from route_cookie.secret_file" ||
+# Read whole first: `grep -q` stops at the match, and under pipefail the SIGPIPE
+# that then ends `check` would fail the step.
+checked=$(/usr/bin/$PKG check --config $CONFIG)
+grep -q "^route cookie: MoodleGatewayRoute (secret: set, from route_cookie.secret_file" <<<"$checked" ||
     fail "the installed config does not use the installed route secret"
 
 step "$PKG check on the installed config, as root and as $PKG"
