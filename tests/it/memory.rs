@@ -79,22 +79,7 @@ async fn a_gigabyte_each_way_streams_through_in_flat_memory() {
     }
     assert_eq!(downloaded, GIB);
 
-    let (mut sender, upload) = Channel::<Bytes>::new(4);
-    tokio::spawn(async move {
-        for _ in 0..GIB / CHUNK {
-            sender.send_data(Bytes::from_static(&ZEROS)).await.unwrap();
-        }
-    });
-    let request = http::Request::post(format!("{base}/repository/repository_ajax.php"))
-        .header("content-length", GIB.to_string())
-        .body(Body::new(upload))
-        .unwrap();
-    let response =
-        tokio::time::timeout(Duration::from_secs(300), support::client().request(request))
-            .await
-            .unwrap()
-            .unwrap();
-    let echoed = response.into_body().collect().await.unwrap().to_bytes();
+    let echoed = upload_zeros(gateway.addr, "/repository/repository_ajax.php", GIB).await;
     assert_eq!(echoed, GIB.to_string());
 
     let peak = peak_rss_kib(gateway.child.id());
@@ -249,15 +234,15 @@ fn cpu_ticks(pid: u32) -> u64 {
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
-/// Uploads `len` zeros through `gateway`; what the node counted.
-async fn upload_zeros(gateway: SocketAddr, len: usize) -> String {
+/// Uploads `len` zeros through `gateway` to `path`; what the node counted.
+async fn upload_zeros(gateway: SocketAddr, path: &str, len: usize) -> String {
     let (mut sender, upload) = Channel::<Bytes>::new(4);
     tokio::spawn(async move {
         for _ in 0..len / CHUNK {
             sender.send_data(Bytes::from_static(&ZEROS)).await.unwrap();
         }
     });
-    let request = http::Request::post(format!("http://{gateway}/mod/assign/view.php"))
+    let request = http::Request::post(format!("http://{gateway}{path}"))
         .header("content-length", len.to_string())
         .body(Body::new(upload))
         .unwrap();
@@ -284,7 +269,10 @@ async fn a_large_spooled_upload_stays_in_flat_memory() {
         let gateway = start_binary(&config_for(&[node], data, &extra));
         let pid = gateway.child.id();
         let before = cpu_ticks(pid);
-        assert_eq!(upload_zeros(gateway.addr, LEN).await, LEN.to_string());
+        assert_eq!(
+            upload_zeros(gateway.addr, "/mod/assign/view.php", LEN).await,
+            LEN.to_string()
+        );
         let (cpu, peak) = (cpu_ticks(pid) - before, peak_rss_kib(pid));
         println!("spool_body_bytes = {spool}: 256 MiB up, peak RSS {peak} KiB, {cpu} CPU ticks");
         figures.push((cpu, peak));
