@@ -55,6 +55,8 @@
 //!   probes, snapshots), reloads the config, shuts down.
 //! - [`demo`]: `moodle-gateway demo`: the real gateway in front of stand-in nodes
 //!   ([`demo::standin`], also the tests' double), driven by simulated students.
+//! - [`doctor`]: `moodle-gateway doctor`: asks the live site through every node what a
+//!   Moodle expert would, and names the `config.php` line or key that fixes each problem.
 
 pub mod access_log;
 pub mod admin;
@@ -62,6 +64,7 @@ pub mod app;
 pub mod cluster;
 pub mod config;
 pub mod demo;
+pub mod doctor;
 pub mod error;
 pub mod gateway;
 pub mod http;

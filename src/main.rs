@@ -74,6 +74,27 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090", value_name = "ADDR")]
         admin_listen: std::net::SocketAddr,
     },
+    /// Ask the live site, through every node and the data server, what a Moodle expert
+    /// would (wwwroot, sslproxy, the session store, the offload, revisions, clocks) and
+    /// name the config.php line or gateway key that fixes each problem. Exits 0 when it
+    /// found no problem, 1 when it found one, 2 when it could not ask.
+    Doctor {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Also log in as this test account on each node, check a file comes back
+        /// accelerated through the offload, and log out again. The password comes from
+        /// MOODLE_GATEWAY_DOCTOR_PASSWORD, else from a prompt; never from the command line.
+        #[arg(long, value_name = "USER")]
+        login: Option<String>,
+        /// A file the test account may read (path under wwwroot, e.g.
+        /// /pluginfile.php/…), for the offload check; default: the first file resource
+        /// in the account's courses.
+        #[arg(long, value_name = "PATH", requires = "login")]
+        file: Option<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print this help, or the help of the given command (the same as `COMMAND --help`).
     Help {
         /// The command to explain.
@@ -89,6 +110,12 @@ fn main() -> ExitCode {
         Command::Check(arg) => check(&arg.or(&outer)),
         Command::Run(arg) => run(&arg.or(&outer)),
         Command::Help { command } => help(command),
+        Command::Doctor {
+            config,
+            login,
+            file,
+            json,
+        } => doctor(&config.or(&outer), login, file, json),
         Command::Demo {
             students,
             concurrency,
@@ -174,6 +201,48 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
             None
         }
     }
+}
+
+/// `doctor`: the report on stdout, exit 0 (no problem), 1 (problems) or 2 (could not ask).
+fn doctor(
+    path: &std::path::Path,
+    login: Option<String>,
+    file: Option<String>,
+    json: bool,
+) -> ExitCode {
+    let Some(config) = report(Config::load(path)) else {
+        return ExitCode::from(2);
+    };
+    let login = match login.map(password_for).transpose() {
+        Ok(login) => login,
+        Err(error) => {
+            eprintln!("doctor: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let options = moodle_gateway::doctor::Options { login, file };
+    let Some(runtime) = runtime() else {
+        return ExitCode::from(2);
+    };
+    let report = runtime.block_on(moodle_gateway::doctor::examine(&config, &options));
+    if json {
+        println!("{}", report.json());
+    } else {
+        print!("{}", report.text());
+    }
+    ExitCode::from(report.exit_code())
+}
+
+/// The test account's password: `MOODLE_GATEWAY_DOCTOR_PASSWORD`, else asked on the
+/// terminal without echo.
+fn password_for(username: String) -> Result<moodle_gateway::doctor::Login, String> {
+    let password = match std::env::var("MOODLE_GATEWAY_DOCTOR_PASSWORD") {
+        Ok(password) if !password.is_empty() => password,
+        _ => rpassword::prompt_password(format!("password for {username}: ")).map_err(|e| {
+            format!("no password: set MOODLE_GATEWAY_DOCTOR_PASSWORD or run on a terminal ({e})")
+        })?,
+    };
+    Ok(moodle_gateway::doctor::Login { username, password })
 }
 
 fn demo(options: moodle_gateway::demo::DemoOptions) -> ExitCode {

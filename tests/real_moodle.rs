@@ -12,6 +12,8 @@
 mod assets;
 #[path = "real_moodle/cluster.rs"]
 mod cluster;
+#[path = "real_moodle/doctor.rs"]
+mod doctor;
 #[path = "real_moodle/export.rs"]
 mod export;
 #[path = "real_moodle/haproxy.rs"]
@@ -112,6 +114,66 @@ fn in_theme_designer_mode_nothing_is_kept() {
     let _one = heavy();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(assets::first_visits(true));
+}
+
+/// The doctor on a healthy site with a shared session store: exit 0, and the test
+/// account it logged in with on every node is logged out everywhere.
+#[test]
+#[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
+fn the_doctor_finds_nothing_wrong_with_a_healthy_shared_site() {
+    let _one = heavy();
+    doctor::healthy_shared(&Site::restore());
+}
+
+/// The doctor on a healthy node-local site with the offload: a file comes back
+/// accelerated from every node and the export serves it.
+#[test]
+#[ignore = "needs PHP, MariaDB and nginx: run tests/moodle/run.sh"]
+fn the_doctor_finds_nothing_wrong_with_a_healthy_offload_site() {
+    let _one = heavy();
+    doctor::healthy_offload(&Site::restore());
+}
+
+#[test]
+#[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
+fn the_doctor_names_the_node_with_another_wwwroot() {
+    let _one = heavy();
+    doctor::another_wwwroot(&Site::restore());
+}
+
+#[test]
+#[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
+fn the_doctor_finds_node_local_sessions_the_gateway_believes_shared() {
+    let _one = heavy();
+    doctor::node_local_believed_shared(&Site::restore());
+}
+
+#[test]
+#[ignore = "needs PHP, MariaDB and nginx: run tests/moodle/run.sh"]
+fn the_doctor_finds_the_offload_configured_while_xsendfile_is_off() {
+    let _one = heavy();
+    doctor::offload_without_xsendfile(&Site::restore());
+}
+
+#[test]
+#[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
+fn the_doctor_names_the_node_whose_revisions_differ() {
+    let _one = heavy();
+    doctor::revisions_apart(&Site::restore());
+}
+
+#[test]
+#[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
+fn the_doctor_finds_the_missing_sslproxy_behind_https() {
+    let _one = heavy();
+    doctor::https_without_sslproxy(&Site::restore());
+}
+
+#[test]
+#[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
+fn the_doctor_finds_the_site_in_maintenance_mode() {
+    let _one = heavy();
+    doctor::maintenance(&Site::restore());
 }
 
 /// With `[offload]`, `check` accepts node-local sessions: SCORM files no longer go to

@@ -15,12 +15,17 @@
 
 mod cookies;
 mod masking;
+mod pages;
 mod paths;
 mod php;
 mod revisions;
 
 pub use cookies::{is_valid_session_id, IssuedSession};
 pub use masking::{masked, Masked};
+pub use pages::{
+    course_ids, in_maintenance, linked, login_token, page_settings, resource_ids,
+    reverse_proxy_abused, PageSettings, Revisions,
+};
 
 use paths::{file_script, normalise_path, serves_scorm};
 

@@ -72,6 +72,11 @@ switch (moodle_suite_env('MOODLE_XSENDFILE', 'off')) {
         exit(1);
 }
 
+$themerev = getenv('MOODLE_THEMEREV');
+if ($themerev !== false && $themerev !== '') {
+    $CFG->themerev = (int) $themerev;
+}
+
 $CFG->session_handler_class = '\core\session\file';
 switch (moodle_suite_env('MOODLE_SESSIONS', 'shared')) {
     case 'shared':

@@ -87,6 +87,19 @@ impl Cluster {
     /// node: a few make a node that a surge saturates at once, as a small PHP-FPM
     /// pool would be.
     pub fn start_with(site: &Site, store: Store, offload: bool, workers: usize) -> Cluster {
+        Cluster::start_tweaked(site, store, offload, workers, &[])
+    }
+
+    /// [`Cluster::start_with`], with some nodes set up wrong on purpose: each tweak is
+    /// (node, config.php's environment variable, value), applied over that node's own;
+    /// `{public}` in a value is the gateway's address (wwwroot's authority).
+    pub fn start_tweaked(
+        site: &Site,
+        store: Store,
+        offload: bool,
+        workers: usize,
+        tweaks: &[(&str, &str, String)],
+    ) -> Cluster {
         assert!(
             !offload || store == Store::NodeLocal,
             "offload is node-local"
@@ -99,7 +112,13 @@ impl Cluster {
             offload,
             workers,
         };
-        let start = |name: &str| start_node(site, shape, public, scratch.path(), name);
+        let start = |name: &str| {
+            let own = tweaks.iter().filter(|(node, _, _)| *node == name);
+            let own: Vec<(&str, String)> = own
+                .map(|(_, key, value)| (*key, value.replace("{public}", &public.to_string())))
+                .collect();
+            start_node(site, shape, public, scratch.path(), name, &own)
+        };
         let nodes = NODES.iter().map(|name| start(name)).collect();
         let data = start("data");
         Cluster {
@@ -165,7 +184,14 @@ struct Shape {
     workers: usize,
 }
 
-fn start_node(site: &Site, shape: Shape, public: SocketAddr, dir: &Path, name: &str) -> Node {
+fn start_node(
+    site: &Site,
+    shape: Shape,
+    public: SocketAddr,
+    dir: &Path,
+    name: &str,
+    tweaks: &[(&str, String)],
+) -> Node {
     let Shape {
         store,
         offload,
@@ -200,7 +226,8 @@ fn start_node(site: &Site, shape: Shape, public: SocketAddr, dir: &Path, name: &
         .env(
             "MOODLE_XSENDFILE",
             if offload { "X-Accel-Redirect" } else { "off" },
-        );
+        )
+        .envs(tweaks.iter().map(|(key, value)| (*key, value)));
     let log = dir.join("php.log");
     let mut proc = Proc::spawn_tree(&format!("php -S ({name})"), php, &log);
     wait_until(&format!("{name} listens"), Duration::from_secs(20), || {
