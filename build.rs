@@ -1,8 +1,8 @@
 //! Writes the man pages, `moodle-gateway(1)` and one per command
 //! (`moodle-gateway-run(1)`, ...), from the same clap definitions main.rs parses
 //! (src/cli.rs), so the manual cannot drift from `--help`. They go to OUT_DIR and,
-//! where `cargo deb` picks them up, to `target/<profile>/man/`; cargo-deb gzips them
-//! into /usr/share/man/man1/.
+//! where `cargo deb` picks them up, to `target/<profile>/man/`, gzipped for
+//! /usr/share/man/man1/.
 
 use std::path::{Path, PathBuf};
 
@@ -58,7 +58,9 @@ fn main() {
     for (name, roff) in &pages {
         write(&out.join(format!("{name}.1")), roff);
         if let Some(dir) = &profile_dir {
-            write(&dir.join("man").join(format!("{name}.1")), roff);
+            let page = dir.join("man").join(format!("{name}.1"));
+            write(&page, roff);
+            gzip(&page);
         }
     }
 }
@@ -81,6 +83,21 @@ fn page(command: &clap::Command, top: bool) -> Vec<u8> {
     })();
     rendered.expect("writing to a Vec");
     roff
+}
+
+/// `NAME.1.gz` beside `NAME.1`, as Debian wants manuals (cargo-deb 3.8 ships them as
+/// given). gzip is on every Debian system; without it only the .deb lacks its pages,
+/// so the build goes on.
+fn gzip(page: &Path) {
+    let gz = page.with_extension("1.gz");
+    let out = std::process::Command::new("gzip")
+        .args(["-9nc"])
+        .arg(page)
+        .output();
+    match out {
+        Ok(out) if out.status.success() => write(&gz, &out.stdout),
+        _ => println!("cargo:warning=gzip failed: no {}", gz.display()),
+    }
 }
 
 fn write(path: &Path, bytes: &[u8]) {
