@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The Debian package as an admin meets it: `cargo deb` builds it, `dpkg -i`
-# installs it, the installed binary checks the installed config (also as the
+# The Debian package as an admin meets it: `cargo deb` builds it (with the book,
+# docs/build.sh), `dpkg -i` installs it, `man moodle-gateway` opens its man page, the
+# book is in /usr/share/doc, the installed binary checks the installed config (also as the
 # service's own user, who must be able to read the token), systemd-analyze
 # verifies the unit and scores its hardening, `dpkg -r` removes the program but
 # keeps the admin's files, and `dpkg --purge` removes those too.
 #
-# Needs root and dpkg (Debian or Ubuntu); installs cargo-deb from crates.io when
-# missing. systemd need not be running: the unit is verified, not started (README
+# Needs root and dpkg (Debian or Ubuntu); installs cargo-deb (and, through
+# docs/build.sh, mdbook) from crates.io and man-db from Debian when missing.
+# systemd need not be running: the unit is verified, not started (the book's
 # "Running it for real" has the manual test under systemd). Run by .ci/run after
 # the tests; by hand: sudo tests/package.sh
 set -euo pipefail
@@ -18,7 +20,7 @@ CONFIG=/etc/$PKG/config.toml
 TOKEN=/etc/$PKG/admin.token
 ROUTE_SECRET=/etc/$PKG/route.secret
 # The most systemd-analyze security may score the unit (0 = fully sandboxed,
-# 10 = not at all); README states today's figure.
+# 10 = not at all); the book's "Running it for real" states today's figure.
 MAX_EXPOSURE=2.0
 
 fail() { echo "tests/package.sh: FAILED: $*" >&2; exit 1; }
@@ -36,6 +38,10 @@ if ! cargo deb --version >/dev/null 2>&1; then
     cargo install --locked cargo-deb@3.8.0
 fi
 
+# The package ships the book: cargo deb refuses a missing asset.
+step "docs/build.sh"
+docs/build.sh
+
 step "cargo deb --locked"
 rm -rf target/debian
 cargo deb --locked --output target/debian/
@@ -43,13 +49,38 @@ deb=$(ls target/debian/${PKG}_*.deb)
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
 [[ "$deb" == *"_${version}-"* ]] || fail "$deb is not version $version"
 
+# Docker-style Debian images exclude manuals and docs from every package
+# (path-exclude in /etc/dpkg/dpkg.cfg.d/); an admin's machine does not. Let ours in
+# here, so that what is checked is what the package carries. dpkg reads its config
+# files before the command line, and the last matching filter wins.
+include=()
+if grep -qs '^path-exclude.*/usr/share/\(man\|doc\)' /etc/dpkg/dpkg.cfg.d/*; then
+    echo "-- dpkg excludes manuals or docs on this machine: including $PKG's for the test"
+    include=(--path-include="/usr/share/man/man1/$PKG*" --path-include="/usr/share/doc/$PKG/*")
+fi
+
 step "dpkg -i $deb"
-dpkg -i "$deb"
+dpkg -i "${include[@]}" "$deb"
 [ -x /usr/bin/$PKG ] || fail "no /usr/bin/$PKG"
 /usr/bin/$PKG --version | grep -qx "$PKG $version" || fail "the binary is not $version"
 dpkg-query -W -f='${Conffiles}\n' "$PKG" | grep -q " $CONFIG " || fail "$CONFIG is not a conffile"
 dpkg-query -W -f='${Conffiles}\n' "$PKG" | grep -q " /etc/logrotate.d/$PKG " \
     || fail "/etc/logrotate.d/$PKG is not a conffile"
+step "man $PKG, and the book"
+if ! command -v man >/dev/null; then
+    step "apt-get install man-db"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq man-db >/dev/null
+fi
+[ -f /usr/share/man/man1/$PKG.1.gz ] || fail "no /usr/share/man/man1/$PKG.1.gz"
+# Read whole first, as below: grep -q would end man early under pipefail.
+manual=$(MANPAGER=cat MANWIDTH=80 man $PKG 2>&1) || fail "man $PKG: $manual"
+grep -q "moodle-gateway-check(1)" <<<"$manual" || fail "man $PKG does not list the commands"
+grep -q "$version" <<<"$manual" || fail "man $PKG is not version $version"
+MANPAGER=cat man $PKG-check >/dev/null 2>&1 || fail "man $PKG-check does not open"
+for page in index.html moodle.html troubleshooting.html; do
+    [ -f /usr/share/doc/$PKG/book/$page ] || fail "no /usr/share/doc/$PKG/book/$page"
+done
+
 uid=$(id -u $PKG) || fail "no user $PKG"
 [ "$uid" -lt 1000 ] || fail "user $PKG is not a system user (uid $uid)"
 [ "$(stat -c '%a %U' $TOKEN)" = "600 $PKG" ] || fail "$TOKEN is $(stat -c '%a %U' $TOKEN)"
@@ -106,6 +137,7 @@ mkdir -p /var/lib/$PKG && echo state >/var/lib/$PKG/$PKG.state
 dpkg -r "$PKG"
 [ ! -e /usr/bin/$PKG ] || fail "/usr/bin/$PKG is still there"
 [ ! -e "$UNIT" ] || fail "$UNIT is still there"
+[ ! -e /usr/share/man/man1/$PKG.1.gz ] || fail "the man page is still there"
 [ -f $CONFIG ] || fail "dpkg -r removed the conffile $CONFIG"
 [ -f $TOKEN ] || fail "dpkg -r removed $TOKEN"
 [ -f $ROUTE_SECRET ] || fail "dpkg -r removed $ROUTE_SECRET"

@@ -94,7 +94,7 @@ fn file_name() -> impl Strategy<Value = String> {
 mod classify {
     use super::*;
 
-    /// The documented URL forms of one SCORM file (MOODLE.md, "SCORM URL forms").
+    /// The documented URL forms of one SCORM file (docs/src/moodle.md, "SCORM URL forms").
     fn scorm_forms(ctx: u32, area: &str, rev: u32, file: &str, token: &str) -> Vec<String> {
         let rel = format!("/{ctx}/mod_scorm/{area}/{rev}/{file}");
         let legacy = format!("/{ctx}/moddata/scorm/{rev}/{file}");

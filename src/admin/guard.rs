@@ -13,7 +13,7 @@
 //! `Sec-Fetch-Site` or `Origin` says it came from elsewhere, when it has a content
 //! type an HTML form can send without asking, or when it rides on Basic credentials
 //! without a header only a script can add (`X-Requested-By`). A bearer token is
-//! never attached by a browser on its own, so the README's curl lines keep working.
+//! never attached by a browser on its own, so the book's curl lines (docs/src/admin-api.md) keep working.
 //! These checks come before the token: a forged request never counts as a guess.
 //!
 //! Why the brake: a token can be guessed at thousands of tries a second. After

@@ -14,7 +14,7 @@
 //! gateway's own lack of resources (no socket at the open-file limit, no local port:
 //! [`crate::http::fault`]), which would take every healthy node down at once. A Moodle
 //! `500` is the application's answer about one page, not about the node. Moodle's maintenance
-//! answer (`503` with `Retry-After`, MOODLE.md) means the *site* is down on purpose:
+//! answer (`503` with `Retry-After`; docs/src/moodle.md, "Health and maintenance") means the *site* is down on purpose:
 //! every node says it at once, and ejecting them all would replace Moodle's
 //! maintenance page with the gateway's own error, so it counts as alive.
 //!

@@ -3,7 +3,7 @@
 //!
 //! Why it is strict: a gateway running on a half-understood config misroutes
 //! students, and one misrouted request can log a student out of every node
-//! (MOODLE.md). So a typo such as `max_session` is an error, never a silent
+//! (the book's "Moodle behind a proxy", docs/src/moodle.md). So a typo such as `max_session` is an error, never a silent
 //! default; every value is checked before a port is bound; and *all* problems are
 //! reported in one run, each with its dotted key and line, so an admin fixes the
 //! file once instead of once per restart.

@@ -10,7 +10,8 @@
 //!
 //! Kept apart from [`Config::parse`](super::Config::parse), which checks that each
 //! value is well-formed: these rules judge values together, against Moodle's own
-//! behaviour (MOODLE.md, `shared/moodle/README.md`), and tests that run stand-in nodes
+//! behaviour (the book's "Moodle behind a proxy", docs/src/moodle.md, as seen on a real
+//! Moodle 4.5 by the real-Moodle suite), and tests that run stand-in nodes
 //! (which are not Moodle) build configs these rules would refuse.
 
 use std::path::Path;

@@ -5,8 +5,9 @@
 //! decodes and resolves the path, PHP decodes cookie and query names, and Moodle's `PARAM_PATH`
 //! silently drops some characters from file paths. Deciding on the raw bytes instead would let a
 //! disguised URL reach a node the gateway did not mean it for, and one misrouted request can log
-//! a student out of every node (MOODLE.md). What cannot be read only one way is refused
-//! ([`AmbiguousPath`]) rather than guessed. The facts behind each rule are in MOODLE.md.
+//! a student out of every node (the book's "Moodle behind a proxy", docs/src/moodle.md, "When
+//! the id changes"). What cannot be read only one way is refused ([`AmbiguousPath`]) rather
+//! than guessed. The facts behind each rule are in that chapter.
 //!
 //! Three readers do the detailed work: `paths` (a path as PHP reads it, and which
 //! URL forms serve SCORM files), `cookies` (the session id a request carries and the

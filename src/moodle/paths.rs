@@ -1,5 +1,6 @@
 //! A request path as the web server hands it to PHP, and the URL forms in which
-//! Moodle's file scripts serve a SCORM package file (MOODLE.md lists them all).
+//! Moodle's file scripts serve a SCORM package file (the book's "Moodle behind a proxy",
+//! docs/src/moodle.md, lists them all under "SCORM URL forms").
 
 use std::borrow::Cow;
 

@@ -87,7 +87,7 @@ impl Store {
     /// disabled): compare-and-set in Redis, within `store.timeout`. `Some(node)`
     /// when another gateway moved it first: the caller adopts `node` instead. `None`
     /// when this move won, or without a shared store; with Redis down or slow the
-    /// move is queued as a plain bind (see README, "Limits today").
+    /// move is queued as a plain bind (the book's "Limits today", docs/src/limits.md).
     pub async fn moved(
         &self,
         key: SessionKey,

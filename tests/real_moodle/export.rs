@@ -1,5 +1,5 @@
 //! The data server's file export for the offload mode: a private nginx running
-//! `tests/moodle/nginx-export.conf` (the config the README shows) with its addresses and
+//! `tests/moodle/nginx-export.conf` (the config the book's offload chapter shows) with its addresses and
 //! paths swapped for a scratch directory's, and its access log, which tells the tests
 //! what the gateway fetched.
 

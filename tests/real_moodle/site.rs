@@ -210,6 +210,9 @@ fn cache_root() -> PathBuf {
         .join("real-moodle-cache")
 }
 
+/// The Moodle tarball: `MOODLE_TARBALL`, else where the project's CI keeps it beside
+/// the clone. The book's "Moodle behind a proxy" chapter (docs/src/moodle.md) says
+/// which tarball this is and how to make one.
 fn tarball() -> PathBuf {
     std::env::var_os("MOODLE_TARBALL")
         .map(PathBuf::from)
@@ -217,6 +220,27 @@ fn tarball() -> PathBuf {
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../shared/moodle/moodle-4.5dev-20240903.tar.xz")
         })
+}
+
+/// What a user without the tarball needs to hear: which one, where to get it, and
+/// how to point the suite at it.
+fn no_tarball(tarball: &Path, error: &std::io::Error) -> String {
+    let named = if std::env::var_os("MOODLE_TARBALL").is_some() {
+        "MOODLE_TARBALL names"
+    } else {
+        "MOODLE_TARBALL is not set, and the default is"
+    };
+    format!(
+        "the real-Moodle suite needs a Moodle tarball: {named} {path}: {error}\n\
+         It was made for moodle-4.5dev-20240903.tar.xz (45 MB, sha256 c84913b7...48606): \
+         Moodle core 4.5dev Build 20240903, the folder server/moodle of \
+         https://github.com/AAU-P5-Moodle/moodle-1 at commit 2b070b78 without mod/livequiz \
+         and local/adminer, packed as one folder moodle/ (a Moodle 4.5 release .tgz from \
+         download.moodle.org is expected to work too, untested).\n\
+         Make or download one, then: MOODLE_TARBALL=/path/to/moodle.tar.xz tests/moodle/run.sh\n\
+         The book's chapter \"Moodle behind a proxy\" (docs/src/moodle.md) has the commands.",
+        path = tarball.display()
+    )
 }
 
 fn hex(digest: &[u8]) -> String {
@@ -228,8 +252,7 @@ fn ensure_cache() -> (PathBuf, PathBuf) {
     static ONCE: Mutex<()> = Mutex::new(());
     let _one_at_a_time = ONCE.lock().unwrap_or_else(|e| e.into_inner());
     let tarball = tarball();
-    let bytes = std::fs::read(&tarball)
-        .unwrap_or_else(|e| panic!("the Moodle tarball {}: {e}", tarball.display()));
+    let bytes = std::fs::read(&tarball).unwrap_or_else(|e| panic!("{}", no_tarball(&tarball, &e)));
     let tar_sha = hex(&Sha256::digest(&bytes));
     let code = ensure_code(&tarball, &tar_sha);
 
@@ -262,8 +285,10 @@ fn ensure_code(tarball: &Path, tar_sha: &str) -> PathBuf {
         std::fs::create_dir_all(&partial).unwrap();
         run(
             "unpacking Moodle",
+            // `xf`, not `xJf`: tar tells xz from gzip itself, so a release .tgz
+            // unpacks as well as the .tar.xz.
             Command::new("tar")
-                .arg("xJf")
+                .arg("xf")
                 .arg(tarball)
                 .arg("-C")
                 .arg(&partial),

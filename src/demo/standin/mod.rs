@@ -2,7 +2,7 @@
 //! data server, each a small HTTP/1.1 server on `127.0.0.1:0`.
 //!
 //! Why: the gateway exists because one misrouted request logs a student out of every
-//! node (MOODLE.md). A real Moodle is too heavy for tests and the demo, so these
+//! node (the book's "Moodle behind a proxy", docs/src/moodle.md). A real Moodle is too heavy for tests and the demo, so these
 //! stand-ins copy exactly the session behaviour that matters: a session lives on the
 //! node that issued it; login and logout rotate the id; a request reaching the wrong
 //! node *loses* the session (its row is deleted, as Moodle does) and is counted in the
