@@ -382,16 +382,17 @@ impl Gateway {
             Err(_) => return self.refused(GatewayError::AmbiguousPath, &request, client),
         };
         // A revisioned asset in memory needs no node, no slot, no deal and no session.
-        let fill = match kind == RequestKind::Sessionless && settings.cache_on {
-            true => match self.cached(&request).await {
+        let fill = if kind == RequestKind::Sessionless && settings.cache_on {
+            match self.cached(&request).await {
                 Cached::Hit(answer) => {
                     served.cached = true;
                     return answer.map(Either::Right);
                 }
                 Cached::Fill(fill) => Some(fill),
                 Cached::Node => None,
-            },
-            false => None,
+            }
+        } else {
+            None
         };
         let known = (self.known_session(request.headers(), &settings.upstreams)).await;
         served.session = known.map(|k| k.key);
@@ -608,10 +609,13 @@ impl Gateway {
                 .ok_or(GatewayError::NoNodeAvailable),
             // Otherwise SCORM content lives on the data server, whoever asks and whatever
             // session; there is no other copy to fail over to.
-            (RequestKind::ScormFile, _) => match settings.upstreams.data().health.is_up() {
-                true => Ok(Route::Data),
-                false => Err(GatewayError::DataServerDown),
-            },
+            (RequestKind::ScormFile, _) => {
+                if settings.upstreams.data().health.is_up() {
+                    Ok(Route::Data)
+                } else {
+                    Err(GatewayError::DataServerDown)
+                }
+            }
             // A session one of our nodes issued: only that node has its data. Assets
             // too: a "static" file that is missing is answered by PHP (Moodle 4.5+
             // sends it to r.php, older sites to error/index.php) inside the session,
