@@ -7,8 +7,8 @@
 //! reloads together.
 //!
 //! The public listener is not an axum `Router`: every path is proxied, so routing
-//! would decide nothing, and calling [`Gateway::handle`] straight from the hyper
-//! service hands hyper's request body to the upstream client without boxing it
+//! would decide nothing, and the students' path ([`gateway::stack::students`], a
+//! tower stack) hands hyper's request body to the upstream client without boxing it
 //! (measured: the router, its extension map and the two boxed bodies cost about a
 //! tenth of the gateway's CPU per small request). The admin listener, with real
 //! routes, is an axum `Router`.
@@ -24,15 +24,16 @@ use axum::extract::ConnectInfo;
 use axum::Router;
 use http::{Request, Response};
 use hyper::body::Incoming;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
-use crate::access_log::{AccessLog, Logged, Trail};
+use crate::access_log::AccessLog;
 use crate::config::{Config, StoreConfig};
-use crate::gateway::{self, Gateway, ProxyBody, Served};
+use crate::gateway::{self, Gateway};
 use crate::http::listener::{serve_connections, Listening};
-use crate::http::proxy::Client;
+use crate::http::proxy::{Client, Withheld};
 use crate::sessions::clock::Clock;
 use crate::sessions::state;
 
@@ -344,11 +345,19 @@ impl App {
             tokio::spawn(serving)
         });
         let gateway = self.gateway.clone();
+        // The dashboard's login cookie: browsers also send it to the site when both
+        // share a host name.
+        let withheld = Arc::new(Withheld::new(crate::admin::LOGIN_COOKIE));
         let public_task = tokio::spawn(serve_connections(
             public,
             public_listening.with_tls(self.tls.as_ref().map(|t| t.acceptor.clone())),
             drain(),
-            move |peer, tls| public_service(gateway.clone(), access_log.clone(), peer, tls),
+            move |peer, tls| {
+                let (gateway, log, withheld) =
+                    (gateway.clone(), access_log.clone(), withheld.clone());
+                let client = Client::new(peer.ip(), tls);
+                TowerToHyperService::new(gateway::stack::students(gateway, log, withheld, client))
+            },
         ));
         shutdown.await;
         let grace = self.config().timeouts.shutdown;
@@ -471,54 +480,6 @@ fn probe_targets(
         .map(|u| (u.name.clone(), u.authority.to_string(), u.health.clone()))
         .collect();
     (settings.health.clone(), targets)
-}
-
-/// The public service of one connection: every request goes to the gateway, and
-/// to the access log when it is on.
-fn public_service(
-    gateway: Arc<Gateway>,
-    access_log: AccessLog,
-    peer: SocketAddr,
-    tls: bool,
-) -> impl hyper::service::Service<
-    Request<Incoming>,
-    Response = Response<Logged<ProxyBody>>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<Response<Logged<ProxyBody>>, Infallible>> + Send,
-> + Clone
-       + Send {
-    let client = Arc::new(Client::new(peer.ip(), tls));
-    hyper::service::service_fn(move |request: Request<Incoming>| {
-        let (gateway, client, log) = (gateway.clone(), client.clone(), access_log.clone());
-        async move {
-            let begun = log.begin(&request, client.ip);
-            let mut served = Served::default();
-            let response = gateway.handle_noting(request, &client, &mut served).await;
-            let trail = match begun.is_some() {
-                true => trail(&gateway, served),
-                false => Trail::default(),
-            };
-            Ok(log.finish(begun, trail, response))
-        }
-    })
-}
-
-/// The gateway's part of an access log line, by name.
-fn trail(gateway: &Gateway, served: Served) -> Trail {
-    let settings = gateway.settings();
-    let upstreams = &settings.upstreams;
-    let name = |id| {
-        let data = upstreams.data();
-        let upstream = upstreams.get(id).or((data.id == id).then_some(data));
-        upstream.map(|u| u.name.clone())
-    };
-    Trail {
-        upstream: served.upstream.and_then(name),
-        upstream_time: served.upstream_time,
-        queue_time: served.waited,
-        cached: served.cached,
-        session: served.session.map(|key| key.to_string()),
-    }
 }
 
 /// The admin service of one connection: the router, told who is asking.

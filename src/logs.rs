@@ -50,12 +50,11 @@ impl Every {
                     Ordering::Relaxed,
                 )
                 .is_ok();
-        match won {
-            true => Some(self.held.swap(0, Ordering::Relaxed)),
-            false => {
-                self.held.fetch_add(1, Ordering::Relaxed);
-                None
-            }
+        if won {
+            Some(self.held.swap(0, Ordering::Relaxed))
+        } else {
+            self.held.fetch_add(1, Ordering::Relaxed);
+            None
         }
     }
 }

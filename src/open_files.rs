@@ -63,13 +63,14 @@ impl OpenFiles {
 
     /// One line for `moodle-gateway check`.
     pub fn describe(&self, config: &Config) -> String {
-        let verdict = match self.suffices() {
-            true => "enough".to_owned(),
-            false => format!(
+        let verdict = if self.suffices() {
+            "enough".to_owned()
+        } else {
+            format!(
                 "NOT enough for max_connections = {}: raise the hard limit (systemd: \
                  LimitNOFILE={}) or lower max_connections",
                 config.limits.max_connections, self.needed
-            ),
+            )
         };
         format!(
             "open files: {} needed; the limit in this shell is {} (hard {}), raised to {} at start: {verdict}\n",
@@ -83,9 +84,10 @@ impl OpenFiles {
 
 /// `RLIM_INFINITY` as a word.
 fn limit(value: u64) -> String {
-    match value == rlimit::INFINITY {
-        true => "unlimited".to_owned(),
-        false => value.to_string(),
+    if value == rlimit::INFINITY {
+        "unlimited".to_owned()
+    } else {
+        value.to_string()
     }
 }
 

@@ -544,9 +544,10 @@ fn a_student_whose_session_file_vanishes_is_counted_as_one_loss() {
 /// gateways and their Redis).
 async fn start(store: Store, offload: bool, front: Front) -> Env {
     let site = Site::restore();
-    let cluster = match offload {
-        false => Cluster::start(&site, store),
-        true => Cluster::start_offload(&site),
+    let cluster = if offload {
+        Cluster::start_offload(&site)
+    } else {
+        Cluster::start(&site, store)
     };
     let client = http_client();
     let warming = Instant::now();

@@ -12,11 +12,15 @@
 //! What a line never holds: a raw session id (the table's keyed hash stands in),
 //! or a credential in the URL or the `Referer` ([`crate::moodle::masked`]).
 //!
-//! Here: the handle, and what a request leaves for its line; `format` writes the
-//! line, `writer` is the thread that puts lines on disk.
+//! Here: the handle, and what a request leaves for its line; `layer` puts the log
+//! on the students' path, `format` writes the line, `writer` is the thread that puts
+//! lines on disk.
 
 mod format;
+mod layer;
 mod writer;
+
+pub use layer::{AccessLogLayer, AccessLogged, ResponseFuture};
 
 use std::io;
 use std::net::IpAddr;
@@ -94,7 +98,7 @@ impl AccessLog {
     }
 
     /// What to note of `request` before it is handed on; `None` when off.
-    pub fn begin<B>(&self, request: &Request<B>, client: IpAddr) -> Option<Begun> {
+    fn begin<B>(&self, request: &Request<B>, client: IpAddr) -> Option<Begun> {
         let sink = self.0.as_ref()?;
         Some(Begun {
             started: Instant::now(),
@@ -108,7 +112,7 @@ impl AccessLog {
     }
 
     /// `response` with a body that writes the line when it is done.
-    pub fn finish<B>(
+    fn finish<B>(
         &self,
         begun: Option<Begun>,
         trail: Trail,
@@ -129,7 +133,9 @@ impl AccessLog {
     }
 }
 
-/// What the gateway adds to a line: where the request went and for whom.
+/// What the gateway adds to a line: where the request went and for whom. The
+/// service that knows it puts it in the response's extensions; [`AccessLogLayer`]
+/// takes it out.
 #[derive(Debug, Clone, Default)]
 pub struct Trail {
     /// The upstream that answered, by name; `None` when the gateway answered itself.
@@ -269,7 +275,7 @@ mod tests {
     use super::*;
     use crate::config::AccessLogTo;
 
-    fn file_log(name: &str) -> (AccessLog, PathBuf) {
+    pub(super) fn file_log(name: &str) -> (AccessLog, PathBuf) {
         let path = std::env::temp_dir().join(format!("mg-unit-{name}-{}.log", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let config = AccessLogConfig {

@@ -207,9 +207,10 @@ fn table(out: &mut String, panel: &Panel, peers: &[Peer], now: u64) {
 }
 
 fn row(out: &mut String, panel: &Panel, peer: &Peer, now: u64) {
-    let this = match peer.name == panel.this {
-        true => "<span class=\"badge\">this gateway</span>",
-        false => "",
+    let this = if peer.name == panel.this {
+        "<span class=\"badge\">this gateway</span>"
+    } else {
+        ""
     };
     let up = peer.started.map(|s| duration(now.saturating_sub(s)));
     let _ = write!(

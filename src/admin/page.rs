@@ -255,13 +255,14 @@ fn buttons(out: &mut String, card: &Card, csrf: &str) {
     out.push_str("<div class=\"actions\">");
     for (action, label) in actions {
         // Disabling moves every logged-in student at once: a box to tick first.
-        let confirm = match action == "disable" && card.logged_in > 0 {
-            false => String::new(),
-            true => format!(
+        let confirm = if action == "disable" && card.logged_in > 0 {
+            format!(
                 "<label class=\"confirm\"><input type=\"checkbox\" name=\"confirm\" \
-                 value=\"yes\" required> moves {} logged-in</label>",
+value=\"yes\" required> moves {} logged-in</label>",
                 card.logged_in
-            ),
+            )
+        } else {
+            String::new()
         };
         let _ = write!(
             out,

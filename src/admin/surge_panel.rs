@@ -24,9 +24,10 @@ pub(super) fn card_figures(slots: &SlotsNow) -> Vec<(&'static str, &'static str,
     if slots.cap == 0 {
         return vec![("In flight / cap", "slots", "no cap".into())];
     }
-    let full = match slots.active >= slots.cap {
-        true => " <small>full</small>",
-        false => "",
+    let full = if slots.active >= slots.cap {
+        " <small>full</small>"
+    } else {
+        ""
     };
     let in_flight = format!("{} / {}{full}", slots.active, slots.cap);
     let mut figures = vec![("In flight / cap", "slots", in_flight)];

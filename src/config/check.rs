@@ -52,9 +52,10 @@ pub(super) struct Section<'a> {
 
 impl<'a> Section<'a> {
     pub(super) fn key(&self, name: &str) -> String {
-        match self.key.is_empty() {
-            true => name.to_owned(),
-            false => format!("{}.{name}", self.key),
+        if self.key.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}.{name}", self.key)
         }
     }
 

@@ -24,9 +24,10 @@ impl Config {
             None => "none (no [admin] section)".to_owned(),
         };
         let proxies: Vec<String> = self.trusted_proxies.iter().map(|n| n.to_string()).collect();
-        let proxies = match proxies.is_empty() {
-            true => "none (X-Forwarded-For from clients is replaced)".to_owned(),
-            false => format!("{} (their X-Forwarded-For is extended)", proxies.join(", ")),
+        let proxies = if proxies.is_empty() {
+            "none (X-Forwarded-For from clients is replaced)".to_owned()
+        } else {
+            format!("{} (their X-Forwarded-For is extended)", proxies.join(", "))
         };
         let site = Some(self.site.path.as_str()).filter(|p| !p.is_empty());
         let site = site.unwrap_or("/ (Moodle at the host root)");
@@ -82,9 +83,10 @@ impl Config {
             ),
             None => String::new(),
         };
-        let tls = match w.https {
-            true => "; TLS ends before the nodes: set $CFG->sslproxy = true",
-            false => "",
+        let tls = if w.https {
+            "; TLS ends before the nodes: set $CFG->sslproxy = true"
+        } else {
+            ""
         };
         format!(
             "wwwroot: {} (the same $CFG->wwwroot on every node and the data server{tls}{port})\n",
@@ -94,12 +96,13 @@ impl Config {
 
     /// `[site] hosts`: which `Host` headers get through.
     fn describe_hosts(&self) -> String {
-        match self.site.hosts.is_empty() {
-            true => "any (every Host header is passed on)".to_owned(),
-            false => format!(
+        if self.site.hosts.is_empty() {
+            "any (every Host header is passed on)".to_owned()
+        } else {
+            format!(
                 "{} (requests naming another host are refused)",
                 self.site.hosts.join(", ")
-            ),
+            )
         }
     }
 
@@ -208,16 +211,15 @@ impl Config {
     /// `[cache]`: what is kept, and how much.
     fn describe_cache(&self) -> String {
         let c = &self.cache;
-        match c.enabled && c.max_bytes > 0 {
-            false => {
-                "asset cache: off (every theme and JavaScript request goes to a node)\n".to_owned()
-            }
-            true => format!(
+        if c.enabled && c.max_bytes > 0 {
+            format!(
                 "asset cache: Moodle's revisioned theme and JavaScript answers that Moodle marks \
-                 public, at most {} in all and {} each, answered from memory\n",
+public, at most {} in all and {} each, answered from memory\n",
                 format_size(c.max_bytes),
                 format_size(c.max_entry_bytes)
-            ),
+            )
+        } else {
+            "asset cache: off (every theme and JavaScript request goes to a node)\n".to_owned()
         }
     }
 
@@ -230,11 +232,10 @@ impl Config {
                     backlog queues the rest, first come first served)\n"
                 .to_owned();
         }
-        let per_node = match caps.iter().all(|&c| c == caps[0]) {
-            true => format!("each node works on at most {} requests at once", caps[0]),
-            false => {
-                "each node works on at most its max_active requests at once (see nodes)".to_owned()
-            }
+        let per_node = if caps.iter().all(|&c| c == caps[0]) {
+            format!("each node works on at most {} requests at once", caps[0])
+        } else {
+            "each node works on at most its max_active requests at once (see nodes)".to_owned()
         };
         let room = match &u.waiting_room {
             None => "off: newcomers wait in the line like everyone".to_owned(),

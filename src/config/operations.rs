@@ -142,11 +142,12 @@ impl Checker<'_> {
 fn health_host(raw: &str) -> Result<String, String> {
     let authority = raw.parse::<http::uri::Authority>();
     let plain = authority.is_ok_and(|a| a.as_str() == raw && !raw.contains('@'));
-    match plain && !raw.is_empty() {
-        true => Ok(raw.to_owned()),
-        false => Err(format!(
-            "{raw:?} is not a host name (like \"moodle.example.edu\" or \"moodle.example.edu:8443\")"
-        )),
+    if plain && !raw.is_empty() {
+        Ok(raw.to_owned())
+    } else {
+        Err(format!(
+"{raw:?} is not a host name (like \"moodle.example.edu\" or \"moodle.example.edu:8443\")"
+))
     }
 }
 

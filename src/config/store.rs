@@ -415,11 +415,10 @@ fn prefix(raw: &str) -> Result<String, String> {
         && raw
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b":._-/".contains(&b));
-    match plain {
-        true => Ok(raw.to_owned()),
-        false => {
-            Err("must be 1 to 64 letters, digits and \":\", \".\", \"_\", \"-\", \"/\"".to_owned())
-        }
+    if plain {
+        Ok(raw.to_owned())
+    } else {
+        Err("must be 1 to 64 letters, digits and \":\", \".\", \"_\", \"-\", \"/\"".to_owned())
     }
 }
 

@@ -188,12 +188,13 @@ fn offload_probe(raw: &str, prefix: &str) -> Result<String, String> {
         .all(|b| b.is_ascii_alphanumeric() || b"/-._~".contains(&b));
     let rest = raw.strip_prefix(prefix).unwrap_or_default();
     let segments_ok = rest.split('/').all(|seg| !matches!(seg, "" | "." | ".."));
-    match plain && !rest.is_empty() && segments_ok {
-        true => Ok(raw.to_owned()),
-        false => Err(format!(
+    if plain && !rest.is_empty() && segments_ok {
+        Ok(raw.to_owned())
+    } else {
+        Err(format!(
             "{raw:?} must be a file under offload.prefix ({prefix:?}) in plain characters, \
-             like \"{prefix}filedir/probe.txt\": the export must answer it 2xx"
-        )),
+like \"{prefix}filedir/probe.txt\": the export must answer it 2xx"
+        ))
     }
 }
 
@@ -207,11 +208,12 @@ fn offload_prefix(raw: &str) -> Result<String, String> {
         .trim_matches('/')
         .split('/')
         .all(|seg| !matches!(seg, "" | "." | ".."));
-    match raw.len() > 1 && raw.starts_with('/') && raw.ends_with('/') && plain && segments_ok {
-        true => Ok(raw.to_owned()),
-        false => Err(format!(
+    if raw.len() > 1 && raw.starts_with('/') && raw.ends_with('/') && plain && segments_ok {
+        Ok(raw.to_owned())
+    } else {
+        Err(format!(
             "{raw:?} must be a path that starts and ends with \"/\", like \"/dataroot/\" \
-             (the key of $CFG->xsendfilealiases)"
-        )),
+(the key of $CFG->xsendfilealiases)"
+        ))
     }
 }

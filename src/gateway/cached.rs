@@ -55,9 +55,10 @@ impl Gateway {
             .get(ACCEPT_ENCODING)
             .map_or(&b""[..], |v| v.as_bytes());
         let encoding = String::from_utf8_lossy(encoding);
-        let role = match *method == Method::HEAD {
-            true => Role::Head,
-            false => Role::First,
+        let role = if *method == Method::HEAD {
+            Role::Head
+        } else {
+            Role::First
         };
         let mut looked = self.cache.lookup(&key, &encoding, role);
         if let Lookup::Wait(mut filling) = looked {

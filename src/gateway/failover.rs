@@ -212,9 +212,10 @@ impl Gateway {
                     .get(node)
                     .is_some_and(|n| !n.health.is_up());
                 let known = Known { node, ..known? };
-                match down {
-                    true => self.move_session(known, MoveCause::Down, settings).await,
-                    false => None,
+                if down {
+                    self.move_session(known, MoveCause::Down, settings).await
+                } else {
+                    None
                 }
             }
             // The data server has no other copy: a refusal (its web server

@@ -19,6 +19,7 @@ mod export;
 mod failover;
 mod learning;
 mod peers;
+pub mod stack;
 mod surge;
 pub mod waiting_room;
 
@@ -34,7 +35,6 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use ipnet::IpNet;
 
-use crate::admin::LOGIN_COOKIE;
 use crate::cluster::export::Export;
 use crate::cluster::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
 use crate::config::{Config, HealthConfig, SessionStore, StoreConfig, SurgeConfig};
@@ -46,7 +46,7 @@ use crate::http::body::IdleLimited;
 use crate::http::edge::EdgeRules;
 use crate::http::offload::{self, Asked, Offload};
 use crate::http::pool::Pool;
-use crate::http::proxy::{self, Bounds, Client, Peer, Withheld};
+use crate::http::proxy::{self, Bounds, Client, Peer};
 use crate::http::spool::Spool;
 use crate::logs::Every;
 use crate::metrics::{Metrics, MoveCause, RoomNow};
@@ -186,9 +186,6 @@ pub struct Gateway {
     /// Requests between admission and their response head.
     in_flight: AtomicUsize,
     metrics: Metrics,
-    /// The dashboard's login cookie: a credential for the admin listener, which
-    /// browsers also send to the site when both share a host name.
-    withheld: Withheld,
     /// The table, deal and admin state shared with other gateways, if any.
     store: Store,
     /// The snapshot of this gateway's table from before it joined a shared store,
@@ -252,7 +249,6 @@ impl Gateway {
             route_cookie,
             in_flight: AtomicUsize::new(0),
             metrics,
-            withheld: Withheld::new(LOGIN_COOKIE),
             store,
             legacy: None,
             room,
@@ -369,47 +365,34 @@ impl Gateway {
             .sum()
     }
 
-    /// Proxies one request and returns the streaming response or an error page.
-    pub async fn handle(&self, request: Request<Incoming>, client: &Client) -> Response<ProxyBody> {
-        self.handle_noting(request, client, &mut Served::default())
-            .await
-    }
-
-    /// [`handle`](Self::handle), noting in `served` where the request went, for the
-    /// access log.
-    pub async fn handle_noting(
+    /// One admitted request's journey (the layers of [`stack::students`] come
+    /// first): classified, routed, forwarded, learnt from; the streaming response or
+    /// an error page. Notes in `served` where it went, for the access log.
+    async fn journey(
         &self,
-        mut request: Request<Incoming>,
+        request: Request<Incoming>,
         client: &Client,
         served: &mut Served,
     ) -> Response<ProxyBody> {
         let arrived = tokio::time::Instant::now();
         let settings = self.settings.load();
-        if let Err(refused) = settings.edge.admit(&mut request) {
-            return self.refused(refused, &request, client);
-        }
-        // Never an unbounded queue: past the cap a student gets a quick 503.
-        let Some(_slot) = InFlight::take(&self.in_flight, settings.max_in_flight) else {
-            return self.refused(GatewayError::Overloaded, &request, client);
-        };
-        // The dashboard's login is a credential for the admin listener, never for Moodle.
-        self.withheld.strip(request.headers_mut());
         let uri = request.uri();
         let kind = match self.site.classify(uri.path(), uri.query()) {
             Ok(kind) => kind,
             Err(_) => return self.refused(GatewayError::AmbiguousPath, &request, client),
         };
         // A revisioned asset in memory needs no node, no slot, no deal and no session.
-        let fill = match kind == RequestKind::Sessionless && settings.cache_on {
-            true => match self.cached(&request).await {
+        let fill = if kind == RequestKind::Sessionless && settings.cache_on {
+            match self.cached(&request).await {
                 Cached::Hit(answer) => {
                     served.cached = true;
                     return answer.map(Either::Right);
                 }
                 Cached::Fill(fill) => Some(fill),
                 Cached::Node => None,
-            },
-            false => None,
+            }
+        } else {
+            None
         };
         let known = (self.known_session(request.headers(), &settings.upstreams)).await;
         served.session = known.map(|k| k.key);
@@ -626,10 +609,13 @@ impl Gateway {
                 .ok_or(GatewayError::NoNodeAvailable),
             // Otherwise SCORM content lives on the data server, whoever asks and whatever
             // session; there is no other copy to fail over to.
-            (RequestKind::ScormFile, _) => match settings.upstreams.data().health.is_up() {
-                true => Ok(Route::Data),
-                false => Err(GatewayError::DataServerDown),
-            },
+            (RequestKind::ScormFile, _) => {
+                if settings.upstreams.data().health.is_up() {
+                    Ok(Route::Data)
+                } else {
+                    Err(GatewayError::DataServerDown)
+                }
+            }
             // A session one of our nodes issued: only that node has its data. Assets
             // too: a "static" file that is missing is answered by PHP (Moodle 4.5+
             // sends it to r.php, older sites to error/index.php) inside the session,
@@ -723,7 +709,7 @@ fn sent(response: Response<IdleLimited>, fill: Option<Fill>) -> Response<ProxyBo
 /// Where one request went, for the access log: cheap to fill whether or not a
 /// line is written.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Served {
+struct Served {
     /// The upstream that answered; `None` when the gateway answered itself.
     pub upstream: Option<NodeId>,
     /// From sending the request to the node that answered to its response head
@@ -750,25 +736,6 @@ struct Sent {
 /// Refused requests are logged at most once every ten seconds: a scanner sends
 /// thousands, and the counts are in `/metrics`.
 static REFUSALS: Every = Every::new(Duration::from_secs(10));
-
-/// One request's place under `max_in_flight`, given back when dropped.
-struct InFlight<'a>(&'a AtomicUsize);
-
-impl<'a> InFlight<'a> {
-    fn take(count: &'a AtomicUsize, max: usize) -> Option<Self> {
-        if count.fetch_add(1, Ordering::Relaxed) >= max {
-            count.fetch_sub(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(Self(count))
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// The table's bounds from `[session]`.
 pub fn limits(config: &Config) -> Limits {

@@ -286,9 +286,10 @@ impl Entry {
             headers.insert(header::AGE, age);
             return response;
         }
-        let body = match *method == Method::HEAD {
-            true => Bytes::new(),
-            false => self.body.clone(),
+        let body = if *method == Method::HEAD {
+            Bytes::new()
+        } else {
+            self.body.clone()
         };
         let mut response = Response::new(Full::new(body));
         let headers = response.headers_mut();
@@ -413,9 +414,10 @@ fn keepable(status: StatusCode, headers: &HeaderMap) -> Option<bool> {
         .map(str::trim)
         .filter(|f| !f.is_empty())
     {
-        match field.eq_ignore_ascii_case("accept-encoding") {
-            true => encoding = true,
-            false => return None,
+        if field.eq_ignore_ascii_case("accept-encoding") {
+            encoding = true
+        } else {
+            return None;
         }
     }
     Some(encoding)

@@ -109,9 +109,10 @@ impl EdgeRules {
         // As on the wire: "name: value\r\n", plus the request line.
         let lines = headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4);
         let bytes = target + request.method().as_str().len() + 12 + lines.sum::<usize>();
-        match bytes > self.max_header_bytes {
-            true => Err(GatewayError::HeadersTooLarge),
-            false => Ok(()),
+        if bytes > self.max_header_bytes {
+            Err(GatewayError::HeadersTooLarge)
+        } else {
+            Ok(())
         }
     }
 

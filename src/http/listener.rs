@@ -315,24 +315,21 @@ pub(crate) async fn serve_connections<S, B>(
                 Err(_) => return tracing::debug!(%peer, "TLS handshake took too long"),
             };
             let io = TokioIo::new(stream);
-            match io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
-                true => {
-                    let streams = Streams::new(write_stall);
-                    let connection = http2.serve_connection(io, streams.serve(service));
-                    let stop = async {
-                        tokio::select! {
-                            () = closed(closing) => {}
-                            () = streams.idle(idle) => {
-                                tracing::debug!(%peer, "HTTP/2 connection idle: closed");
-                            }
-                        }
-                    };
-                    serve_until_closed(connection, stop, peer).await
-                }
-                false => {
-                    let connection = http1.serve_connection(io, service).with_upgrades();
-                    serve_until_closed(connection, closed(closing), peer).await;
-                }
+            if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+                let streams = Streams::new(write_stall);
+                let connection = http2.serve_connection(io, streams.serve(service));
+                let stop = async {
+                    tokio::select! {
+                    () = closed(closing) => {}
+                    () = streams.idle(idle) => {
+                    tracing::debug!(%peer, "HTTP/2 connection idle: closed");
+                    }
+                    }
+                };
+                serve_until_closed(connection, stop, peer).await
+            } else {
+                let connection = http1.serve_connection(io, service).with_upgrades();
+                serve_until_closed(connection, closed(closing), peer).await;
             }
         });
     };

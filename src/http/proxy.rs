@@ -265,12 +265,11 @@ pub async fn forward(
     }
     // A body-less request (most of them) needs no signal: its timer starts now.
     let empty = request.body().is_empty();
-    let (sent, body_sent) = match empty {
-        true => (None, None),
-        false => {
-            let (sent, body_sent) = oneshot::channel();
-            (Some(sent), Some(body_sent))
-        }
+    let (sent, body_sent) = if empty {
+        (None, None)
+    } else {
+        let (sent, body_sent) = oneshot::channel();
+        (Some(sent), Some(body_sent))
     };
     let mut request = request.map(|upload| RequestBody::new(upload, bounds.max_body_bytes, sent));
     let exchange = async {
@@ -523,14 +522,15 @@ fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>) {
         drop_underscored(headers);
     }
     join_cookie_lines(headers);
-    let chain = match peer.trusted {
-        true => headers.get(&X_FORWARDED_FOR).and_then(|chain| {
+    let chain = if peer.trusted {
+        headers.get(&X_FORWARDED_FOR).and_then(|chain| {
             let mut joined = chain.as_bytes().to_vec();
             joined.extend_from_slice(b", ");
             joined.extend_from_slice(peer.forwarded_for.as_bytes());
             HeaderValue::from_bytes(&joined).ok()
-        }),
-        false => None,
+        })
+    } else {
+        None
     };
     let forwarded_for = chain.unwrap_or_else(|| peer.forwarded_for.clone());
     // `insert` replaces every earlier line, so a client cannot smuggle a second one.

@@ -174,9 +174,10 @@ pub fn server_config(certs: Arc<Certificates>, http2: bool) -> Arc<ServerConfig>
         .expect("ring supports TLS 1.2 and 1.3")
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(CurrentCertificate(certs)));
-    config.alpn_protocols = match http2 {
-        true => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
-        false => vec![b"http/1.1".to_vec()],
+    config.alpn_protocols = if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
     };
     Arc::new(config)
 }

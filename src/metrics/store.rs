@@ -96,9 +96,10 @@ impl StoreMeters {
 
     /// A lookup answered: the session was in Redis, or not.
     pub fn looked_up(&self, found: bool) {
-        match found {
-            true => self.found.inc(),
-            false => self.absent.inc(),
+        if found {
+            self.found.inc()
+        } else {
+            self.absent.inc()
         }
     }
 

@@ -465,9 +465,10 @@ impl AffinityTable {
             let Some(node) = node_id(record.node) else {
                 continue;
             };
-            let state = match record.logged_in {
-                true => SessionState::LoggedIn,
-                false => SessionState::Anonymous,
+            let state = if record.logged_in {
+                SessionState::LoggedIn
+            } else {
+                SessionState::Anonymous
             };
             let entry = Entry {
                 node: u16::try_from(node).expect("node ids fit in u16"),

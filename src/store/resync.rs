@@ -34,15 +34,14 @@ pub(super) async fn resync(
     let started = std::time::Instant::now();
     let done = async {
         let replayed = replay(&shared, &mut conn).await?;
-        let written = match shared.dirty.swap(false, Ordering::Relaxed) {
-            true => {
-                // Cancelled (the link broke again) or failed: still to be written.
-                let unfinished = Unfinished(&shared);
-                let written = write_back(&shared, &*local, &mut conn).await?;
-                std::mem::forget(unfinished);
-                written
-            }
-            false => 0,
+        let written = if shared.dirty.swap(false, Ordering::Relaxed) {
+            // Cancelled (the link broke again) or failed: still to be written.
+            let unfinished = Unfinished(&shared);
+            let written = write_back(&shared, &*local, &mut conn).await?;
+            std::mem::forget(unfinished);
+            written
+        } else {
+            0
         };
         let states = read_states(&shared, &*local, &mut conn).await?;
         let adopted = read_sessions(&shared, &*local, &mut conn).await?;

@@ -342,9 +342,10 @@ fn no_underscore_header_reached_the_node(outcome: &Outcome) -> Result<(), String
         .flat_map(|r| &r.headers)
         .map(|(n, _)| n.as_str())
         .collect();
-    match names.iter().any(|n| n.contains('_')) {
-        true => Err(format!("the node received headers {names:?}")),
-        false => Ok(()),
+    if names.iter().any(|n| n.contains('_')) {
+        Err(format!("the node received headers {names:?}"))
+    } else {
+        Ok(())
     }
 }
 
@@ -450,9 +451,10 @@ fn judge(case: &Case, outcome: &Outcome) -> Result<String, String> {
         "statuses {statuses:?}, {:?}, node {count}",
         outcome.afterwards
     );
-    match wrong.is_empty() {
-        true => Ok(seen),
-        false => Err(format!("{} ({seen})", wrong.join("; "))),
+    if wrong.is_empty() {
+        Ok(seen)
+    } else {
+        Err(format!("{} ({seen})", wrong.join("; ")))
     }
 }
 

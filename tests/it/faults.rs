@@ -70,15 +70,14 @@ async fn play_script(mut stream: TcpStream, script: Script, requests: Arc<Atomic
         };
         let head = String::from_utf8_lossy(&buf[..end]).into_owned();
         buf.drain(..end + 4);
-        let (answer, then) = match head.starts_with("GET /theme/image.php") {
-            true => (
+        let (answer, then) = if head.starts_with("GET /theme/image.php") {
+            (
                 b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".to_vec(),
                 Then::KeepOpen,
-            ),
-            false => {
-                requests.fetch_add(1, Ordering::SeqCst);
-                script(&head)
-            }
+            )
+        } else {
+            requests.fetch_add(1, Ordering::SeqCst);
+            script(&head)
         };
         if stream.write_all(&answer).await.is_err() {
             return;

@@ -152,9 +152,10 @@ async fn settled_rss_kib(pid: u32) -> u64 {
     for _ in 0..120 {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = rss_kib(pid);
-        steady = match now.abs_diff(last) * 100 <= last {
-            true => steady + 1,
-            false => 0,
+        steady = if now.abs_diff(last) * 100 <= last {
+            steady + 1
+        } else {
+            0
         };
         last = now;
         if steady == 3 {

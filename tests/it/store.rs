@@ -696,9 +696,10 @@ async fn two_admins_draining_the_last_two_active_nodes_on_two_gateways_at_once_o
             (1, 1),
             "attempt {attempt}: exactly one drain passes: {on_a:?} {on_b:?}"
         );
-        let (drained, gateway, refusal) = match on_a.0 == StatusCode::OK {
-            true => ("web1", a, &on_b.1),
-            false => ("web2", b, &on_a.1),
+        let (drained, gateway, refusal) = if on_a.0 == StatusCode::OK {
+            ("web1", a, &on_b.1)
+        } else {
+            ("web2", b, &on_a.1)
         };
         let refusal = refusal["error"].as_str().unwrap_or_default();
         assert!(

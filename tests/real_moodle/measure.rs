@@ -93,9 +93,10 @@ pub fn offload() {
 /// A cluster (node-local sessions, offloaded or not) and a gateway; one student logs
 /// in and downloads the file `DOWNLOADS + 1` times, the first untimed.
 async fn round(site: &Site, big: &StoredFile, stored: &[u8], offload: bool) -> Figures {
-    let cluster = match offload {
-        true => Cluster::start_offload(site),
-        false => Cluster::start(site, Store::NodeLocal),
+    let cluster = if offload {
+        Cluster::start_offload(site)
+    } else {
+        Cluster::start(site, Store::NodeLocal)
     };
     let client = http_client();
     cluster.warm(&client).await;
