@@ -168,6 +168,29 @@ pub fn another_wwwroot(site: &Site) {
     let tweaks = [("web3", "MOODLE_WWWROOT", elsewhere)];
     let cluster = Cluster::start_tweaked(site, Store::Shared, false, WORKERS, &tweaks);
     doctor(&config(&cluster), None).finds(&["web3"], "$CFG->wwwroot");
+    // The report for a terminal says the same: the node, the setting, the line.
+    let (code, text) = doctor_text(&config(&cluster));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("web3: $CFG->wwwroot"), "{text}");
+    assert!(text.contains(&format!("$CFG->wwwroot = '{}';", cluster.wwwroot())), "{text}");
+}
+
+/// `moodle-gateway doctor` without `--json`: exit code and stdout.
+fn doctor_text(config: &str) -> (Option<i32>, String) {
+    let dir = Scratch::new("doctor");
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, config).unwrap();
+    std::fs::write(dir.path().join("admin.token"), "real-moodle-suite-doctor-token-0123\n").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
+        .current_dir(dir.path())
+        .args(["doctor", "--config"])
+        .arg(&path)
+        .env_remove("MOODLE_GATEWAY_ADMIN_TOKEN")
+        .output()
+        .expect("the doctor runs");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    eprintln!("doctor (text):\n{text}");
+    (output.status.code(), text)
 }
 
 pub fn node_local_believed_shared(site: &Site) {
