@@ -86,9 +86,7 @@ pub fn linked(html: &str, wwwroot: &str, script: &str) -> Option<String> {
         (None, None) => return None,
     };
     let rest = &html[at..];
-    let end = rest
-        .find(['"', '\'', ' ', '<', '>'])
-        .unwrap_or(rest.len());
+    let end = rest.find(['"', '\'', ' ', '<', '>']).unwrap_or(rest.len());
     let mut tail = rest[..end].to_owned();
     if escaped_form {
         tail = tail.replace("\\/", "/");

@@ -172,7 +172,10 @@ pub fn another_wwwroot(site: &Site) {
     let (code, text) = doctor_text(&config(&cluster));
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("web3: $CFG->wwwroot"), "{text}");
-    assert!(text.contains(&format!("$CFG->wwwroot = '{}';", cluster.wwwroot())), "{text}");
+    assert!(
+        text.contains(&format!("$CFG->wwwroot = '{}';", cluster.wwwroot())),
+        "{text}"
+    );
 }
 
 /// `moodle-gateway doctor` without `--json`: exit code and stdout.
@@ -180,7 +183,11 @@ fn doctor_text(config: &str) -> (Option<i32>, String) {
     let dir = Scratch::new("doctor");
     let path = dir.path().join("config.toml");
     std::fs::write(&path, config).unwrap();
-    std::fs::write(dir.path().join("admin.token"), "real-moodle-suite-doctor-token-0123\n").unwrap();
+    std::fs::write(
+        dir.path().join("admin.token"),
+        "real-moodle-suite-doctor-token-0123\n",
+    )
+    .unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
         .current_dir(dir.path())
         .args(["doctor", "--config"])
