@@ -66,9 +66,28 @@ impl Diagnosis {
     }
 }
 
-/// Runs `moodle-gateway doctor --json` on `config` (written with the token file the
-/// suite's configs name), logging in as `login` (username, password) when given.
+/// Runs `moodle-gateway doctor --json` on `config`, logging in as `login` (username,
+/// password) when given.
 pub fn doctor(config: &str, login: Option<(&str, &str)>) -> Diagnosis {
+    let mut args = vec!["--json"];
+    let mut env = Vec::new();
+    if let Some((user, password)) = login {
+        args.extend(["--login", user]);
+        env.push(("MOODLE_GATEWAY_DOCTOR_PASSWORD", password));
+    }
+    let (code, stdout, stderr) = run_doctor(config, &args, &env);
+    Diagnosis {
+        code,
+        report: serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("the doctor's --json parses ({e}): {stdout}\n{stderr}")),
+        stderr,
+    }
+}
+
+/// `moodle-gateway doctor --config F ARGS` in a directory of its own, `config` written
+/// there with the token and secret files the suite's configs name: exit code, stdout
+/// and stderr.
+fn run_doctor(config: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let dir = Scratch::new("doctor");
     let path = dir.path().join("config.toml");
     std::fs::write(&path, config).unwrap();
@@ -82,28 +101,20 @@ pub fn doctor(config: &str, login: Option<(&str, &str)>) -> Diagnosis {
         "real-moodle-suite-doctor-secret-01234\n",
     )
     .unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"));
-    command
+    let output = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
         .current_dir(dir.path())
-        .args(["doctor", "--json", "--config"])
+        .args(["doctor", "--config"])
         .arg(&path)
+        .args(args)
         .env_remove("MOODLE_GATEWAY_ADMIN_TOKEN")
-        .env_remove("MOODLE_GATEWAY_DOCTOR_PASSWORD");
-    if let Some((user, password)) = login {
-        command
-            .args(["--login", user])
-            .env("MOODLE_GATEWAY_DOCTOR_PASSWORD", password);
-    }
-    let output = command.output().expect("the doctor runs");
+        .env_remove("MOODLE_GATEWAY_DOCTOR_PASSWORD")
+        .envs(env.iter().copied())
+        .output()
+        .expect("the doctor runs");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    eprintln!("doctor:\n{stdout}{stderr}");
-    Diagnosis {
-        code: output.status.code(),
-        report: serde_json::from_str(&stdout)
-            .unwrap_or_else(|e| panic!("the doctor's --json parses ({e}): {stdout}\n{stderr}")),
-        stderr,
-    }
+    eprintln!("doctor {args:?}:\n{stdout}{stderr}");
+    (output.status.code(), stdout, stderr)
 }
 
 /// The doctor's config for `cluster`: the suite's gateway config, which the doctor reads.
@@ -180,24 +191,8 @@ pub fn another_wwwroot(site: &Site) {
 
 /// `moodle-gateway doctor` without `--json`: exit code and stdout.
 fn doctor_text(config: &str) -> (Option<i32>, String) {
-    let dir = Scratch::new("doctor");
-    let path = dir.path().join("config.toml");
-    std::fs::write(&path, config).unwrap();
-    std::fs::write(
-        dir.path().join("admin.token"),
-        "real-moodle-suite-doctor-token-0123\n",
-    )
-    .unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
-        .current_dir(dir.path())
-        .args(["doctor", "--config"])
-        .arg(&path)
-        .env_remove("MOODLE_GATEWAY_ADMIN_TOKEN")
-        .output()
-        .expect("the doctor runs");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    eprintln!("doctor (text):\n{text}");
-    (output.status.code(), text)
+    let (code, stdout, _) = run_doctor(config, &[], &[]);
+    (code, stdout)
 }
 
 pub fn node_local_believed_shared(site: &Site) {
