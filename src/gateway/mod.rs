@@ -36,9 +36,10 @@ use hyper::body::Incoming;
 use ipnet::IpNet;
 
 use crate::cluster::export::Export;
-use crate::cluster::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
+use crate::cluster::upstreams::{NodeIds, Upstream, Upstreams};
 use crate::config::{Config, HealthConfig, SessionStore, StoreConfig, SurgeConfig};
 use crate::error::GatewayError;
+use crate::node_id::NodeId;
 use failover::Hold;
 
 use crate::http::asset_cache::{AssetCache, Fill, Teed};
@@ -148,7 +149,7 @@ impl Settings {
                 upload_rate_window: config.timeouts.upload_rate_window,
                 upload: config.timeouts.upload,
             },
-            edge: EdgeRules::new(config),
+            edge: EdgeRules::new(&config.limits, &config.site.hosts),
             max_in_flight: config.limits.max_in_flight,
             sessiontimeout: config.session.sessiontimeout,
             offload: (config.offload.as_ref())
@@ -685,7 +686,7 @@ impl Gateway {
         // And so do the gateways: another one that moved it first wins.
         let to = self.tell_moved(known, to, &settings.upstreams).await;
         self.metrics.moved(cause);
-        tracing::debug!(from = known.node, to, "session moved to another node");
+        tracing::debug!(from = %known.node, %to, "session moved to another node");
         Some(Route::Moved(to))
     }
 

@@ -22,7 +22,7 @@ use prometheus::IntCounter;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::Config;
+use crate::config::{LimitsConfig, Timeouts};
 use crate::http::stall::WriteStall;
 use crate::http::streams::Streams;
 
@@ -49,14 +49,15 @@ pub(crate) struct Listening {
 }
 
 impl Listening {
-    pub(crate) fn plain(config: &Config) -> Self {
+    /// Plain HTTP/1.1 under `[limits]` and `[timeouts]`.
+    pub(crate) fn plain(limits: &LimitsConfig, timeouts: &Timeouts) -> Self {
         Self {
-            request_headers: config.timeouts.request_headers,
-            max_headers: config.limits.max_headers,
-            http1_buffer: http1_buffer(config.limits.max_header_bytes),
-            max_connections: config.limits.max_connections,
-            http2_max_streams: config.limits.http2_max_streams,
-            write_stall: config.timeouts.body_idle,
+            request_headers: timeouts.request_headers,
+            max_headers: limits.max_headers,
+            http1_buffer: http1_buffer(limits.max_header_bytes),
+            max_connections: limits.max_connections,
+            http2_max_streams: limits.http2_max_streams,
+            write_stall: timeouts.body_idle,
             tls: None,
             counters: None,
         }
