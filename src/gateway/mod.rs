@@ -746,3 +746,6 @@ pub fn limits(config: &Config) -> Limits {
         anonymous_idle: config.session.anonymous_idle,
     }
 }
+
+#[cfg(test)]
+mod tests;
