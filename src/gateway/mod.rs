@@ -112,7 +112,6 @@ pub struct Settings {
     trusted_proxies: Box<[IpNet]>,
     bounds: Bounds,
     edge: EdgeRules,
-    max_in_flight: usize,
     /// Moodle's `sessiontimeout`: a logged-in session replaced after this much
     /// idleness timed out rather than was lost.
     sessiontimeout: Duration,
@@ -150,7 +149,6 @@ impl Settings {
                 upload: config.timeouts.upload,
             },
             edge: EdgeRules::new(&config.limits, &config.site.hosts),
-            max_in_flight: config.limits.max_in_flight,
             sessiontimeout: config.session.sessiontimeout,
             offload: (config.offload.as_ref())
                 .map(|o| Offload::new(o.authority.clone(), o.prefix.clone())),
@@ -186,6 +184,9 @@ pub struct Gateway {
     route_cookie: Option<RouteCookie>,
     /// Requests between admission and their response head.
     in_flight: AtomicUsize,
+    /// `limits.max_in_flight` of the config in force: apart from the settings, so
+    /// the in-flight layer reads one atomic, not a generation of everything.
+    max_in_flight: AtomicUsize,
     metrics: Metrics,
     /// The table, deal and admin state shared with other gateways, if any.
     store: Store,
@@ -249,6 +250,7 @@ impl Gateway {
             settings: ArcSwap::from_pointee(settings),
             route_cookie,
             in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(config.limits.max_in_flight),
             metrics,
             store,
             legacy: None,
@@ -299,6 +301,7 @@ impl Gateway {
             }
         }
         self.settings.store(Arc::new(next));
+        (self.max_in_flight).store(config.limits.max_in_flight, Ordering::Relaxed);
         Ok(())
     }
 
