@@ -520,6 +520,62 @@ mod tests {
         assert!(html.contains("&lt;i&gt;flash&lt;/i&gt;"));
     }
 
+    /// Every place the whole page writes outside text (the card's name in its id,
+    /// heading, buttons' URLs and the node filter; its URL; the probe's answer; the
+    /// flash; a found session; a table row; the hash filter; the Gateways panel),
+    /// with quotes of both kinds, is text where it lands.
+    #[test]
+    fn hostile_text_anywhere_on_the_page_is_escaped_where_it_lands() {
+        let hostile = "x\"'><script>alert(1)</script>";
+        let e = "x&quot;&#39;&gt;&lt;script&gt;alert(1)&lt;/script&gt;";
+        let mut node = card(hostile, hostile);
+        node.url = hostile.into();
+        let mut page = view(vec![node]);
+        page.flash = Some(hostile.into());
+        let row = || Row {
+            hash: "00ff00ff00ff00ff".into(),
+            node: hostile.into(),
+            state: SessionState::Anonymous,
+            age: 1,
+            idle: 1,
+            requests: 1,
+        };
+        page.found = Some(Ok(Found {
+            row: row(),
+            bound_by: Some(hostile.into()),
+        }));
+        page.rows = vec![row()];
+        page.filters.prefix = hostile.into();
+        let mut gateways = panel(Ok(vec![peer(hostile, &[(hostile, 1)])]), true);
+        gateways.this = hostile.into();
+        gateways.nodes.push(hostile.into());
+        page.gateways = Some(gateways);
+        let html = body(&page);
+        assert!(
+            !html.contains("<script") && !html.contains("\"'"),
+            "{}",
+            html.as_str()
+        );
+        for landed in [
+            format!("id=\"node-{e}\"><h2>{e}<span"),
+            format!("action=\"/ui/nodes/{e}/undrain\""),
+            format!("<option value=\"{e}\">{e}</option>"),
+            format!("<p class=\"why\">{e} · down for"),
+            format!("ago: {e}</p>"),
+            format!("role=\"status\">{e}</p>"),
+            format!("<b data-found=\"node\">{e}</b>"),
+            format!("<b data-found=\"bound-by\">{e}</b>"),
+            format!("</code></td><td>{e}</td>"),
+            format!("name=\"q\" value=\"{e}\""),
+            format!("This gateway is <b>{e}</b>"),
+            format!("<tr data-gateway=\"{e}\"><td>{e}<span"),
+            format!("<th>{e}<br>"),
+            format!("<td data-node=\"{e}\">1 / ?</td>"),
+        ] {
+            assert!(html.contains(&landed), "{landed}");
+        }
+    }
+
     #[test]
     fn a_card_offers_the_actions_that_fit_its_state_each_with_the_csrf_token() {
         let html = body(&view(vec![card("web1", "answered 200 OK")]));
