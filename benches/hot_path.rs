@@ -12,6 +12,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use http::{HeaderMap, HeaderValue};
 use moodle_gateway::moodle::Site;
+use moodle_gateway::node_id::NodeId;
 use moodle_gateway::sessions::affinity::{AffinityTable, Limits, SessionState};
 use moodle_gateway::sessions::clock::Clock;
 
@@ -98,7 +99,11 @@ fn filled_table(sessions: usize) -> (AffinityTable, Vec<String>) {
     let table = AffinityTable::new(limits, Clock::default());
     let ids: Vec<String> = (0..sessions).map(|i| format!("{i:026}")).collect();
     for (i, id) in ids.iter().enumerate() {
-        table.bind(table.key(id), i % 4, SessionState::LoggedIn);
+        table.bind(
+            table.key(id),
+            NodeId::new(i % 4).unwrap(),
+            SessionState::LoggedIn,
+        );
     }
     (table, ids)
 }
@@ -119,7 +124,7 @@ fn table(c: &mut Criterion) {
             b.iter(|| {
                 n += 1;
                 let key = table.key(&format!("{n:026}x"));
-                table.bind(key, 1, SessionState::Anonymous);
+                table.bind(key, NodeId::new(1).unwrap(), SessionState::Anonymous);
                 table.forget(key)
             })
         });

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use moodle_gateway::cluster::upstreams::NodeId;
 use moodle_gateway::config::{NodeState, RedisConfig, RedisTarget};
 use moodle_gateway::metrics::Metrics;
+use moodle_gateway::node_id::NodeId;
 use moodle_gateway::sessions::affinity::{AffinityTable, Limits, SessionState};
 use moodle_gateway::sessions::clock::Clock;
 use moodle_gateway::store::{Local, Store};
@@ -40,7 +40,7 @@ impl Local for Gateway {
         &self.0
     }
     fn node_id(&self, name: &str) -> Option<NodeId> {
-        name.strip_prefix("web")?.parse::<NodeId>().ok()
+        NodeId::new(name.strip_prefix("web")?.parse().ok()?)
     }
     fn node_name(&self, id: NodeId) -> Option<String> {
         Some(format!("web{id}"))
@@ -107,7 +107,9 @@ fn store(c: &mut Criterion) {
     });
     let mut group = c.benchmark_group("store");
     let mut i = 0;
-    local.0.bind(keys[0], 1, SessionState::LoggedIn);
+    local
+        .0
+        .bind(keys[0], NodeId::new(1).unwrap(), SessionState::LoggedIn);
     group.bench_function("local table find (baseline)", |b| {
         b.iter(|| black_box(local.0.find(black_box(keys[0]))))
     });

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use moodle_gateway::node_id::NodeId;
 use moodle_gateway::sessions::affinity::{AffinityTable, Limits, SessionState};
 use moodle_gateway::sessions::clock::Clock;
 
@@ -39,7 +40,7 @@ fn main() {
     let before = resident_bytes();
     let started = Instant::now();
     for (i, key) in keys.iter().enumerate() {
-        table.bind(*key, i % 4, SessionState::LoggedIn);
+        table.bind(*key, NodeId::new(i % 4).unwrap(), SessionState::LoggedIn);
     }
     let elapsed = started.elapsed();
     let after = resident_bytes();

@@ -286,7 +286,7 @@ impl App {
         let (listening, public_listening, save_every) = {
             let config = self.config();
             let (turned_away, tls_failed) = self.gateway.metrics().listener_counters();
-            let listening = Listening::plain(&config);
+            let listening = Listening::plain(&config.limits, &config.timeouts);
             let public = listening.clone().counting(turned_away, tls_failed);
             (listening, public, config.state.save_every)
         };

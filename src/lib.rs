@@ -3,6 +3,14 @@
 //! # Layout
 //! The tree names the architecture: three wings that never reach into each other
 //! except where their `mod.rs` says, and the modules where they meet.
+//!
+//! Imports only point down. From the bottom: [`node_id`], [`moodle`], [`logs`] and
+//! [`error`] import nothing of the crate; then [`config`]; [`http`] and
+//! [`access_log`]; [`cluster`] and [`open_files`]; [`metrics`] and [`sessions`];
+//! [`store`]; [`gateway`]; [`admin`] and [`doctor`]; [`app`]; [`demo`]. A module
+//! uses only modules of the layers below its own (`tests/it/layers.rs` fails on any
+//! other import), so no two modules import each other, and each can be read
+//! knowing only what is under it.
 //! - [`moodle`]: every Moodle fact: the kinds of request and the site they belong to;
 //!   its readers of paths and SCORM URL forms, and of the session cookie both ways.
 //! - [`gateway`]: one request's journey: admit, classify, route, forward (`failover`: where
@@ -33,6 +41,8 @@
 //!   - [`sessions::state`]: the table across restarts: loaded at start, saved by [`app`].
 //!   - [`sessions::route_cookie`]: the signed cookie that lets any gateway recover a
 //!     session's node.
+//! - [`node_id`]: a node's stable id, all that the session table, the store and
+//!   the metrics know of a node.
 //! - [`cluster`]: the nodes.
 //!   - [`cluster::upstreams`]: the nodes as they are now: stable ids, admin state, health.
 //!   - [`cluster::balancer`]: the lock-free deal of new sessions over weighted nodes.
@@ -71,6 +81,7 @@ pub mod http;
 pub mod logs;
 pub mod metrics;
 pub mod moodle;
+pub mod node_id;
 pub mod open_files;
 pub mod sessions;
 pub mod store;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
 use moodle_gateway::moodle::Site;
+use moodle_gateway::node_id::NodeId;
 use moodle_gateway::sessions::affinity::{AffinityTable, Limits, SessionState};
 use moodle_gateway::sessions::clock::Clock;
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
@@ -40,7 +41,7 @@ fn routing_a_returning_student_allocates_nothing() {
     let table = AffinityTable::new(limits, Clock::default());
     table.bind(
         table.key("q1w2e3r4t5y6u7i8o9p0a1s2d3"),
-        2,
+        NodeId::new(2).unwrap(),
         SessionState::LoggedIn,
     );
     let mut headers = HeaderMap::new();
@@ -62,7 +63,7 @@ fn routing_a_returning_student_allocates_nothing() {
                     std::hint::black_box(site.classify(path, query).unwrap());
                 }
                 let id = site.session_id(&headers).unwrap();
-                assert_eq!(table.lookup(table.key(id)), Some(2));
+                assert_eq!(table.lookup(table.key(id)), NodeId::new(2));
             }
         })
     };

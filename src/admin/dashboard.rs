@@ -31,9 +31,10 @@ use super::login::{self, Keys, Viewer};
 use super::page::{self, Card, Filters, Found, Row, View};
 use super::rates::Rates;
 use super::{cache, cache_panel, cluster, gateways_panel, nodes, parse_key, surge};
-use crate::cluster::upstreams::{NodeId, Upstream};
+use crate::cluster::upstreams::Upstream;
 use crate::config::NodeState;
 use crate::gateway::{Gateway, Settings};
+use crate::node_id::NodeId;
 use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
 
 /// Rows per page of the session table.

@@ -31,8 +31,8 @@ use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::cluster::upstreams::NodeId;
 use crate::gateway::{Gateway, Settings};
+use crate::node_id::NodeId;
 use crate::sessions::affinity::{EntryView, SessionKey, SessionState};
 
 mod cache;
@@ -311,6 +311,7 @@ fn parse_key(raw: &str) -> Option<SessionKey> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node_id::node;
     use std::net::{IpAddr, SocketAddr};
     use std::time::Duration;
 
@@ -496,7 +497,7 @@ mod tests {
         let admin = admin();
         for i in 0..25 {
             let state = if i % 5 == 0 { LoggedIn } else { Anonymous };
-            admin.bind(&format!("raw-session-{i:02}"), i % 2, state);
+            admin.bind(&format!("raw-session-{i:02}"), node(i % 2), state);
         }
         let mut page = admin.json("/affinity?limit=10").await;
         let web1 = &page["nodes"][0];
@@ -521,7 +522,7 @@ mod tests {
     async fn the_node_filter_pages_only_that_nodes_sessions() {
         let admin = admin();
         for i in 0..6 {
-            admin.bind(&format!("raw-{i}"), usize::from(i < 2), Anonymous);
+            admin.bind(&format!("raw-{i}"), node(usize::from(i < 2)), Anonymous);
         }
         let page = admin.json("/affinity?node=web2").await;
         let entries = page["entries"].as_array().unwrap();
@@ -558,7 +559,7 @@ mod tests {
     #[tokio::test]
     async fn lookup_finds_a_session_by_its_raw_id_and_shows_its_entry() {
         let admin = admin();
-        let key = admin.bind("raw-id", 1, LoggedIn);
+        let key = admin.bind("raw-id", node(1), LoggedIn);
         let entry = admin.json("/affinity/lookup?session=raw-id").await;
         assert_eq!(entry["session"], key.to_string());
         assert_eq!(
@@ -576,7 +577,7 @@ mod tests {
     #[tokio::test]
     async fn delete_evicts_a_session_by_its_hash_once() {
         let admin = admin();
-        let uri = format!("/affinity/{}", admin.bind("raw-id", 0, Anonymous));
+        let uri = format!("/affinity/{}", admin.bind("raw-id", node(0), Anonymous));
         let anonymous = admin.call("DELETE", &uri, None).await;
         assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
         assert_eq!(admin.status("DELETE", &uri).await, StatusCode::NO_CONTENT);
@@ -589,8 +590,8 @@ mod tests {
     #[tokio::test]
     async fn nodes_lists_every_upstream_with_its_url_and_counts() {
         let admin = admin();
-        admin.bind("raw-a", 0, LoggedIn);
-        admin.bind("raw-b", 0, Anonymous);
+        admin.bind("raw-a", node(0), LoggedIn);
+        admin.bind("raw-b", node(0), Anonymous);
         let mut body = admin.json("/nodes").await;
         let since = body["nodes"][0]["health_since"].take();
         assert!(since.as_u64().unwrap() > 1_600_000_000, "unix seconds");
@@ -712,7 +713,7 @@ mod tests {
         uris.extend(["/affinity", "/affinity?limit=5", "/nope"]);
         let mut uris: Vec<String> = uris.into_iter().map(String::from).collect();
         for i in 0..12 {
-            let key = admin.bind(&format!("rawsecret{i}"), i % 2, Anonymous);
+            let key = admin.bind(&format!("rawsecret{i}"), node(i % 2), Anonymous);
             uris.push(format!("/affinity/lookup?session=rawsecret{i}"));
             uris.push(format!("/affinity?limit=5&cursor={key}"));
             uris.push(format!("/affinity/{key}"));

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::cluster::upstreams::NodeId;
 use crate::metrics::NodeTotals;
+use crate::node_id::NodeId;
 
 /// The shortest window a rate is measured over.
 pub(super) const MIN_WINDOW: Duration = Duration::from_secs(2);
@@ -90,6 +90,7 @@ impl Rates {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node_id::node;
 
     fn totals(requests: u64, server_errors: u64) -> NodeTotals {
         NodeTotals {
@@ -103,28 +104,35 @@ mod tests {
     #[test]
     fn a_rate_is_the_difference_between_two_readings_over_their_window() {
         let (rates, start) = (Rates::default(), Instant::now());
-        assert_eq!(rates.read(0, totals(100, 0), start), None, "one reading");
+        assert_eq!(
+            rates.read(node(0), totals(100, 0), start),
+            None,
+            "one reading"
+        );
         let later = start + Duration::from_secs(4);
-        let rate = rates.read(0, totals(140, 10), later).unwrap();
+        let rate = rates.read(node(0), totals(140, 10), later).unwrap();
         assert_eq!(rate.per_second, 10.0);
         assert_eq!(rate.errors, Some(0.25));
         assert_eq!(rate.window, Duration::from_secs(4));
         // Another viewer a second later shares that window.
-        let again = rates.read(0, totals(150, 10), later + Duration::from_secs(1));
+        let again = rates.read(node(0), totals(150, 10), later + Duration::from_secs(1));
         assert_eq!(again, Some(rate));
-        let quiet = rates.read(0, totals(150, 10), later + Duration::from_secs(5));
+        let quiet = rates.read(node(0), totals(150, 10), later + Duration::from_secs(5));
         let quiet = quiet.unwrap();
         assert_eq!((quiet.per_second, quiet.errors), (2.0, Some(0.0)));
-        let idle = rates.read(0, totals(150, 10), later + Duration::from_secs(10));
+        let idle = rates.read(node(0), totals(150, 10), later + Duration::from_secs(10));
         assert_eq!(idle.unwrap().errors, None, "no requests: no error rate");
     }
 
     #[test]
     fn each_upstream_has_its_own_window() {
         let (rates, start) = (Rates::default(), Instant::now());
-        rates.read(0, totals(0, 0), start);
+        rates.read(node(0), totals(0, 0), start);
         let later = start + Duration::from_secs(2);
-        assert_eq!(rates.read(1, totals(50, 0), later), None);
-        assert_eq!(rates.read(0, totals(8, 0), later).unwrap().per_second, 4.0);
+        assert_eq!(rates.read(node(1), totals(50, 0), later), None);
+        assert_eq!(
+            rates.read(node(0), totals(8, 0), later).unwrap().per_second,
+            4.0
+        );
     }
 }

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{HeaderValue, HOST, RETRY_AFTER, USER_AGENT};
+use http::header::{HeaderValue, HOST, USER_AGENT};
 use http::{Request, StatusCode, Uri};
 use http_body_util::Empty;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -271,9 +271,7 @@ pub async fn probe(client: &ProbeClient, authority: &str, health: &HealthConfig)
         Ok(Err(error)) => Probe::Failed(format!("exchange failed: {error}")),
         Ok(Ok(response)) => {
             let status = response.status();
-            if status == StatusCode::SERVICE_UNAVAILABLE
-                && response.headers().contains_key(RETRY_AFTER)
-            {
+            if crate::moodle::in_maintenance(status.as_u16(), response.headers()) {
                 Probe::Maintenance
             } else if health.accepts(status.as_u16()) {
                 Probe::Healthy(status)
@@ -423,7 +421,7 @@ mod tests {
                     *response.status_mut() = if request.uri().path() == "/maintenance" {
                         response
                             .headers_mut()
-                            .insert(RETRY_AFTER, HeaderValue::from_static("300"));
+                            .insert(http::header::RETRY_AFTER, HeaderValue::from_static("300"));
                         StatusCode::SERVICE_UNAVAILABLE
                     } else if host.is_some_and(|h| h == "moodle.example.edu") {
                         StatusCode::OK

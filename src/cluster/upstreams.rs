@@ -25,13 +25,7 @@ use crate::cluster::health::Health;
 use crate::cluster::slots::{Crowd, Slots};
 use crate::config::{Balance, Config, NodeState, UpstreamConfig};
 use crate::http::pool::Conns;
-
-/// A node's stable id: what the affinity table stores.
-pub type NodeId = usize;
-
-/// Most distinct node names one process can know: ids are never reused, and the
-/// affinity table keeps a counter per id.
-pub const MAX_NODE_IDS: usize = 4096;
+use crate::node_id::{NodeId, MAX_NODE_IDS};
 
 /// One node or the data server, with what is known about it now.
 #[derive(Debug)]
@@ -126,16 +120,16 @@ impl NodeIds {
     /// The id of `name`, assigning the next one on first sight.
     pub fn id(&self, name: &str) -> Result<NodeId, String> {
         let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(id) = names.iter().position(|n| n == name) {
-            return Ok(id);
+        if let Some(index) = names.iter().position(|n| n == name) {
+            return Ok(NodeId::new(index).expect("only ids below the limit are handed out"));
         }
-        if names.len() >= MAX_NODE_IDS {
-            return Err(format!(
+        let id = NodeId::new(names.len()).ok_or_else(|| {
+            format!(
                 "more than {MAX_NODE_IDS} distinct node names since the gateway started; restart it"
-            ));
-        }
+            )
+        })?;
         names.push(name.to_owned());
-        Ok(names.len() - 1)
+        Ok(id)
     }
 }
 
@@ -184,9 +178,10 @@ impl Upstreams {
         // only, which no class of student should wait for behind another.
         let data = upstream(&config.data, data_id, 0, &crowd, kept_data.map(|d| &**d));
         let data = Arc::new(data);
-        let mut by_id = vec![None; nodes.iter().map(|n| n.id + 1).max().unwrap_or(0)];
+        let slots = nodes.iter().map(|n| n.id.index() + 1).max().unwrap_or(0);
+        let mut by_id = vec![None; slots];
         for node in &nodes {
-            by_id[node.id] = Some(node.clone());
+            by_id[node.id.index()] = Some(node.clone());
         }
         let weights: Vec<u32> = nodes.iter().map(|n| n.weight).collect();
         Ok(Self {
@@ -201,7 +196,7 @@ impl Upstreams {
 
     /// The node with this id, if it is in this generation.
     pub fn get(&self, id: NodeId) -> Option<&Arc<Upstream>> {
-        self.by_id.get(id)?.as_ref()
+        self.by_id.get(id.index())?.as_ref()
     }
 
     /// The node called `name`.
@@ -369,6 +364,7 @@ fn upstream(
 mod tests {
     use super::*;
     use crate::config::ConfigEnv;
+    use crate::node_id::node;
     use std::path::Path;
 
     fn config(nodes: &[(&str, &str)]) -> Config {
@@ -420,7 +416,7 @@ mod tests {
         let (a, b) = (second.by_name("a").unwrap(), second.by_name("b").unwrap());
         assert_eq!(
             (a.id, b.id, second.by_name("c").unwrap().id),
-            (0, 1, 3),
+            (node(0), node(1), node(3)),
             "data took 2"
         );
         assert_eq!(
@@ -434,7 +430,10 @@ mod tests {
         let third = config(&[("a", "state = \"disabled\""), ("b", "")]);
         let third = Upstreams::build(&third, &ids, Some(&second)).unwrap();
         assert_eq!(third.by_name("a").unwrap().state(), NodeState::Disabled);
-        assert!(third.get(3).is_none(), "c left: its id names nobody now");
+        assert!(
+            third.get(node(3)).is_none(),
+            "c left: its id names nobody now"
+        );
     }
 
     #[test]

@@ -9,8 +9,12 @@
 //! file once instead of once per restart.
 //!
 //! Why it walks a spanned TOML tree ([`toml::de::DeTable`]) instead of deriving
-//! serde: serde stops at the first type error and cannot give the line of an
-//! unknown key, the two things an admin most needs. Parsing ([`Config::parse`],
+//! serde: a derived `Deserialize` stops at the first error. The toml crate does say
+//! where that one error is (and `deny_unknown_fields` names an unknown key with its
+//! line), but an admin with a typo in `[session]` and a bad duration in `[surge]`
+//! would then fix the file one restart at a time. The walk reports every problem of
+//! the file at once, and checks the rules between keys (a default that depends on
+//! another key, a setup that logs students out) in the same pass. Parsing ([`Config::parse`],
 //! pure but for `token_file`, `secret_file` and the `[tls]` files) is separate from reading the file
 //! and environment ([`Config::load`], [`ConfigEnv::from_process`]) so tests feed
 //! it strings.

@@ -32,6 +32,8 @@ struct Visit<'c> {
     token: Option<String>,
     /// The page's `/lib/javascript.php/…` link, under wwwroot.
     script: Option<String>,
+    /// The login page was a redirect away (a wrong wwwroot, a missing sslproxy).
+    redirected: bool,
 }
 
 struct Exam<'c> {
@@ -194,13 +196,10 @@ impl<'c> Exam<'c> {
                 }
             }
         }
-        let before = self.report.findings.len();
         let visit = self.login_page(upstream, data).await;
         // A node that redirects its login page away redirects the probe the same way:
         // one fix (its wwwroot or sslproxy), said once.
-        let redirected = self.report.findings[before..]
-            .iter()
-            .any(|f| f.setting == "$CFG->wwwroot" || f.setting == "$CFG->sslproxy");
+        let redirected = visit.as_ref().is_some_and(|v| v.redirected);
         if let Some(probe) = probe.filter(|_| !redirected) {
             self.report.findings.push(probe);
         }
@@ -218,6 +217,7 @@ impl<'c> Exam<'c> {
             settings: None,
             token: None,
             script: None,
+            redirected: false,
         };
         let login = self.path("/login/index.php");
         let answer = match self.asker.get(&address, &login, &mut visit.visitor).await {
@@ -251,6 +251,7 @@ impl<'c> Exam<'c> {
         }
         if let Some(location) = answer.location() {
             self.redirected(name, &login, &answer, location);
+            visit.redirected = true;
             return Some(visit);
         }
         if moodle::reverse_proxy_abused(&html) {

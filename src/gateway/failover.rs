@@ -199,7 +199,7 @@ impl Gateway {
             Route::Sticky(node) | Route::Moved(node) => {
                 let hold = retry.hold.get_or_insert_with(|| {
                     tracing::info!(
-                        node,
+                        %node,
                         "connection refused: retrying the same node within failover_hold"
                     );
                     Hold::start(settings.failover_hold)

@@ -7,10 +7,10 @@ use std::time::Duration;
 use http::header::HeaderValue;
 
 use super::{Gateway, Known, Route, Sent, Settings};
-use crate::cluster::upstreams::NodeId;
 use crate::logs::Every;
 use crate::metrics::LossCause;
 use crate::moodle::{self, IssuedSession};
+use crate::node_id::NodeId;
 use crate::sessions::affinity::SessionState;
 
 /// Session losses are each worth a warning, but an outage loses thousands at once.

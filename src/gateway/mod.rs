@@ -36,9 +36,10 @@ use hyper::body::Incoming;
 use ipnet::IpNet;
 
 use crate::cluster::export::Export;
-use crate::cluster::upstreams::{NodeId, NodeIds, Upstream, Upstreams};
+use crate::cluster::upstreams::{NodeIds, Upstream, Upstreams};
 use crate::config::{Config, HealthConfig, SessionStore, StoreConfig, SurgeConfig};
 use crate::error::GatewayError;
+use crate::node_id::NodeId;
 use failover::Hold;
 
 use crate::http::asset_cache::{AssetCache, Fill, Teed};
@@ -111,7 +112,6 @@ pub struct Settings {
     trusted_proxies: Box<[IpNet]>,
     bounds: Bounds,
     edge: EdgeRules,
-    max_in_flight: usize,
     /// Moodle's `sessiontimeout`: a logged-in session replaced after this much
     /// idleness timed out rather than was lost.
     sessiontimeout: Duration,
@@ -148,8 +148,7 @@ impl Settings {
                 upload_rate_window: config.timeouts.upload_rate_window,
                 upload: config.timeouts.upload,
             },
-            edge: EdgeRules::new(config),
-            max_in_flight: config.limits.max_in_flight,
+            edge: EdgeRules::new(&config.limits, &config.site.hosts),
             sessiontimeout: config.session.sessiontimeout,
             offload: (config.offload.as_ref())
                 .map(|o| Offload::new(o.authority.clone(), o.prefix.clone())),
@@ -185,6 +184,9 @@ pub struct Gateway {
     route_cookie: Option<RouteCookie>,
     /// Requests between admission and their response head.
     in_flight: AtomicUsize,
+    /// `limits.max_in_flight` of the config in force: apart from the settings, so
+    /// the in-flight layer reads one atomic, not a generation of everything.
+    max_in_flight: AtomicUsize,
     metrics: Metrics,
     /// The table, deal and admin state shared with other gateways, if any.
     store: Store,
@@ -248,6 +250,7 @@ impl Gateway {
             settings: ArcSwap::from_pointee(settings),
             route_cookie,
             in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(config.limits.max_in_flight),
             metrics,
             store,
             legacy: None,
@@ -298,6 +301,7 @@ impl Gateway {
             }
         }
         self.settings.store(Arc::new(next));
+        (self.max_in_flight).store(config.limits.max_in_flight, Ordering::Relaxed);
         Ok(())
     }
 
@@ -685,7 +689,7 @@ impl Gateway {
         // And so do the gateways: another one that moved it first wins.
         let to = self.tell_moved(known, to, &settings.upstreams).await;
         self.metrics.moved(cause);
-        tracing::debug!(from = known.node, to, "session moved to another node");
+        tracing::debug!(from = %known.node, %to, "session moved to another node");
         Some(Route::Moved(to))
     }
 
@@ -745,3 +749,6 @@ pub fn limits(config: &Config) -> Limits {
         anonymous_idle: config.session.anonymous_idle,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,8 +6,9 @@
 use std::time::Duration;
 
 use super::{Gateway, Known, Settings};
-use crate::cluster::upstreams::{NodeId, Upstreams};
+use crate::cluster::upstreams::Upstreams;
 use crate::config::{Balance, NodeState};
+use crate::node_id::NodeId;
 use crate::sessions::affinity::{AffinityTable, SessionKey, SessionState};
 use crate::store::{Local, Store};
 

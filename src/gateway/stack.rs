@@ -15,7 +15,8 @@
 //! while `max_in_flight` changes on reload (and is shown on the dashboard);
 //! tower-http's `RequestBodyLimit` is one of the edge's several rules, and its
 //! `Trace` emits tracing events, not the combined log format's line. No layer boxes
-//! its future or the body: the stack costs a few reference counts per request.
+//! its future or the body; the journey's future is boxed once at the bottom, so the
+//! layers move a pointer rather than its kilobytes.
 
 use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
@@ -53,9 +54,12 @@ pub fn students(
     let client = Arc::new(client);
     // Only a log that writes lines asks the journey for its trail.
     let noting = log.is_on();
+    // Boxed once, here: the journey's future is about 7.6 KB (everything a request
+    // may await on its way), and each layer above would otherwise move it by value
+    // into its own future, a 7.6 KB copy each (5 % of W1's instructions).
     let journey = {
         let (gateway, client) = (gateway.clone(), client.clone());
-        move |request| journey(gateway.clone(), client.clone(), noting, request)
+        move |request| Box::pin(journey(gateway.clone(), client.clone(), noting, request))
     };
     ServiceBuilder::new()
         // Outermost, so every request gets its line, the refusals below included,
@@ -169,7 +173,7 @@ where
     }
 }
 
-/// Holds each request under `limits.max_in_flight` (of the settings in force) from
+/// Holds each request under `limits.max_in_flight` (of the config in force) from
 /// its admission to its response head.
 #[derive(Debug, Clone)]
 pub struct InFlightLayer {
@@ -219,7 +223,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let max = self.gateway.settings.load().max_in_flight;
+        let max = self.gateway.max_in_flight.load(Ordering::Relaxed);
         match Place::take(&self.gateway, max) {
             Some(place) => Either::Right(Holding {
                 inner: self.inner.call(request),

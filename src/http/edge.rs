@@ -16,7 +16,7 @@
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{Method, Request, Version};
 
-use crate::config::Config;
+use crate::config::LimitsConfig;
 use crate::error::GatewayError;
 
 /// The rules, from `[limits]` and `[site] hosts`.
@@ -31,15 +31,14 @@ pub struct EdgeRules {
 }
 
 impl EdgeRules {
-    /// The rules a config sets.
-    pub fn new(config: &Config) -> Self {
-        let l = &config.limits;
+    /// The rules of `[limits]` and `[site] hosts`.
+    pub fn new(limits: &LimitsConfig, hosts: &[String]) -> Self {
         Self {
-            max_header_bytes: l.max_header_bytes,
-            max_headers: l.max_headers,
-            max_uri_bytes: l.max_uri_bytes,
-            max_body_bytes: l.max_body_bytes,
-            hosts: config.site.hosts.clone().into_boxed_slice(),
+            max_header_bytes: limits.max_header_bytes,
+            max_headers: limits.max_headers,
+            max_uri_bytes: limits.max_uri_bytes,
+            max_body_bytes: limits.max_body_bytes,
+            hosts: hosts.into(),
         }
     }
 

@@ -22,7 +22,7 @@ use prometheus::IntCounter;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::Config;
+use crate::config::{LimitsConfig, Timeouts};
 use crate::http::stall::WriteStall;
 use crate::http::streams::Streams;
 
@@ -49,14 +49,15 @@ pub(crate) struct Listening {
 }
 
 impl Listening {
-    pub(crate) fn plain(config: &Config) -> Self {
+    /// Plain HTTP/1.1 under `[limits]` and `[timeouts]`.
+    pub(crate) fn plain(limits: &LimitsConfig, timeouts: &Timeouts) -> Self {
         Self {
-            request_headers: config.timeouts.request_headers,
-            max_headers: config.limits.max_headers,
-            http1_buffer: http1_buffer(config.limits.max_header_bytes),
-            max_connections: config.limits.max_connections,
-            http2_max_streams: config.limits.http2_max_streams,
-            write_stall: config.timeouts.body_idle,
+            request_headers: timeouts.request_headers,
+            max_headers: limits.max_headers,
+            http1_buffer: http1_buffer(limits.max_header_bytes),
+            max_connections: limits.max_connections,
+            http2_max_streams: limits.http2_max_streams,
+            write_stall: timeouts.body_idle,
             tls: None,
             counters: None,
         }
@@ -229,44 +230,12 @@ pub(crate) async fn serve_connections<S, B>(
     let connections = Arc::new(Connections::default());
     let turning_away = Arc::new(tokio::sync::Semaphore::new(TURN_AWAY_AT_ONCE));
     let (closing_tx, closing) = tokio::sync::watch::channel(false);
-    let mut http1 = hyper::server::conn::http1::Builder::new();
-    http1
-        .timer(TokioTimer::new())
-        .header_read_timeout(how.request_headers)
-        .max_headers(how.max_headers)
-        // A client may send its whole request and then shut down its write side
-        // (`socat -t`, HTTP/1.0-style tools); nginx and Apache answer it. Without
-        // this hyper takes the FIN for a hang-up, drops the request in flight and
-        // a POST already sent to its node loses its answer.
-        .half_close(true)
-        .max_buf_size(how.http1_buffer)
-        .keep_alive(true);
-    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    http2
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(how.http2_max_streams)
-        .max_header_list_size(64 * 1024)
-        // A peer gone without a FIN (a phone that lost its signal) is found by a
-        // ping it does not answer, while a stream waits on the node.
-        .keep_alive_interval(Some(how.request_headers))
-        .keep_alive_timeout(how.request_headers);
+    let serving = Arc::new(Serving::new(how));
+    let how = &serving.how;
     let mut shutdown = std::pin::pin!(shutdown);
     let grace = loop {
         let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors or a connection reset while queued: the
-                    // listener itself is fine, so pause briefly and keep accepting.
-                    // At the open-file limit that is 20 failures a second for as long
-                    // as it lasts: said once per interval, with the count held back.
-                    if let Some(held_back) = ACCEPT_FAILED.allow() {
-                        tracing::warn!(held_back, "accept failed: {error}");
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = accept(&listener) => accepted,
             grace = &mut shutdown => break grace,
         };
         let Some(place) = Open::take(&connections, how.max_connections) else {
@@ -283,58 +252,143 @@ pub(crate) async fn serve_connections<S, B>(
             }
             continue;
         };
-        let _ = stream.set_nodelay(true);
-        let write_stall = how.write_stall;
-        let stalls = move |stream| WriteStall::new(stream, write_stall);
-        let closing = closing.clone();
-        let Some(acceptor) = how.tls.clone() else {
-            let connection = http1
-                .serve_connection(TokioIo::new(stalls(stream)), service_for(peer, false))
-                .with_upgrades();
-            tokio::spawn(async move {
-                let _place = place;
-                serve_until_closed(connection, closed(closing), peer).await;
-            });
-            continue;
+        let connection = Connection {
+            stream,
+            peer,
+            closing: closing.clone(),
         };
-        let (http1, http2) = (http1.clone(), http2.clone());
-        let (service, handshake) = (service_for(peer, true), how.request_headers);
-        let idle = how.request_headers;
-        let tls_failed = how.counters.as_ref().map(|(_, failed)| failed.clone());
-        tokio::spawn(async move {
-            let _place = place;
-            // The handshake counts against the same deadline as a request head.
-            let stream = stalls(stream);
-            let accepted = tokio::time::timeout(handshake, acceptor.accept(stream)).await;
-            if !matches!(accepted, Ok(Ok(_))) {
-                tls_failed.inspect(IntCounter::inc);
-            }
-            let stream = match accepted {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(error)) => return tracing::debug!(%peer, "TLS handshake failed: {error}"),
-                Err(_) => return tracing::debug!(%peer, "TLS handshake took too long"),
-            };
-            let io = TokioIo::new(stream);
-            if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
-                let streams = Streams::new(write_stall);
-                let connection = http2.serve_connection(io, streams.serve(service));
-                let stop = async {
-                    tokio::select! {
-                    () = closed(closing) => {}
-                    () = streams.idle(idle) => {
-                    tracing::debug!(%peer, "HTTP/2 connection idle: closed");
-                    }
-                    }
-                };
-                serve_until_closed(connection, stop, peer).await
-            } else {
-                let connection = http1.serve_connection(io, service).with_upgrades();
-                serve_until_closed(connection, closed(closing), peer).await;
-            }
-        });
+        let service = service_for(peer, how.tls.is_some());
+        tokio::spawn(connection.serve(serving.clone(), service, place));
     };
     drop(listener);
     let _ = closing_tx.send(true);
+    drain(&connections, grace).await;
+}
+
+/// The next accepted connection. A failed `accept` (out of file descriptors, a
+/// connection reset while queued) leaves the listener itself fine: it pauses
+/// briefly and accepts again. At the open-file limit that is 20 failures a second
+/// for as long as it lasts: said once per interval, with the count held back.
+async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(error) => {
+                if let Some(held_back) = ACCEPT_FAILED.allow() {
+                    tracing::warn!(held_back, "accept failed: {error}");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// What every connection of one listener is served with: its settings, and hyper's
+/// two protocols set up from them once (one `Arc` for each connection to share).
+struct Serving {
+    how: Listening,
+    http1: hyper::server::conn::http1::Builder,
+    http2: hyper::server::conn::http2::Builder<TokioExecutor>,
+}
+
+impl Serving {
+    fn new(how: Listening) -> Self {
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(how.request_headers)
+            .max_headers(how.max_headers)
+            // A client may send its whole request and then shut down its write side
+            // (`socat -t`, HTTP/1.0-style tools); nginx and Apache answer it. Without
+            // this hyper takes the FIN for a hang-up, drops the request in flight and
+            // a POST already sent to its node loses its answer.
+            .half_close(true)
+            .max_buf_size(how.http1_buffer)
+            .keep_alive(true);
+        let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(how.http2_max_streams)
+            .max_header_list_size(64 * 1024)
+            // A peer gone without a FIN (a phone that lost its signal) is found by a
+            // ping it does not answer, while a stream waits on the node.
+            .keep_alive_interval(Some(how.request_headers))
+            .keep_alive_timeout(how.request_headers);
+        Self { how, http1, http2 }
+    }
+}
+
+/// One accepted connection, before its protocol is known.
+struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    /// Turns true when the listener starts closing.
+    closing: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Connection {
+    /// Serves the connection to its end, holding its `place` under
+    /// `max_connections` until then: plain HTTP/1.1, or over TLS the protocol ALPN
+    /// chose.
+    async fn serve<S, B>(self, serving: Arc<Serving>, service: S, place: Open)
+    where
+        S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        B: http_body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let _place = place;
+        let Self {
+            stream,
+            peer,
+            closing,
+        } = self;
+        let how = &serving.how;
+        let _ = stream.set_nodelay(true);
+        let stream = WriteStall::new(stream, how.write_stall);
+        let Some(acceptor) = &how.tls else {
+            let io = TokioIo::new(stream);
+            let connection = serving.http1.serve_connection(io, service).with_upgrades();
+            return serve_until_closed(connection, closed(closing), peer).await;
+        };
+        // The handshake counts against the same deadline as a request head.
+        let accepted = tokio::time::timeout(how.request_headers, acceptor.accept(stream)).await;
+        if !matches!(accepted, Ok(Ok(_))) {
+            if let Some((_, tls_failed)) = &how.counters {
+                tls_failed.inc();
+            }
+        }
+        let stream = match accepted {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => return tracing::debug!(%peer, "TLS handshake failed: {error}"),
+            Err(_) => return tracing::debug!(%peer, "TLS handshake took too long"),
+        };
+        let io = TokioIo::new(stream);
+        if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+            let streams = Streams::new(how.write_stall);
+            let connection = serving.http2.serve_connection(io, streams.serve(service));
+            let stop = async {
+                tokio::select! {
+                    () = closed(closing) => {}
+                    () = streams.idle(how.request_headers) => {
+                        tracing::debug!(%peer, "HTTP/2 connection idle: closed");
+                    }
+                }
+            };
+            serve_until_closed(connection, stop, peer).await;
+        } else {
+            let connection = serving.http1.serve_connection(io, service).with_upgrades();
+            serve_until_closed(connection, closed(closing), peer).await;
+        }
+    }
+}
+
+/// Waits up to `grace` for every open connection to close.
+async fn drain(connections: &Connections, grace: Duration) {
     let drained = async {
         loop {
             let closed = connections.closed.notified();

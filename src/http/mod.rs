@@ -4,7 +4,9 @@
 //!
 //! It owns HTTP mechanics only. It must never import `sessions`, `cluster`,
 //! `moodle` or `gateway`: which node a request goes to, and why, is decided above
-//! it and handed down as an address and that address's connection list.
+//! it and handed down as an address and that address's connection list. Of the
+//! config it is handed the sections it applies (`[limits]`, `[timeouts]`, the
+//! allowed hosts), never the whole `Config`.
 
 pub mod asset_cache;
 pub mod body;

@@ -21,7 +21,7 @@ use prometheus::{
 };
 
 use crate::cluster::slots::{Class, SlotsNow};
-use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
+use crate::node_id::{NodeId, MAX_NODE_IDS};
 
 mod cache;
 mod export;
@@ -243,7 +243,7 @@ impl Metrics {
 
     /// Makes the meters of `id` once, labelled `name` (ids never change name).
     pub fn register(&self, id: NodeId, name: &str) {
-        self.nodes[id].get_or_init(|| NodeMeters {
+        self.nodes[id.index()].get_or_init(|| NodeMeters {
             requests: CLASSES.map(|c| self.requests.with_label_values(&[name, c])),
             latency: self.latency.with_label_values(&[name]),
             dealt: self.dealt.with_label_values(&[name]),
@@ -253,7 +253,7 @@ impl Metrics {
 
     /// The meters of a node or the data server; `None` only for an id no config named.
     pub fn node(&self, id: NodeId) -> Option<&NodeMeters> {
-        self.nodes.get(id)?.get()
+        self.nodes.get(id.index())?.get()
     }
 
     /// The shared store's meters, registered on first use: only a gateway with
@@ -404,6 +404,7 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
 
 #[cfg(test)]
 mod tests {
+    use crate::node_id::node;
     use std::time::Duration;
 
     use super::*;
@@ -411,8 +412,8 @@ mod tests {
     #[test]
     fn a_node_counts_under_its_own_name_and_class() {
         let metrics = Metrics::new();
-        metrics.register(3, "web4");
-        let web4 = metrics.node(3).expect("registered");
+        metrics.register(node(3), "web4");
+        let web4 = metrics.node(node(3)).expect("registered");
         web4.answered(200, Duration::from_millis(3));
         web4.answered(303, Duration::from_millis(3));
         web4.answered(502, Duration::from_millis(3));
@@ -432,7 +433,7 @@ mod tests {
             (3, 1, 1)
         );
         assert!(
-            metrics.node(2).is_none(),
+            metrics.node(node(2)).is_none(),
             "an id no config named has no meters"
         );
     }
@@ -441,8 +442,8 @@ mod tests {
     #[test]
     fn every_metric_the_grafana_dashboard_queries_exists() {
         let metrics = Metrics::new();
-        metrics.register(0, "web1");
-        let web1 = metrics.node(0).expect("registered");
+        metrics.register(node(0), "web1");
+        let web1 = metrics.node(node(0)).expect("registered");
         web1.answered(200, Duration::from_millis(1));
         web1.dealt();
         metrics.upstream_error("web1", "unreachable");

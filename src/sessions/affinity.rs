@@ -34,7 +34,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use siphasher::sip::SipHasher13;
 
-use crate::cluster::upstreams::{NodeId, MAX_NODE_IDS};
+use crate::node_id::{NodeId, MAX_NODE_IDS};
 use crate::sessions::clock::Clock;
 use crate::sessions::snapshot::SnapshotEntry;
 
@@ -129,7 +129,7 @@ pub struct Found {
 /// One bound session: 16 bytes, next to its 8-byte key.
 #[derive(Debug)]
 struct Entry {
-    node: u16,
+    node: NodeId,
     state: SessionState,
     /// A request here used it since the shared store last refreshed it (the byte
     /// after `state` was padding).
@@ -261,7 +261,7 @@ impl AffinityTable {
             entry.used.store(true, Ordering::Relaxed);
         }
         Some(Found {
-            node: NodeId::from(entry.node),
+            node: entry.node,
             state: entry.state,
             idle: Duration::from_secs(u64::from(now.saturating_sub(last_seen))),
         })
@@ -271,7 +271,7 @@ impl AffinityTable {
     pub fn bind(&self, key: SessionKey, node: NodeId, state: SessionState) {
         let now = self.clock.now();
         let entry = Entry {
-            node: u16::try_from(node).expect("node index fits in u16"),
+            node,
             state,
             used: AtomicBool::new(false),
             created: now,
@@ -308,12 +308,12 @@ impl AffinityTable {
     /// student all land on the same new node. `None` if the session is gone.
     pub fn rebind(&self, key: SessionKey, from: NodeId, to: NodeId) -> Option<NodeId> {
         let mut entry = self.map.get_mut(&key)?;
-        if NodeId::from(entry.node) == from {
+        if entry.node == from {
             self.count(&entry, -1);
-            entry.node = u16::try_from(to).expect("node ids fit in u16");
+            entry.node = to;
             self.count(&entry, 1);
         }
-        Some(NodeId::from(entry.node))
+        Some(entry.node)
     }
 
     /// The node rotated a session id (login, logout, timeout): the new id lives on
@@ -363,12 +363,12 @@ impl AffinityTable {
 
     /// Live sessions bound to `node`.
     pub fn live(&self, node: NodeId) -> u64 {
-        self.nodes[node].live.load(Ordering::Relaxed)
+        self.nodes[node.index()].live.load(Ordering::Relaxed)
     }
 
     /// Logged-in sessions bound to `node`.
     pub fn logged_in(&self, node: NodeId) -> u64 {
-        self.nodes[node].logged_in.load(Ordering::Relaxed)
+        self.nodes[node.index()].logged_in.load(Ordering::Relaxed)
     }
 
     /// Logged-in sessions on every node, including nodes no longer configured.
@@ -413,7 +413,7 @@ impl AffinityTable {
             let key = *item.key();
             let wanted = after.is_none_or(|a| key > a)
                 && last.is_none_or(|l| key <= l)
-                && wanted(usize::from(item.node), item.state);
+                && wanted(item.node, item.state);
             if wanted && (smallest.len() < limit || smallest.peek().is_some_and(|&max| key < max)) {
                 smallest.push(key);
                 if smallest.len() > limit {
@@ -441,7 +441,7 @@ impl AffinityTable {
             }
             Some(SnapshotEntry {
                 key: item.key().0,
-                node: node_index(NodeId::from(entry.node))?,
+                node: node_index(entry.node)?,
                 logged_in: entry.state == SessionState::LoggedIn,
                 created: self.clock.to_unix(entry.created),
                 last_seen: self.clock.to_unix(entry.last_seen.load(Ordering::Relaxed)),
@@ -471,7 +471,7 @@ impl AffinityTable {
                 SessionState::Anonymous
             };
             let entry = Entry {
-                node: u16::try_from(node).expect("node ids fit in u16"),
+                node,
                 state,
                 used: AtomicBool::new(false),
                 created: self.clock.from_unix(record.created),
@@ -496,7 +496,7 @@ impl AffinityTable {
     fn view_of(&self, key: SessionKey, entry: &Entry) -> EntryView {
         EntryView {
             key,
-            node: NodeId::from(entry.node),
+            node: entry.node,
             state: entry.state,
             created: self.clock.to_unix(entry.created),
             last_seen: self.clock.to_unix(entry.last_seen.load(Ordering::Relaxed)),
@@ -514,7 +514,7 @@ impl AffinityTable {
     }
 
     fn count(&self, entry: &Entry, delta: i64) {
-        let counts = &self.nodes[usize::from(entry.node)];
+        let counts = &self.nodes[entry.node.index()];
         let add = |counter: &AtomicU64| {
             if delta > 0 {
                 counter.fetch_add(1, Ordering::Relaxed);
@@ -600,6 +600,7 @@ impl AffinityTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node_id::node;
 
     fn table(max_sessions: usize) -> AffinityTable {
         let limits = Limits {
@@ -628,10 +629,10 @@ mod tests {
         let t = table(10);
         let key = t.key("session-one-xxxxxxxxxxxxxx");
         assert_eq!(t.lookup(key), None);
-        t.bind(key, 2, SessionState::Anonymous);
-        assert_eq!(t.lookup(key), Some(2));
+        t.bind(key, node(2), SessionState::Anonymous);
+        assert_eq!(t.lookup(key), Some(node(2)));
         assert_eq!(t.view(key).unwrap().requests, 1);
-        assert_eq!((t.len(), t.live(2), t.logged_in(2)), (1, 1, 0));
+        assert_eq!((t.len(), t.live(node(2)), t.logged_in(node(2))), (1, 1, 0));
     }
 
     #[test]
@@ -641,10 +642,10 @@ mod tests {
             t.key("anonymous-id-xxxxxxxxxxxxx"),
             t.key("logged-in-id-xxxxxxxxxxxxx"),
         );
-        t.bind(a, 1, SessionState::Anonymous);
-        t.rotate(a, b, 1, SessionState::LoggedIn);
-        assert_eq!((t.lookup(a), t.lookup(b)), (None, Some(1)));
-        assert_eq!((t.len(), t.live(1), t.logged_in(1)), (1, 1, 1));
+        t.bind(a, node(1), SessionState::Anonymous);
+        t.rotate(a, b, node(1), SessionState::LoggedIn);
+        assert_eq!((t.lookup(a), t.lookup(b)), (None, Some(node(1))));
+        assert_eq!((t.len(), t.live(node(1)), t.logged_in(node(1))), (1, 1, 1));
     }
 
     #[test]
@@ -654,16 +655,19 @@ mod tests {
             t.key("anon-xxxxxxxxxxxxxxxxxxxxx"),
             t.key("user-xxxxxxxxxxxxxxxxxxxxx"),
         );
-        t.bind(anon, 0, SessionState::Anonymous);
-        t.bind(user, 1, SessionState::LoggedIn);
+        t.bind(anon, node(0), SessionState::Anonymous);
+        t.bind(user, node(1), SessionState::LoggedIn);
         t.clock().advance(Duration::from_secs(3601));
         assert_eq!(t.lookup(anon), None, "anonymous idle limit passed");
-        assert_eq!(t.lookup(user), Some(1));
+        assert_eq!(t.lookup(user), Some(node(1)));
         assert_eq!(t.sweep(), 1);
         t.clock().advance(Duration::from_secs(8 * 3600 + 1));
         assert_eq!(t.sweep(), 1);
         assert!(t.is_empty());
-        assert_eq!((t.live(0), t.live(1), t.logged_in(1)), (0, 0, 0));
+        assert_eq!(
+            (t.live(node(0)), t.live(node(1)), t.logged_in(node(1))),
+            (0, 0, 0)
+        );
     }
 
     #[test]
@@ -676,14 +680,14 @@ mod tests {
         };
         let (users, old_guests, new_guests) = (ids("user", 50), ids("old", 30), ids("new", 30));
         for &k in &users {
-            t.bind(k, 0, SessionState::LoggedIn);
+            t.bind(k, node(0), SessionState::LoggedIn);
         }
         for &k in &old_guests {
-            t.bind(k, 1, SessionState::Anonymous);
+            t.bind(k, node(1), SessionState::Anonymous);
         }
         t.clock().advance(Duration::from_secs(10));
         for &k in &new_guests {
-            t.bind(k, 2, SessionState::Anonymous);
+            t.bind(k, node(2), SessionState::Anonymous);
         }
         assert_eq!(t.len(), 110, "binding never scans the table");
         assert_eq!(t.shed(), 15, "the overflow plus a twentieth of the bound");
@@ -696,7 +700,10 @@ mod tests {
             15,
             "the least recently seen guests went"
         );
-        assert_eq!(t.live(0) + t.live(1) + t.live(2), t.len() as u64);
+        assert_eq!(
+            t.live(node(0)) + t.live(node(1)) + t.live(node(2)),
+            t.len() as u64
+        );
         assert_eq!(t.shed(), 0, "under the bound nothing more goes");
     }
 
@@ -735,7 +742,7 @@ mod tests {
             } else {
                 SessionState::Anonymous
             };
-            table.bind(SessionKey(i << 56), (i % 2) as usize, state);
+            table.bind(SessionKey(i << 56), node((i % 2) as usize), state);
         }
         let logged_in = table.page_where((None, None), 100, |_, s| s == SessionState::LoggedIn);
         assert_eq!(logged_in.len(), 10);
@@ -771,7 +778,7 @@ mod tests {
         for i in 0..25 {
             t.bind(
                 t.key(&format!("id-{i:024}")),
-                i % 4,
+                node(i % 4),
                 SessionState::Anonymous,
             );
         }
@@ -787,6 +794,9 @@ mod tests {
         }
         assert_eq!(seen.len(), 25);
         assert!(seen.windows(2).all(|w| w[0] < w[1]));
-        assert!(t.page(None, 100, Some(3)).iter().all(|e| e.node == 3));
+        assert!(t
+            .page(None, 100, Some(node(3)))
+            .iter()
+            .all(|e| e.node == node(3)));
     }
 }

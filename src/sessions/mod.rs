@@ -3,7 +3,7 @@
 //! lets any gateway recover a session's node.
 //!
 //! It owns session state only. It must never import `http` or `gateway`: it knows
-//! a node only as a [`NodeId`](crate::cluster::upstreams::NodeId), never its
+//! a node only as a [`NodeId`](crate::node_id::NodeId), never its
 //! address, health or connections, and it is fed what the gateway learned from a
 //! response, never a response.
 

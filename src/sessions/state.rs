@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::cluster::upstreams::NodeId;
+use crate::node_id::NodeId;
 use crate::sessions::affinity::{AffinityTable, Limits};
 use crate::sessions::clock::Clock;
 use crate::sessions::snapshot::{self, Snapshot, SnapshotError};

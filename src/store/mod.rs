@@ -52,9 +52,9 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::mpsc;
 
-use crate::cluster::upstreams::NodeId;
 use crate::config::{NodeState, RedisConfig};
 use crate::metrics::{Fallback, StoreMeters};
+use crate::node_id::NodeId;
 use crate::sessions::affinity::{AffinityTable, Limits, SessionKey, SessionState};
 
 pub use agree::Checked;

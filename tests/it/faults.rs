@@ -115,9 +115,16 @@ async fn a_node_that_refuses_connections_gives_502() {
 async fn a_node_that_never_sends_headers_gives_504_after_response_headers() {
     let extra = "timeouts.response_headers = \"500ms\"";
     let gateway = gateway_for(support::silent_upstream().await, extra).await;
+    let started = std::time::Instant::now();
     assert_eq!(
         support::get(&gateway.url("/course/view.php")).await.status,
         504
+    );
+    // After the node had its 500 ms, not at once.
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(500),
+        "504 after {waited:?}"
     );
 }
 

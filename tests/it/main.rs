@@ -9,6 +9,7 @@ mod dashboard;
 mod dashboard_store;
 mod faults;
 mod half_close;
+mod layers;
 mod memory;
 mod node_states;
 mod observability;

@@ -133,8 +133,11 @@ async fn a_refused_upgrade_stays_http_on_a_connection_never_reused() {
 #[tokio::test]
 async fn a_silent_tunnel_is_closed_after_tunnel_idle() {
     let (node, _, _) = echo_node().await;
-    let gateway = gateway(node, Some(Duration::from_millis(300))).await;
+    let idle = Duration::from_millis(300);
+    let gateway = gateway(node, Some(idle)).await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
+    // Before the upgrade is sent, so the tunnel's idle clock starts after this one.
+    let started = std::time::Instant::now();
     client.write_all(UPGRADE.as_bytes()).await.unwrap();
     assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
     let mut byte = [0u8; 1];
@@ -142,6 +145,12 @@ async fn a_silent_tunnel_is_closed_after_tunnel_idle() {
     assert!(
         matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
         "closed by the gateway: {closed:?}"
+    );
+    // Closed because it idled, not at once for some other reason.
+    assert!(
+        started.elapsed() >= idle,
+        "closed after {:?}",
+        started.elapsed()
     );
 }
 

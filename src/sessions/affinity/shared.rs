@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use super::{AffinityTable, Entry, SessionKey, SessionState};
-use crate::cluster::upstreams::NodeId;
+use crate::node_id::NodeId;
 
 /// One live entry as the store writes it back after an outage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +38,6 @@ impl AffinityTable {
         state: SessionState,
         idle: Duration,
     ) -> bool {
-        let node = u16::try_from(node).expect("node ids fit in u16");
         let now = self.clock.now();
         let idle = u32::try_from(idle.as_secs()).unwrap_or(u32::MAX);
         let seen = now.saturating_sub(idle);
@@ -96,7 +95,7 @@ impl AffinityTable {
         let live = self.map.iter().filter(|item| !self.expired(item, now));
         live.map(|item| Live {
             key: *item.key(),
-            node: NodeId::from(item.node),
+            node: item.node,
             state: item.state,
             idle: Duration::from_secs(u64::from(
                 now.saturating_sub(item.last_seen.load(Ordering::Relaxed)),
@@ -109,6 +108,7 @@ impl AffinityTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node_id::node;
     use crate::sessions::affinity::Limits;
     use crate::sessions::clock::Clock;
 
@@ -126,24 +126,41 @@ mod tests {
     fn an_adopted_binding_is_counted_and_moves_only_when_it_says_something_new() {
         let (table, _) = table();
         let key = table.key("abc");
-        assert!(table.adopt(key, 1, SessionState::LoggedIn, Duration::ZERO));
-        assert_eq!((table.live(1), table.logged_in(1)), (1, 1));
-        assert!(!table.adopt(key, 1, SessionState::LoggedIn, Duration::ZERO));
-        assert!(table.adopt(key, 2, SessionState::LoggedIn, Duration::ZERO));
-        assert_eq!((table.live(1), table.live(2), table.len()), (0, 1, 1));
+        assert!(table.adopt(key, node(1), SessionState::LoggedIn, Duration::ZERO));
+        assert_eq!((table.live(node(1)), table.logged_in(node(1))), (1, 1));
+        assert!(!table.adopt(key, node(1), SessionState::LoggedIn, Duration::ZERO));
+        assert!(table.adopt(key, node(2), SessionState::LoggedIn, Duration::ZERO));
+        assert_eq!(
+            (table.live(node(1)), table.live(node(2)), table.len()),
+            (0, 1, 1)
+        );
     }
 
     #[test]
     fn what_redis_knows_revives_an_entry_expired_here_and_moves_its_clock_up() {
         let (table, clock) = table();
         let key = table.key("abc");
-        table.adopt(key, 1, SessionState::Anonymous, Duration::ZERO);
+        table.adopt(key, node(1), SessionState::Anonymous, Duration::ZERO);
         clock.advance(Duration::from_secs(700));
         assert_eq!(table.find(key), None, "expired here");
-        assert!(table.adopt(key, 1, SessionState::Anonymous, Duration::from_secs(5)));
-        assert_eq!(table.find(key).map(|f| f.node), Some(1), "in use elsewhere");
+        assert!(table.adopt(
+            key,
+            node(1),
+            SessionState::Anonymous,
+            Duration::from_secs(5)
+        ));
+        assert_eq!(
+            table.find(key).map(|f| f.node),
+            Some(node(1)),
+            "in use elsewhere"
+        );
         clock.advance(Duration::from_secs(500));
-        table.adopt(key, 1, SessionState::Anonymous, Duration::from_secs(10));
+        table.adopt(
+            key,
+            node(1),
+            SessionState::Anonymous,
+            Duration::from_secs(10),
+        );
         clock.advance(Duration::from_secs(500));
         assert!(table.find(key).is_some(), "the clock moved up to Redis's");
         assert_eq!(table.len(), 1);
@@ -153,7 +170,12 @@ mod tests {
     fn an_adopted_session_already_idle_past_its_limit_is_gone() {
         let (table, _) = table();
         let key = table.key("abc");
-        table.adopt(key, 0, SessionState::Anonymous, Duration::from_secs(601));
+        table.adopt(
+            key,
+            node(0),
+            SessionState::Anonymous,
+            Duration::from_secs(601),
+        );
         assert_eq!(table.find(key), None);
     }
 
@@ -161,8 +183,8 @@ mod tests {
     fn only_requests_here_mark_a_session_used_and_each_is_reported_once() {
         let (table, clock) = table();
         let (a, b) = (table.key("a"), table.key("b"));
-        table.bind(a, 0, SessionState::LoggedIn);
-        table.bind(b, 0, SessionState::Anonymous);
+        table.bind(a, node(0), SessionState::LoggedIn);
+        table.bind(b, node(0), SessionState::Anonymous);
         assert!(table.take_used().is_empty(), "a bind is written already");
         table.find(a);
         clock.advance(Duration::from_secs(500));
