@@ -11,8 +11,6 @@
 //!
 //! Every figure is a number; nothing here comes from outside.
 
-use std::fmt::Write as _;
-
 use axum::extract::rejection::FormRejection;
 use axum::extract::State;
 use axum::response::Response;
@@ -20,6 +18,7 @@ use axum::Form;
 
 use super::cache::{self, CacheView};
 use super::dashboard::{self, Dash};
+use super::html::{figure, html, markup, tenths, Markup};
 use super::login::{self, CsrfForm, Viewer};
 use super::page::csrf_field;
 
@@ -29,45 +28,43 @@ pub(super) fn shown(cache: &CacheView) -> bool {
 }
 
 /// The panel's `<section>`, its button carrying the login's `csrf` token.
-pub(super) fn write(out: &mut String, cache: &CacheView, csrf: &str) {
-    out.push_str(
+pub(super) fn write(out: &mut Markup, cache: &CacheView, csrf: &str) {
+    html!(
+        out,
         "<section id=\"cache\"><h2>Asset cache</h2><p class=\"why\">Moodle's revisioned \
          theme and JavaScript answers, served from this gateway's memory. Purge when theme \
-         files changed without Moodle's \u{201c}Purge all caches\u{201d}.</p><dl class=\"narrow\">",
+         files changed without Moodle's \u{201c}Purge all caches\u{201d}.</p><dl class=\"narrow\">"
     );
-    let mut figure = |label: &str, key: &str, value: String| {
-        let _ = write!(
-            out,
-            "<dt>{label}</dt><dd data-figure=\"{key}\">{value}</dd>"
-        );
-    };
-    figure("Entries", "entries", cache.entries.to_string());
-    let memory = format!(
-        "{} <small>of at most {}</small>",
+    figure(out, "Entries", "entries", &cache.entries);
+    let memory = markup!(
         size(cache.bytes),
-        size(cache.max_bytes)
+        " <small>of at most ",
+        size(cache.max_bytes),
+        "</small>"
     );
-    figure("Memory", "bytes", memory);
-    figure("Hit rate", "hit-rate", hit_rate(cache));
-    figure("Fills", "fills", cache.fills.to_string());
-    figure("Evictions", "evictions", cache.evictions.to_string());
-    let _ = write!(
+    figure(out, "Memory", "bytes", &memory);
+    figure(out, "Hit rate", "hit-rate", &hit_rate(cache));
+    figure(out, "Fills", "fills", &cache.fills);
+    figure(out, "Evictions", "evictions", &cache.evictions);
+    html!(
         out,
-        "</dl><form method=\"post\" action=\"/ui/cache/purge\">{}\
-         <button type=\"submit\" data-action=\"purge\">Purge</button></form></section>",
-        csrf_field(csrf)
+        "</dl><form method=\"post\" action=\"/ui/cache/purge\">",
+        csrf_field(csrf),
+        "<button type=\"submit\" data-action=\"purge\">Purge</button></form></section>"
     );
 }
 
 /// The hit rate as the panel says it, with what it is made of.
-fn hit_rate(cache: &CacheView) -> String {
+fn hit_rate(cache: &CacheView) -> Markup {
     match cache.hit_rate {
-        None => "none asked yet".into(),
-        Some(rate) => format!(
-            "{:.1} % <small>{} of {}</small>",
-            rate * 100.0,
+        None => markup!("none asked yet"),
+        Some(rate) => markup!(
+            tenths(rate * 100.0),
+            " % <small>",
             cache.hits,
-            cache.hits + cache.misses
+            " of ",
+            cache.hits + cache.misses,
+            "</small>"
         ),
     }
 }
@@ -128,9 +125,9 @@ mod tests {
     }
 
     fn shown_html(cache: &CacheView) -> String {
-        let mut out = String::new();
+        let mut out = Markup::new();
         write(&mut out, cache, "c5rf");
-        out
+        out.into_string()
     }
 
     #[test]

@@ -7,11 +7,9 @@
 //! fields a node row has would all be lies or nulls; what an admin needs of it is
 //! whether it is up, why (the last probe), and what it served and failed.
 
-use std::fmt::Write as _;
-
 use serde::Serialize;
 
-use super::html::{duration, Esc};
+use super::html::{duration, figure, html, Markup};
 use crate::cluster::export::Export;
 use crate::gateway::Gateway;
 use crate::metrics::ExportTotals;
@@ -57,45 +55,59 @@ pub(super) fn now(gateway: &Gateway, export: Option<&Export>) -> Option<ExportNo
 
 /// Its card, after the data server's: the same look as an upstream's, with what a
 /// student gets while it is down, since that is the question a red card raises.
-pub(super) fn card(out: &mut String, export: &ExportNow, now: u64) {
+pub(super) fn card(out: &mut Markup, export: &ExportNow, now: u64) {
     let health = export.health;
     let since = duration(now.saturating_sub(export.health_since));
-    let _ = write!(
+    html!(
         out,
-        "<article class=\"card is-{health}\" id=\"export\"><h2>file export\
-         <span class=\"badge health {health}\">{health}</span>\
-         <span class=\"badge\">data server</span></h2>\
-         <p class=\"why\">{} · {health} for {since}<br>",
-        Esc(&export.url)
+        "<article class=\"card is-",
+        health,
+        "\" id=\"export\"><h2>file export<span class=\"badge health ",
+        health,
+        "\">",
+        health,
+        "</span><span class=\"badge\">data server</span></h2><p class=\"why\">",
+        export.url,
+        " · ",
+        health,
+        " for ",
+        since,
+        "<br>"
     );
     match &export.last_probe {
         Some(probe) => {
             let ago = duration(now.saturating_sub(probe.at));
-            let _ = write!(
+            html!(
                 out,
-                "Last probe of {} {ago} ago: {}",
-                Esc(&export.probe),
-                Esc(&probe.said)
+                "Last probe of ",
+                export.probe,
+                " ",
+                ago,
+                " ago: ",
+                probe.said
             );
         }
-        None => out.push_str("No probe yet (the first comes one interval after start)"),
+        None => html!(
+            out,
+            "No probe yet (the first comes one interval after start)"
+        ),
     }
     if health == "down" {
-        out.push_str("<br><b>Students get 502 for every offloaded file until it is back.</b>");
+        html!(
+            out,
+            "<br><b>Students get 502 for every offloaded file until it is back.</b>"
+        );
     }
-    out.push_str("</p><dl>");
+    html!(out, "</p><dl>");
     let files = &export.files;
     for (label, key, value) in [
         ("Files served", "served", files.served),
         ("Not found", "not-found", files.not_found),
         ("Failed", "failed", files.failed),
     ] {
-        let _ = write!(
-            out,
-            "<dt>{label}</dt><dd data-figure=\"{key}\">{value}</dd>"
-        );
+        figure(out, label, key, &value);
     }
-    out.push_str("</dl></article>");
+    html!(out, "</dl></article>");
 }
 
 #[cfg(test)]
@@ -122,8 +134,9 @@ mod tests {
 
     #[test]
     fn a_down_export_says_what_students_get_and_why_as_text() {
-        let mut out = String::new();
+        let mut out = Markup::new();
         card(&mut out, &down("exchange failed: <script>"), 1_100);
+        let out = out.into_string();
         assert!(out.contains("id=\"export\""), "{out}");
         assert!(out.contains("badge health down"), "{out}");
         assert!(out.contains("down for 1m"), "{out}");

@@ -6,20 +6,20 @@
 //! Why the heartbeats are read leniently: they come from other processes through
 //! Redis, and another version of the gateway (or anything else that can write to
 //! that Redis) may put anything there. A missing or mistyped field shows as `?`,
-//! never as an error page; every text in a beat is hostile and goes through
-//! [`Esc`], node names included.
+//! never as an error page; every text in a beat is hostile and is written as
+//! text (escaped by `html`'s `Render`, the only way a `String` reaches the page),
+//! node names included.
 //!
 //! Why the reading has its own bound: the store allows its background calls 2 s
 //! each, and listing the gateways takes two. Someone looking at a stalled Redis
 //! should get the page within a second, with the reason where the table would be.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use super::html::{duration, Esc};
+use super::html::{duration, figure, html, Markup, Raw};
 use crate::gateway::Gateway;
 use crate::metrics::Degradation;
 
@@ -126,44 +126,51 @@ fn columns(mut nodes: Vec<String>, peers: &[Peer]) -> Vec<String> {
 }
 
 /// The panel's `<section>`; `now` in Unix seconds.
-pub(super) fn write(out: &mut String, panel: &Panel, now: u64) {
-    out.push_str("<section id=\"gateways\"><h2>Gateways</h2>");
+pub(super) fn write(out: &mut Markup, panel: &Panel, now: u64) {
+    html!(out, "<section id=\"gateways\"><h2>Gateways</h2>");
     if panel.connected {
-        let _ = write!(
+        html!(
             out,
-            "<p class=\"why\" data-store=\"connected\">This gateway is <b>{}</b>, connected \
-             to Redis: the gateways below share one session table, one deal and the node states.</p>",
-            Esc(&panel.this)
+            "<p class=\"why\" data-store=\"connected\">This gateway is <b>",
+            panel.this,
+            "</b>, connected to Redis: the gateways below share one session table, one \
+             deal and the node states.</p>"
         );
     } else {
-        let _ = write!(
+        html!(
             out,
-            "<p class=\"flash\" id=\"store-down\" role=\"alert\" data-store=\"unreachable\">{}</p>",
-            Esc(UNREACHABLE)
+            "<p class=\"flash\" id=\"store-down\" role=\"alert\" data-store=\"unreachable\">",
+            UNREACHABLE,
+            "</p>"
         );
     }
     degradation(out, &panel.degradation);
     match &panel.gateways {
         Ok(peers) if peers.is_empty() => {
-            out.push_str("<p>No gateway has sent a heartbeat in the last 5 s.</p>");
-        }
-        Ok(peers) => table(out, panel, peers, now),
-        Err(why) if panel.connected => {
-            let _ = write!(
+            html!(
                 out,
-                "<p class=\"flash\" role=\"alert\">The gateways could not be listed: {}</p>",
-                Esc(why)
+                "<p>No gateway has sent a heartbeat in the last 5 s.</p>"
             );
         }
+        Ok(peers) => table(out, panel, peers, now),
+        Err(why) if panel.connected => html!(
+            out,
+            "<p class=\"flash\" role=\"alert\">The gateways could not be listed: ",
+            why,
+            "</p>"
+        ),
         // The warning above already says why.
         Err(_) => {}
     }
-    out.push_str("</section>");
+    html!(out, "</section>");
 }
 
-fn degradation(out: &mut String, counted: &Degradation) {
-    out.push_str("<p class=\"why\">What this gateway did without Redis since it started:</p>");
-    out.push_str("<dl class=\"narrow\">");
+fn degradation(out: &mut Markup, counted: &Degradation) {
+    html!(
+        out,
+        "<p class=\"why\">What this gateway did without Redis since it started:</p>\
+         <dl class=\"narrow\">"
+    );
     let figures = [
         (
             "Sessions not looked up in Redis",
@@ -179,62 +186,67 @@ fn degradation(out: &mut String, counted: &Degradation) {
         ("Connections to Redis lost", "outages", counted.outages),
     ];
     for (label, key, value) in figures {
-        let _ = write!(
-            out,
-            "<dt>{label}</dt><dd data-figure=\"{key}\">{value}</dd>"
-        );
+        figure(out, label, key, &value);
     }
-    out.push_str("</dl>");
+    html!(out, "</dl>");
 }
 
-fn table(out: &mut String, panel: &Panel, peers: &[Peer], now: u64) {
-    out.push_str(
+fn table(out: &mut Markup, panel: &Panel, peers: &[Peer], now: u64) {
+    html!(
+        out,
         "<div class=\"scroll\"><table><thead><tr><th>Gateway</th><th>Version</th>\
-         <th>Up for</th><th>Last beat</th><th>Sessions</th><th>In flight</th>",
+         <th>Up for</th><th>Last beat</th><th>Sessions</th><th>In flight</th>"
     );
     for node in &panel.nodes {
-        let _ = write!(
-            out,
-            "<th>{}<br><small>served / dealt</small></th>",
-            Esc(node)
-        );
+        html!(out, "<th>", node, "<br><small>served / dealt</small></th>");
     }
-    out.push_str("</tr></thead><tbody>");
+    html!(out, "</tr></thead><tbody>");
     for peer in peers {
         row(out, panel, peer, now);
     }
-    out.push_str("</tbody></table></div>");
+    html!(out, "</tbody></table></div>");
 }
 
-fn row(out: &mut String, panel: &Panel, peer: &Peer, now: u64) {
+fn row(out: &mut Markup, panel: &Panel, peer: &Peer, now: u64) {
     let this = if peer.name == panel.this {
         "<span class=\"badge\">this gateway</span>"
     } else {
         ""
     };
     let up = peer.started.map(|s| duration(now.saturating_sub(s)));
-    let _ = write!(
+    html!(
         out,
-        "<tr data-gateway=\"{name}\"><td>{name}{this}</td><td>{}</td><td>{}</td>\
-         <td>{}</td><td data-figure=\"sessions\">{}</td><td>{}</td>",
-        Esc(peer.version.as_deref().unwrap_or("?")),
+        "<tr data-gateway=\"",
+        peer.name,
+        "\"><td>",
+        peer.name,
+        Raw(this),
+        "</td><td>",
+        peer.version.as_deref().unwrap_or("?"),
+        "</td><td>",
         up.as_deref().unwrap_or("?"),
+        "</td><td>",
         peer.age_ms.map_or("?".into(), age),
+        "</td><td data-figure=\"sessions\">",
         known(peer.sessions),
+        "</td><td>",
         known(peer.in_flight),
-        name = Esc(&peer.name),
+        "</td>"
     );
     for node in &panel.nodes {
         let count = |per_node: &BTreeMap<String, u64>| known(per_node.get(node).copied());
-        let _ = write!(
+        html!(
             out,
-            "<td data-node=\"{}\">{} / {}</td>",
-            Esc(node),
+            "<td data-node=\"",
+            node,
+            "\">",
             count(&peer.served),
-            count(&peer.dealt)
+            " / ",
+            count(&peer.dealt),
+            "</td>"
         );
     }
-    out.push_str("</tr>");
+    html!(out, "</tr>");
 }
 
 /// A figure a beat may not have given.

@@ -1,11 +1,19 @@
-//! A tiny HTML writer for the dashboard: escaping, the page shell (inline CSS and
-//! the auto-refresh script), and the headers every page carries.
+//! A tiny HTML writer for the dashboard: escaping by type, the page shell (inline
+//! CSS and the auto-refresh script), and the headers every page carries.
 //!
 //! Why no template engine: the dashboard is two pages of a few dozen elements.
-//! `write!` with [`Esc`] around every dynamic value keeps each page readable in one
-//! function, adds no dependency, and makes "is this escaped?" a question with one
-//! answer: text from anywhere (node names, probe answers, URLs) goes through
-//! [`Esc`]; only `&'static str` markup is written raw.
+//! [`html!`] keeps each page readable in one function and adds no dependency.
+//!
+//! Why escaping by type: "is this escaped?" must not depend on remembering to wrap
+//! a value. Every page writes into a [`Markup`], and the only raw text a `Markup`
+//! takes is a `&'static str` (markup written in the source code: a string literal
+//! in [`html!`], or [`Raw`]) or another `Markup`. Anything else (a `String`, a
+//! `&str`, a number, a `format_args!`) goes through [`Render`], which escapes
+//! it. Text from anywhere (node names, probe answers, URLs, heartbeats) can only
+//! ever arrive as one of those, so a page cannot write it raw by accident.
+//! `Markup` has no `From<String>` and implements neither `fmt::Write` nor
+//! `Display`: a format string with captures (`"<b>{name}</b>"`) cannot be written
+//! into it, since nothing could tell its markup from its text.
 //!
 //! Why hashes in the Content-Security-Policy: the style sheet and the script are
 //! constants, so their SHA-256 is known; the policy allows exactly those two and
@@ -14,6 +22,7 @@
 //! escape were missed. No external asset: the admin network may have no internet.
 
 use std::fmt::{self, Write as _};
+use std::ops::Deref;
 use std::sync::OnceLock;
 
 use axum::http::header::{CONTENT_SECURITY_POLICY, CONTENT_TYPE};
@@ -22,25 +31,176 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
-/// Text made safe for element content and quoted attribute values.
-pub(super) struct Esc<'a>(pub(super) &'a str);
+/// HTML this crate wrote: markup from the source code, and text escaped on the way
+/// in. Reading it is free (it derefs to `str`); there is no way in but
+/// [`Markup::push`] and [`Markup::push_raw`], so no `String` becomes markup.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Markup(String);
 
-impl fmt::Display for Esc<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut rest = self.0;
+impl Markup {
+    pub(super) fn new() -> Self {
+        Self::default()
+    }
+
+    pub(super) fn with_capacity(capacity: usize) -> Self {
+        Self(String::with_capacity(capacity))
+    }
+
+    /// Appends `value` as [`Render`] has it: escaped, unless it is markup already.
+    pub(super) fn push<R: Render + ?Sized>(&mut self, value: &R) {
+        value.render(self);
+    }
+
+    /// Appends markup from the source code as it is. `&'static str` because that
+    /// is what a literal is; text read at run time is never `'static`.
+    pub(super) fn push_raw(&mut self, markup: &'static str) {
+        self.0.push_str(markup);
+    }
+
+    pub(super) fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The HTML, for the response body.
+    pub(super) fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl Deref for Markup {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+/// Markup written in the source code, where it is not a literal in [`html!`]: a
+/// constant, or one of a few fixed snippets chosen at run time (a badge or none).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Raw(pub(super) &'static str);
+
+/// How a value goes into [`Markup`]: text (`str`, `String`, numbers, `char`,
+/// `format_args!`) escaped, through its `Display`; [`Markup`] and [`Raw`] as they
+/// are; a reference as what it points to.
+///
+/// Why a list of types rather than every `Display`: a reference to markup
+/// (`&Markup`) must stay markup, and a blanket impl over `Display` would overlap
+/// with the one over references. A new kind of text joins the list and is escaped
+/// like the others; nothing else in the crate writes raw.
+pub(super) trait Render {
+    fn render(&self, out: &mut Markup);
+}
+
+impl<T: Render + ?Sized> Render for &T {
+    fn render(&self, out: &mut Markup) {
+        (**self).render(out);
+    }
+}
+
+/// Text: written through its `Display`, escaped.
+macro_rules! render_as_text {
+    ($($text:ty),*) => {$(
+        impl Render for $text {
+            fn render(&self, out: &mut Markup) {
+                let _ = write!(Escaping(&mut out.0), "{self}");
+            }
+        }
+    )*};
+}
+render_as_text!(str, String, char, fmt::Arguments<'_>);
+render_as_text!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64);
+
+impl Render for Markup {
+    fn render(&self, out: &mut Markup) {
+        out.0.push_str(&self.0);
+    }
+}
+
+impl Render for Raw {
+    fn render(&self, out: &mut Markup) {
+        out.push_raw(self.0);
+    }
+}
+
+/// A `fmt::Write` that escapes everything written to it, for element content and
+/// quoted attribute values. Private: it is the inside of [`Render`], never a way
+/// to write markup.
+struct Escaping<'a>(&'a mut String);
+
+impl fmt::Write for Escaping<'_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let mut rest = text;
         while let Some(at) = rest.find(['&', '<', '>', '"', '\'']) {
-            f.write_str(&rest[..at])?;
-            f.write_str(match rest.as_bytes()[at] {
+            self.0.push_str(&rest[..at]);
+            self.0.push_str(match rest.as_bytes()[at] {
                 b'&' => "&amp;",
                 b'<' => "&lt;",
                 b'>' => "&gt;",
                 b'"' => "&quot;",
                 _ => "&#39;",
-            })?;
+            });
             rest = &rest[at + 1..];
         }
-        f.write_str(rest)
+        self.0.push_str(rest);
+        Ok(())
     }
+}
+
+/// Writes parts into a [`Markup`] (`out`, or `&mut` one): each string literal as
+/// markup, every other argument through [`Render`] (escaped unless it is
+/// `Markup` or [`Raw`]).
+///
+/// ```ignore
+/// html!(out, "<dt>", label, "</dt><dd data-figure=\"", key, "\">", value, "</dd>");
+/// ```
+///
+/// Why literals and not `&'static str` in general: a macro sees tokens, not types,
+/// and a literal is the one thing it can tell is markup someone wrote here. A
+/// constant of markup goes in as [`Raw`]; a constant of text is escaped like any
+/// other value. A number literal is taken for markup too, and refused (it is not a
+/// `&str`): write a fixed number inside the string, a computed one as a value.
+macro_rules! html {
+    ($out:expr $(,)?) => {{}};
+    ($out:expr, $markup:literal $(, $($rest:tt)*)?) => {{
+        $out.push_raw($markup);
+        $crate::admin::html::html!($out $(, $($rest)*)?)
+    }};
+    ($out:expr, $value:expr $(, $($rest:tt)*)?) => {{
+        $out.push(&$value);
+        $crate::admin::html::html!($out $(, $($rest)*)?)
+    }};
+}
+pub(super) use html;
+
+/// A new [`Markup`] of parts, as [`html!`] writes them: for a value that is a
+/// fragment (a figure with a `<small>` note, a label).
+macro_rules! markup {
+    ($($part:tt)*) => {{
+        let mut out = $crate::admin::html::Markup::new();
+        $crate::admin::html::html!(out, $($part)*);
+        out
+    }};
+}
+pub(super) use markup;
+
+/// One figure of a card or a panel: `<dt>label</dt><dd data-figure="key">value</dd>`.
+pub(super) fn figure<R: Render + ?Sized>(out: &mut Markup, label: &str, key: &str, value: &R) {
+    html!(
+        out,
+        "<dt>",
+        label,
+        "</dt><dd data-figure=\"",
+        key,
+        "\">",
+        value,
+        "</dd>"
+    );
+}
+
+/// A number with one decimal (`1.5`): text, escaped like any other on the way in.
+pub(super) fn tenths(value: f64) -> String {
+    format!("{value:.1}")
 }
 
 /// Mobile first: one column of cards, two or more from 40em; system fonts; colour
@@ -105,25 +265,29 @@ fn policy() -> &'static HeaderValue {
 }
 
 /// The document around `body`; `refresh` adds the auto-refresh script.
-pub(super) fn document(title: &str, body: &str, refresh: bool) -> String {
-    let mut out = String::with_capacity(body.len() + STYLE.len() + 512);
-    let _ = write!(
+pub(super) fn document(title: &str, body: &Markup, refresh: bool) -> Markup {
+    let mut out = Markup::with_capacity(body.len() + STYLE.len() + 512);
+    html!(
         out,
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
-         <title>{}</title><style>{STYLE}</style></head><body>{body}",
-        Esc(title)
+         <title>",
+        title,
+        "</title><style>",
+        Raw(STYLE),
+        "</style></head><body>",
+        body
     );
     if refresh {
-        let _ = write!(out, "<script>{SCRIPT}</script>");
+        html!(out, "<script>", Raw(SCRIPT), "</script>");
     }
-    out.push_str("</body></html>");
+    html!(out, "</body></html>");
     out
 }
 
 /// A page with its security headers (`no-store` is added to every admin answer).
-pub(super) fn page(status: StatusCode, html: String) -> Response {
-    let mut response = (status, html).into_response();
+pub(super) fn page(status: StatusCode, html: Markup) -> Response {
+    let mut response = (status, html.into_string()).into_response();
     let headers = response.headers_mut();
     let text_html = HeaderValue::from_static("text/html; charset=utf-8");
     headers.insert(CONTENT_TYPE, text_html);
@@ -162,11 +326,28 @@ mod tests {
     #[test]
     fn every_character_that_could_leave_text_or_an_attribute_is_escaped() {
         let hostile = r#"web1"><script>alert('x')</script>&amp;"#;
+        let escaped = "web1&quot;&gt;&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;amp;";
+        assert_eq!(&*markup!(hostile), escaped);
+        assert_eq!(&*markup!(hostile.to_owned()), escaped, "a String too");
+        assert_eq!(&*markup!("plain", " text"), "plain text");
+    }
+
+    #[test]
+    fn only_literals_raw_and_markup_go_in_unescaped() {
+        let name = "a<b";
+        let inner = markup!("<b>", name, "</b>");
         assert_eq!(
-            Esc(hostile).to_string(),
-            "web1&quot;&gt;&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;amp;"
+            &*inner, "<b>a&lt;b</b>",
+            "a literal is markup, a variable text"
         );
-        assert_eq!(Esc("plain text").to_string(), "plain text");
+        let (text, count, share) = ("<i>", 3, -1.5);
+        let out = markup!("<p>", text, Raw("<br>"), inner, count, share, "</p>");
+        assert_eq!(&*out, "<p>&lt;i&gt;<br><b>a&lt;b</b>3-1.5</p>");
+        assert_eq!(
+            &*markup!(format_args!("<{}>", 1)),
+            "&lt;1&gt;",
+            "Display: text"
+        );
     }
 
     #[test]
@@ -176,10 +357,10 @@ mod tests {
         assert!(policy.contains(&hash_source(SCRIPT)));
         assert!(policy.starts_with("default-src 'none';"));
         assert!(!policy.contains("unsafe"));
-        let html = document("t", "<p>x</p>", true);
+        let html = document("t", &markup!("<p>x</p>"), true);
         assert!(html.contains(&format!("<style>{STYLE}</style>")));
         assert!(html.contains(&format!("<script>{SCRIPT}</script>")));
-        assert!(!document("t", "", false).contains("<script>"));
+        assert!(!document("t", &Markup::new(), false).contains("<script>"));
     }
 
     #[test]

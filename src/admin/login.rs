@@ -35,7 +35,7 @@ use sha2::Sha256;
 
 use super::dashboard::Dash;
 use super::guard::{self, Guard};
-use super::html::{self, Esc};
+use super::html::{self, html, markup};
 use crate::logs::Every;
 
 /// The login cookie's name. Browsers do not keep cookies apart by port, so when
@@ -271,28 +271,32 @@ fn admit(parts: &Parts, dash: &Dash) -> Result<Login, Response> {
 
 /// A one-line page: a refusal or a stale form, with the way back.
 pub(super) fn message(status: StatusCode, text: &str) -> Response {
-    let body = format!(
-        "<main class=\"login\"><h1>moodle-gateway</h1><p class=\"flash\">{}</p>\
-         <p><a href=\"/\">Back to the dashboard</a></p></main>",
-        Esc(text)
+    let body = markup!(
+        "<main class=\"login\"><h1>moodle-gateway</h1><p class=\"flash\">",
+        text,
+        "</p><p><a href=\"/\">Back to the dashboard</a></p></main>"
     );
     html::page(status, html::document("moodle-gateway", &body, false))
 }
 
 fn login_page(status: StatusCode, note: Option<&str>) -> Response {
-    let note = note.map(|n| format!("<p class=\"flash\">{}</p>", Esc(n)));
-    let body = format!(
+    let mut body = markup!(
         "<main class=\"login\"><h1>moodle-gateway</h1>\
          <p>Admin dashboard. Log in with the admin token (<code>[admin] token</code> or \
-         <code>token_file</code>; the demo prints one).</p>{}\
-         <form method=\"post\" action=\"/login\">\
+         <code>token_file</code>; the demo prints one).</p>"
+    );
+    if let Some(note) = note {
+        html!(body, "<p class=\"flash\">", note, "</p>");
+    }
+    html!(
+        body,
+        "<form method=\"post\" action=\"/login\">\
          <input type=\"hidden\" name=\"username\" value=\"admin\" autocomplete=\"username\">\
          <label for=\"token\">Admin token</label>\
          <input id=\"token\" type=\"password\" name=\"token\" autocomplete=\"current-password\" \
          required autofocus><button type=\"submit\">Log in</button></form>\
          <p class=\"why\">Scripts use the same token as a bearer token; HTTP Basic (any \
-         user name, the token as password) opens this page too.</p></main>",
-        note.unwrap_or_default()
+         user name, the token as password) opens this page too.</p></main>"
     );
     html::page(
         status,

@@ -16,7 +16,7 @@ use super::cache::CacheView;
 use super::cache_panel;
 use super::export::{self, ExportNow};
 use super::gateways_panel::{self, Panel};
-use super::html::{duration, Esc};
+use super::html::{duration, figure, html, markup, tenths, Markup, Raw};
 use super::rates::Rate;
 use super::surge::SurgeNow;
 use super::surge_panel;
@@ -97,17 +97,20 @@ pub(super) struct View {
 }
 
 /// The page's `<body>` content.
-pub(super) fn body(view: &View) -> String {
-    let mut out = String::with_capacity(16 * 1024);
+pub(super) fn body(view: &View) -> Markup {
+    let mut out = Markup::with_capacity(16 * 1024);
     header(&mut out, view);
-    out.push_str("<main><section class=\"cards\" aria-label=\"Upstreams\">");
+    html!(
+        out,
+        "<main><section class=\"cards\" aria-label=\"Upstreams\">"
+    );
     for card in &view.cards {
         write_card(&mut out, card, view);
     }
     if let Some(now) = &view.export {
         export::card(&mut out, now, view.now);
     }
-    out.push_str("</section>");
+    html!(out, "</section>");
     if let Some(surge) = &view.surge {
         surge_panel::write(&mut out, surge);
     }
@@ -119,199 +122,237 @@ pub(super) fn body(view: &View) -> String {
     }
     find(&mut out, view);
     sessions(&mut out, view);
-    out.push_str(
+    html!(
+        out,
         "</main><footer>Refreshes every 5 s while no field has the focus. Sessions: live \
          entries in the gateway's table (learned from each node's Set-Cookie). Requests/s \
          and errors: response heads from the node over the window shown. Lost: logged-in \
-         sessions the node replaced outside login and logout, since start.</footer>",
+         sessions the node replaced outside login and logout, since start.</footer>"
     );
     out
 }
 
-fn header(out: &mut String, view: &View) {
+fn header(out: &mut Markup, view: &View) {
     let (live, logged_in) = view.totals;
     let anonymous = live.saturating_sub(logged_in);
-    let _ = write!(
+    html!(
         out,
-        "<header><h1>moodle-gateway</h1><p class=\"totals\" id=\"totals\">{live} live sessions \
-         · {logged_in} logged in · {anonymous} anonymous</p>"
+        "<header><h1>moodle-gateway</h1><p class=\"totals\" id=\"totals\">",
+        live,
+        " live sessions · ",
+        logged_in,
+        " logged in · ",
+        anonymous,
+        " anonymous</p>"
     );
     if view.can_log_out {
-        let _ = write!(
+        html!(
             out,
-            "<form class=\"inline\" method=\"post\" action=\"/logout\">{}\
-             <button type=\"submit\">Log out</button></form>",
-            csrf_field(&view.csrf)
+            "<form class=\"inline\" method=\"post\" action=\"/logout\">",
+            csrf_field(&view.csrf),
+            "<button type=\"submit\">Log out</button></form>"
         );
     }
-    out.push_str("</header>");
+    html!(out, "</header>");
     if let Some(flash) = &view.flash {
-        let _ = write!(
+        html!(
             out,
-            "<p class=\"flash\" id=\"flash\" role=\"status\">{}</p>",
-            Esc(flash)
+            "<p class=\"flash\" id=\"flash\" role=\"status\">",
+            flash,
+            "</p>"
         );
     }
 }
 
 /// The hidden field that carries the login's CSRF token in every form.
-pub(super) fn csrf_field(csrf: &str) -> String {
-    format!(
-        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
-        Esc(csrf)
-    )
+pub(super) fn csrf_field(csrf: &str) -> Markup {
+    markup!("<input type=\"hidden\" name=\"csrf\" value=\"", csrf, "\">")
 }
 
-fn write_card(out: &mut String, card: &Card, view: &View) {
+fn write_card(out: &mut Markup, card: &Card, view: &View) {
     let health = if card.up { "up" } else { "down" };
     let state = card.state.as_str();
-    let _ = write!(
+    let name = &card.name;
+    html!(
         out,
-        "<article class=\"card is-{health} is-{state}\" id=\"node-{name}\"><h2>{name}\
-         <span class=\"badge health {health}\">{health}</span>",
-        name = Esc(&card.name)
+        "<article class=\"card is-",
+        health,
+        " is-",
+        state,
+        "\" id=\"node-",
+        name,
+        "\"><h2>",
+        name,
+        "<span class=\"badge health ",
+        health,
+        "\">",
+        health,
+        "</span>"
     );
     if card.node {
-        let _ = write!(
+        html!(
             out,
-            "<span class=\"badge state state-{state}\">{state}</span>"
+            "<span class=\"badge state state-",
+            state,
+            "\">",
+            state,
+            "</span>"
         );
     } else {
-        out.push_str("<span class=\"badge\">data server</span>");
+        html!(out, "<span class=\"badge\">data server</span>");
     }
     if card.maintenance {
-        out.push_str("<span class=\"badge\">Moodle maintenance</span>");
+        html!(out, "<span class=\"badge\">Moodle maintenance</span>");
     }
     let drained = card.node && card.state != NodeState::Active && card.logged_in == 0;
     if drained {
-        out.push_str("<span class=\"badge\" title=\"no logged-in student left\">drained</span>");
+        html!(
+            out,
+            "<span class=\"badge\" title=\"no logged-in student left\">drained</span>"
+        );
     }
     let since = duration(view.now.saturating_sub(card.since));
-    let _ = write!(
+    html!(
         out,
-        "</h2><p class=\"why\">{} · {health} for {since}<br>",
-        Esc(&card.url)
+        "</h2><p class=\"why\">",
+        card.url,
+        " · ",
+        health,
+        " for ",
+        since,
+        "<br>"
     );
     match &card.probe {
         Some(probe) => {
             let ago = duration(view.now.saturating_sub(probe.at));
-            let _ = write!(out, "Last probe {ago} ago: {}", Esc(&probe.said));
+            html!(out, "Last probe ", ago, " ago: ", probe.said);
         }
-        None => out.push_str("No probe yet (the first comes one interval after start)"),
+        None => html!(
+            out,
+            "No probe yet (the first comes one interval after start)"
+        ),
     }
-    out.push_str("</p><dl>");
+    html!(out, "</p><dl>");
     figures(out, card);
-    out.push_str("</dl>");
+    html!(out, "</dl>");
     if card.node {
         buttons(out, card, &view.csrf);
     }
-    out.push_str("</article>");
+    html!(out, "</article>");
 }
 
-fn figures(out: &mut String, card: &Card) {
-    let mut figure = |label: &str, key: &str, value: String| {
-        let _ = write!(
-            out,
-            "<dt>{label}</dt><dd data-figure=\"{key}\">{value}</dd>"
-        );
-    };
+fn figures(out: &mut Markup, card: &Card) {
     if card.node {
         let anonymous = card.live.saturating_sub(card.logged_in);
-        figure("Live sessions", "live", card.live.to_string());
-        figure("Logged in", "logged-in", card.logged_in.to_string());
-        figure("Anonymous", "anonymous", anonymous.to_string());
-        figure("Weight", "weight", card.weight.to_string());
+        figure(out, "Live sessions", "live", &card.live);
+        figure(out, "Logged in", "logged-in", &card.logged_in);
+        figure(out, "Anonymous", "anonymous", &anonymous);
+        figure(out, "Weight", "weight", &card.weight);
     }
     for (label, key, value) in card.slots.iter().flat_map(surge_panel::card_figures) {
-        figure(label, key, value);
+        figure(out, label, key, &value);
     }
     let (per_second, errors) = match card.rate {
         Some(rate) => (
-            format!(
-                "{:.1} <small>over {}</small>",
-                rate.per_second,
-                duration(rate.window.as_secs())
+            markup!(
+                tenths(rate.per_second),
+                " <small>over ",
+                duration(rate.window.as_secs()),
+                "</small>"
             ),
             rate.errors
-                .map_or("none asked".into(), |e| format!("{:.1} %", e * 100.0)),
+                .map_or(markup!("none asked"), |e| markup!(tenths(e * 100.0), " %")),
         ),
-        None => ("measuring…".into(), "measuring…".into()),
+        None => (markup!("measuring…"), markup!("measuring…")),
     };
-    figure("Requests/s", "rate", per_second);
-    figure("Errors (5xx)", "errors", errors);
+    figure(out, "Requests/s", "rate", &per_second);
+    figure(out, "Errors (5xx)", "errors", &errors);
     if card.node {
-        figure("Sessions lost", "losses", card.losses.to_string());
+        figure(out, "Sessions lost", "losses", &card.losses);
     }
 }
 
 /// The two actions that make sense from the node's state: drain and disable an
 /// active node, undrain or disable a draining one, enable or drain a disabled one.
-fn buttons(out: &mut String, card: &Card, csrf: &str) {
+fn buttons(out: &mut Markup, card: &Card, csrf: &str) {
     let actions: [(&str, &str); 2] = match card.state {
         NodeState::Active => [("drain", "Drain"), ("disable", "Disable")],
         NodeState::Draining => [("undrain", "Undrain"), ("disable", "Disable")],
         NodeState::Disabled => [("enable", "Enable"), ("drain", "Drain")],
     };
-    out.push_str("<div class=\"actions\">");
+    html!(out, "<div class=\"actions\">");
     for (action, label) in actions {
-        // Disabling moves every logged-in student at once: a box to tick first.
-        let confirm = if action == "disable" && card.logged_in > 0 {
-            format!(
-                "<label class=\"confirm\"><input type=\"checkbox\" name=\"confirm\" \
-value=\"yes\" required> moves {} logged-in</label>",
-                card.logged_in
-            )
-        } else {
-            String::new()
-        };
-        let _ = write!(
+        html!(
             out,
-            "<form method=\"post\" action=\"/ui/nodes/{}/{action}\">{}{confirm}\
-             <button type=\"submit\" data-action=\"{action}\">{label}</button></form>",
-            Esc(&card.name),
+            "<form method=\"post\" action=\"/ui/nodes/",
+            card.name,
+            "/",
+            action,
+            "\">",
             csrf_field(csrf)
         );
+        // Disabling moves every logged-in student at once: a box to tick first.
+        if action == "disable" && card.logged_in > 0 {
+            html!(
+                out,
+                "<label class=\"confirm\"><input type=\"checkbox\" name=\"confirm\" \
+                 value=\"yes\" required> moves ",
+                card.logged_in,
+                " logged-in</label>"
+            );
+        }
+        html!(
+            out,
+            "<button type=\"submit\" data-action=\"",
+            action,
+            "\">",
+            label,
+            "</button></form>"
+        );
     }
-    out.push_str("</div>");
+    html!(out, "</div>");
 }
 
-fn find(out: &mut String, view: &View) {
-    let _ = write!(
+fn find(out: &mut Markup, view: &View) {
+    html!(
         out,
         "<section id=\"find\"><h2>Find a student's session</h2>\
-         <form class=\"search\" method=\"post\" action=\"/ui/find\">{}\
-         <label>Session id (the student's MoodleSession cookie; never shown or kept)\
+         <form class=\"search\" method=\"post\" action=\"/ui/find\">",
+        csrf_field(&view.csrf),
+        "<label>Session id (the student's MoodleSession cookie; never shown or kept)\
          <input name=\"session\" autocomplete=\"off\" spellcheck=\"false\" required></label>\
-         <button type=\"submit\">Find</button></form>",
-        csrf_field(&view.csrf)
+         <button type=\"submit\">Find</button></form>"
     );
     match &view.found {
         Some(Ok(found)) => found_line(out, found),
-        Some(Err(why)) => {
-            let _ = write!(out, "<p class=\"flash\" id=\"found\">{}</p>", Esc(why));
-        }
+        Some(Err(why)) => html!(out, "<p class=\"flash\" id=\"found\">", why, "</p>"),
         None => {}
     }
-    out.push_str("</section>");
+    html!(out, "</section>");
 }
 
-fn found_line(out: &mut String, found: &Found) {
+fn found_line(out: &mut Markup, found: &Found) {
     let row = &found.row;
-    let _ = write!(
+    html!(
         out,
-        "<p class=\"found\" id=\"found\">Session <code>{}</code> is on \
-         <b data-found=\"node\">{}</b>, {}, {} old, idle {}, {} requests",
-        Esc(&row.hash),
-        Esc(&row.node),
+        "<p class=\"found\" id=\"found\">Session <code>",
+        row.hash,
+        "</code> is on <b data-found=\"node\">",
+        row.node,
+        "</b>, ",
         state_label(row.state),
+        ", ",
         duration(row.age),
+        " old, idle ",
         duration(row.idle),
-        row.requests
+        ", ",
+        row.requests,
+        " requests"
     );
     if let Some(by) = &found.bound_by {
-        let _ = write!(out, ", bound by <b data-found=\"bound-by\">{}</b>", Esc(by));
+        html!(out, ", bound by <b data-found=\"bound-by\">", by, "</b>");
     }
-    out.push_str(".</p>");
+    html!(out, ".</p>");
 }
 
 fn state_label(state: SessionState) -> &'static str {
@@ -321,77 +362,86 @@ fn state_label(state: SessionState) -> &'static str {
     }
 }
 
-fn sessions(out: &mut String, view: &View) {
+fn sessions(out: &mut Markup, view: &View) {
     let f = &view.filters;
-    out.push_str("<section id=\"sessions\"><h2>Sessions</h2>");
-    out.push_str(
-        "<form class=\"search\" method=\"get\" action=\"/\"><label>Node<select name=\"node\">",
+    html!(
+        out,
+        "<section id=\"sessions\"><h2>Sessions</h2>\
+         <form class=\"search\" method=\"get\" action=\"/\"><label>Node<select name=\"node\">"
     );
     option(out, "", "every node", &f.node);
     for card in view.cards.iter().filter(|c| c.node) {
         option(out, &card.name, &card.name, &f.node);
     }
-    out.push_str("</select></label><label>State<select name=\"state\">");
+    html!(out, "</select></label><label>State<select name=\"state\">");
     option(out, "", "any", &f.state);
     option(out, "logged-in", "logged in", &f.state);
     option(out, "anonymous", "anonymous", &f.state);
-    let _ = write!(
+    html!(
         out,
-        "</select></label><label>Hash starts with<input name=\"q\" value=\"{}\" \
-         maxlength=\"16\" autocomplete=\"off\" spellcheck=\"false\"></label>\
-         <button type=\"submit\">Show</button></form>",
-        Esc(&f.prefix)
+        "</select></label><label>Hash starts with<input name=\"q\" value=\"",
+        f.prefix,
+        "\" maxlength=\"16\" autocomplete=\"off\" spellcheck=\"false\"></label>\
+         <button type=\"submit\">Show</button></form>"
     );
     table(out, &view.rows);
-    out.push_str("<p>");
+    html!(out, "<p>");
     if view.paged {
-        let _ = write!(out, "<a href=\"{}\">First page</a> ", Esc(&link(f, None)));
+        html!(out, "<a href=\"", link(f, None), "\">First page</a> ");
     }
     if let Some(next) = &view.next {
-        let _ = write!(
-            out,
-            "<a href=\"{}\">Next page</a>",
-            Esc(&link(f, Some(next)))
-        );
+        html!(out, "<a href=\"", link(f, Some(next)), "\">Next page</a>");
     }
-    out.push_str("</p></section>");
+    html!(out, "</p></section>");
 }
 
-fn option(out: &mut String, value: &str, label: &str, chosen: &str) {
+fn option(out: &mut Markup, value: &str, label: &str, chosen: &str) {
     let selected = if value == chosen { " selected" } else { "" };
-    let _ = write!(
+    html!(
         out,
-        "<option value=\"{}\"{selected}>{}</option>",
-        Esc(value),
-        Esc(label)
+        "<option value=\"",
+        value,
+        "\"",
+        Raw(selected),
+        ">",
+        label,
+        "</option>"
     );
 }
 
-fn table(out: &mut String, rows: &[Row]) {
+fn table(out: &mut Markup, rows: &[Row]) {
     if rows.is_empty() {
-        out.push_str("<p>No session matches.</p>");
+        html!(out, "<p>No session matches.</p>");
         return;
     }
-    out.push_str(
+    html!(
+        out,
         "<div class=\"scroll\"><table><thead><tr><th>Session (keyed hash)</th><th>Node</th>\
-         <th>State</th><th>Age</th><th>Idle</th><th>Requests</th></tr></thead><tbody>",
+         <th>State</th><th>Age</th><th>Idle</th><th>Requests</th></tr></thead><tbody>"
     );
     for row in rows {
-        let _ = write!(
+        html!(
             out,
-            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            Esc(&row.hash),
-            Esc(&row.node),
+            "<tr><td><code>",
+            row.hash,
+            "</code></td><td>",
+            row.node,
+            "</td><td>",
             state_label(row.state),
+            "</td><td>",
             duration(row.age),
+            "</td><td>",
             duration(row.idle),
-            row.requests
+            "</td><td>",
+            row.requests,
+            "</td></tr>"
         );
     }
-    out.push_str("</tbody></table></div>");
+    html!(out, "</tbody></table></div>");
 }
 
-/// `/?node=…&state=…&q=…&after=…#sessions`, values percent-encoded.
+/// `/?node=…&state=…&q=…&after=…#sessions`, values percent-encoded. A URL, not
+/// markup: it is escaped where a page writes it into an `href`.
 fn link(filters: &Filters, after: Option<&str>) -> String {
     let encode = |v: &str| {
         percent_encoding::utf8_percent_encode(v, percent_encoding::NON_ALPHANUMERIC).to_string()
@@ -468,6 +518,62 @@ mod tests {
         assert!(html.contains("web1&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;"));
         assert!(html.contains("answered 303 &lt;img src=x onerror=alert(2)&gt;"));
         assert!(html.contains("&lt;i&gt;flash&lt;/i&gt;"));
+    }
+
+    /// Every place the whole page writes outside text (the card's name in its id,
+    /// heading, buttons' URLs and the node filter; its URL; the probe's answer; the
+    /// flash; a found session; a table row; the hash filter; the Gateways panel),
+    /// with quotes of both kinds, is text where it lands.
+    #[test]
+    fn hostile_text_anywhere_on_the_page_is_escaped_where_it_lands() {
+        let hostile = "x\"'><script>alert(1)</script>";
+        let e = "x&quot;&#39;&gt;&lt;script&gt;alert(1)&lt;/script&gt;";
+        let mut node = card(hostile, hostile);
+        node.url = hostile.into();
+        let mut page = view(vec![node]);
+        page.flash = Some(hostile.into());
+        let row = || Row {
+            hash: "00ff00ff00ff00ff".into(),
+            node: hostile.into(),
+            state: SessionState::Anonymous,
+            age: 1,
+            idle: 1,
+            requests: 1,
+        };
+        page.found = Some(Ok(Found {
+            row: row(),
+            bound_by: Some(hostile.into()),
+        }));
+        page.rows = vec![row()];
+        page.filters.prefix = hostile.into();
+        let mut gateways = panel(Ok(vec![peer(hostile, &[(hostile, 1)])]), true);
+        gateways.this = hostile.into();
+        gateways.nodes.push(hostile.into());
+        page.gateways = Some(gateways);
+        let html = body(&page);
+        assert!(
+            !html.contains("<script") && !html.contains("\"'"),
+            "{}",
+            html.as_str()
+        );
+        for landed in [
+            format!("id=\"node-{e}\"><h2>{e}<span"),
+            format!("action=\"/ui/nodes/{e}/undrain\""),
+            format!("<option value=\"{e}\">{e}</option>"),
+            format!("<p class=\"why\">{e} · down for"),
+            format!("ago: {e}</p>"),
+            format!("role=\"status\">{e}</p>"),
+            format!("<b data-found=\"node\">{e}</b>"),
+            format!("<b data-found=\"bound-by\">{e}</b>"),
+            format!("</code></td><td>{e}</td>"),
+            format!("name=\"q\" value=\"{e}\""),
+            format!("This gateway is <b>{e}</b>"),
+            format!("<tr data-gateway=\"{e}\"><td>{e}<span"),
+            format!("<th>{e}<br>"),
+            format!("<td data-node=\"{e}\">1 / ?</td>"),
+        ] {
+            assert!(html.contains(&landed), "{landed}");
+        }
     }
 
     #[test]
@@ -637,7 +743,7 @@ mod tests {
         let html = body(&page);
         assert!(html.contains(&format!(
             "role=\"alert\" data-store=\"unreachable\">{}",
-            Esc(gateways_panel::UNREACHABLE)
+            &*markup!(gateways_panel::UNREACHABLE)
         )));
         assert!(!html.contains("<th>Gateway</th>"), "no table");
         assert!(

@@ -9,27 +9,26 @@
 //! without one says "no cap" rather than a 0 that looks like an idle node.
 //!
 //! Every figure is a number or a fixed word: nothing here comes from outside, but
-//! the config's own values still go through [`duration`] and `Display`, never raw
-//! text.
+//! the config's own values still go in as numbers and text, escaped like any other
+//! (`html`'s `Render`); only the fixed `<small>` notes are markup.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::html::duration;
+use super::html::{duration, figure, html, markup, Markup, Raw};
 use super::surge::SurgeNow;
 use crate::cluster::slots::{Class, SlotsNow};
 
-/// A card's figures for one node's slots: label, `data-figure` key, value (markup).
-pub(super) fn card_figures(slots: &SlotsNow) -> Vec<(&'static str, &'static str, String)> {
+/// A card's figures for one node's slots: label, `data-figure` key, value.
+pub(super) fn card_figures(slots: &SlotsNow) -> Vec<(&'static str, &'static str, Markup)> {
     if slots.cap == 0 {
-        return vec![("In flight / cap", "slots", "no cap".into())];
+        return vec![("In flight / cap", "slots", markup!("no cap"))];
     }
     let full = if slots.active >= slots.cap {
         " <small>full</small>"
     } else {
         ""
     };
-    let in_flight = format!("{} / {}{full}", slots.active, slots.cap);
+    let in_flight = markup!(slots.active, " / ", slots.cap, Raw(full));
     let mut figures = vec![("In flight / cap", "slots", in_flight)];
     for class in Class::ALL {
         let (label, key) = match class {
@@ -37,78 +36,76 @@ pub(super) fn card_figures(slots: &SlotsNow) -> Vec<(&'static str, &'static str,
             Class::Anonymous => ("Queued: anonymous", "queued-anonymous"),
             Class::Newcomer => ("Queued: newcomers", "queued-newcomer"),
         };
-        figures.push((label, key, slots.queued[class.index()].to_string()));
+        figures.push((label, key, markup!(slots.queued[class.index()])));
     }
     figures
 }
 
 /// The waiting-room panel's `<section>`.
-pub(super) fn write(out: &mut String, surge: &SurgeNow) {
+pub(super) fn write(out: &mut Markup, surge: &SurgeNow) {
     let (badge, state) = match &surge.room {
         Some(room) if room.open => ("<span class=\"badge open\">open</span>", "open"),
         Some(_) => ("<span class=\"badge\">closed</span>", "closed"),
         None => ("<span class=\"badge\">off</span>", "off"),
     };
-    let _ = write!(
+    html!(
         out,
-        "<section id=\"room\" data-room=\"{state}\"><h2>Waiting room{badge}</h2>"
+        "<section id=\"room\" data-room=\"",
+        state,
+        "\"><h2>Waiting room",
+        Raw(badge),
+        "</h2>"
     );
     match &surge.room {
-        Some(room) => {
-            let _ = write!(
-                out,
-                "<p class=\"why\">It opens while a newcomer joining the nodes' lines could \
-                 expect to wait over {}: newcomers asking for a page get the waiting page, \
-                 their place kept in a cookie, and are let in first come, first served as \
-                 slots free.</p>",
-                duration(room.opens_at_ms.as_secs())
-            );
-        }
-        None => out.push_str(
+        Some(room) => html!(
+            out,
+            "<p class=\"why\">It opens while a newcomer joining the nodes' lines could \
+             expect to wait over ",
+            duration(room.opens_at_ms.as_secs()),
+            ": newcomers asking for a page get the waiting page, \
+             their place kept in a cookie, and are let in first come, first served as \
+             slots free.</p>"
+        ),
+        None => html!(
+            out,
             "<p class=\"why\">Off (<code>[surge] waiting_room = false</code>): newcomers \
-             wait in the nodes' lines like everyone else.</p>",
+             wait in the nodes' lines like everyone else.</p>"
         ),
     }
-    out.push_str("<dl class=\"narrow\">");
-    let mut figure = |label: &str, key: &str, value: String| {
-        let _ = write!(
-            out,
-            "<dt>{label}</dt><dd data-figure=\"{key}\">{value}</dd>"
-        );
-    };
+    html!(out, "<dl class=\"narrow\">");
     if let Some(room) = &surge.room {
-        figure("Waiting room", "room", state.into());
-        figure("People in line", "in-line", room.in_line.to_string());
+        figure(out, "Waiting room", "room", state);
+        figure(out, "People in line", "in-line", &room.in_line);
     }
-    figure(
-        "Expected wait",
-        "expected-wait",
-        expected(surge.expected_wait_ms, surge.waiting),
-    );
+    let wait = expected(surge.expected_wait_ms, surge.waiting);
+    figure(out, "Expected wait", "expected-wait", &wait);
     if let Some(room) = &surge.room {
-        let admitted = room.admitted_last_minute.to_string();
-        figure("Admitted in the last minute", "admitted", admitted);
+        let admitted = room.admitted_last_minute;
+        figure(out, "Admitted in the last minute", "admitted", &admitted);
     }
-    let waiting = format!(
-        "{} <small>of at most {}</small>",
-        surge.waiting, surge.max_waiting
+    let waiting = markup!(
+        surge.waiting,
+        " <small>of at most ",
+        surge.max_waiting,
+        "</small>"
     );
-    figure("Requests waiting for a node", "waiting", waiting);
-    out.push_str(
+    figure(out, "Requests waiting for a node", "waiting", &waiting);
+    html!(
+        out,
         "</dl><p class=\"why\">Over its cap a node's requests wait here, in the gateway: \
          logged-in students first, then anonymous sessions, then newcomers, each in \
          order of arrival, and no class waits for ever behind the others (aging).</p>\
-         </section>",
+         </section>"
     );
 }
 
 /// The expected wait as the panel says it.
-fn expected(wait: Option<Duration>, waiting: usize) -> String {
+fn expected(wait: Option<Duration>, waiting: usize) -> Markup {
     match wait {
-        None => "unknown <small>requests wait and none finished lately</small>".into(),
-        Some(_) if waiting == 0 => "none <small>nobody waits</small>".into(),
-        Some(wait) if wait < Duration::from_secs(1) => "under 1s".into(),
-        Some(wait) => duration(wait.as_secs()),
+        None => markup!("unknown <small>requests wait and none finished lately</small>"),
+        Some(_) if waiting == 0 => markup!("none <small>nobody waits</small>"),
+        Some(wait) if wait < Duration::from_secs(1) => markup!("under 1s"),
+        Some(wait) => markup!(duration(wait.as_secs())),
     }
 }
 
@@ -137,9 +134,9 @@ mod tests {
     }
 
     fn shown(surge: &SurgeNow) -> String {
-        let mut out = String::new();
+        let mut out = Markup::new();
         write(&mut out, surge);
-        out
+        out.into_string()
     }
 
     #[test]
