@@ -328,13 +328,43 @@ mod tests {
     use crate::config::Config;
     use crate::sessions::clock::Clock;
 
-    /// A gateway that admits one request at a time; nothing here reaches a node.
+    /// A config that admits `max_in_flight` requests at a time; nothing here reaches
+    /// a node.
+    fn config(max_in_flight: usize) -> Config {
+        let text = format!(
+            "limits.max_in_flight = {max_in_flight}\n\
+             [[nodes]]\nname = \"web1\"\nurl = \"http://127.0.0.1:1\"\n\
+             [data]\nname = \"data\"\nurl = \"http://127.0.0.1:3\"\n"
+        );
+        Config::parse(&text, std::path::Path::new("."), Default::default()).unwrap()
+    }
+
+    /// A gateway that admits one request at a time.
     fn gateway() -> Arc<Gateway> {
-        let text = "limits.max_in_flight = 1\n\
-                    [[nodes]]\nname = \"web1\"\nurl = \"http://127.0.0.1:1\"\n\
-                    [data]\nname = \"data\"\nurl = \"http://127.0.0.1:3\"\n";
-        let config = Config::parse(text, std::path::Path::new("."), Default::default()).unwrap();
-        Arc::new(Gateway::new(&config, Clock::default()))
+        Arc::new(Gateway::new(&config(1), Clock::default()))
+    }
+
+    /// A service below the cap whose first request is answered only when the
+    /// returned sender is used (or dropped); every later one at once.
+    fn first_held() -> (
+        tokio::sync::oneshot::Sender<()>,
+        impl Service<Request<()>, Response = Response<ProxyBody>, Error = Infallible, Future: Send>
+            + Clone
+            + Send
+            + 'static,
+    ) {
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let released = Arc::new(std::sync::Mutex::new(Some(released)));
+        let below = tower::service_fn(move |_request: Request<()>| {
+            let wait = released.lock().unwrap().take();
+            async move {
+                if let Some(wait) = wait {
+                    let _ = wait.await;
+                }
+                Ok::<_, Infallible>(answer())
+            }
+        });
+        (release, below)
     }
 
     fn client() -> Arc<Client> {
@@ -380,17 +410,7 @@ mod tests {
     async fn past_max_in_flight_a_request_gets_503_at_once_and_an_answered_one_gives_its_place_back(
     ) {
         let gateway = gateway();
-        let (release, released) = tokio::sync::oneshot::channel::<()>();
-        let released = Arc::new(std::sync::Mutex::new(Some(released)));
-        let below = tower::service_fn(move |_request: Request<()>| {
-            let wait = released.lock().unwrap().take();
-            async move {
-                if let Some(wait) = wait {
-                    let _ = wait.await;
-                }
-                Ok::<_, Infallible>(answer())
-            }
-        });
+        let (release, below) = first_held();
         let capped = InFlightLayer::new(gateway.clone(), client()).layer(below);
         let first = tokio::spawn(capped.clone().oneshot(request("GET")));
         while gateway.in_flight() == 0 {
@@ -414,17 +434,7 @@ mod tests {
     #[tokio::test]
     async fn a_reload_changes_max_in_flight_for_the_next_request() {
         let gateway = gateway();
-        let (_release, released) = tokio::sync::oneshot::channel::<()>();
-        let released = Arc::new(std::sync::Mutex::new(Some(released)));
-        let below = tower::service_fn(move |_request: Request<()>| {
-            let wait = released.lock().unwrap().take();
-            async move {
-                if let Some(wait) = wait {
-                    let _ = wait.await;
-                }
-                Ok::<_, Infallible>(answer())
-            }
-        });
+        let (_release, below) = first_held();
         let capped = InFlightLayer::new(gateway.clone(), client()).layer(below);
         let _first = tokio::spawn(capped.clone().oneshot(request("GET")));
         while gateway.in_flight() == 0 {
@@ -432,11 +442,7 @@ mod tests {
         }
         let refused = capped.clone().oneshot(request("GET")).await.unwrap();
         assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let text = "limits.max_in_flight = 2\n\
-                    [[nodes]]\nname = \"web1\"\nurl = \"http://127.0.0.1:1\"\n\
-                    [data]\nname = \"data\"\nurl = \"http://127.0.0.1:3\"\n";
-        let raised = Config::parse(text, std::path::Path::new("."), Default::default()).unwrap();
-        gateway.apply(&raised).unwrap();
+        gateway.apply(&config(2)).unwrap();
         let admitted = capped.oneshot(request("GET")).await.unwrap();
         assert_eq!(
             admitted.status(),
