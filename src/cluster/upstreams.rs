@@ -120,8 +120,8 @@ impl NodeIds {
     /// The id of `name`, assigning the next one on first sight.
     pub fn id(&self, name: &str) -> Result<NodeId, String> {
         let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(index) = names.iter().position(|n| n == name) {
-            return Ok(NodeId::new(index).expect("only ids below the limit are handed out"));
+        if let Some(id) = names.iter().position(|n| n == name).and_then(NodeId::new) {
+            return Ok(id);
         }
         let id = NodeId::new(names.len()).ok_or_else(|| {
             format!(

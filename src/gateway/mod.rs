@@ -301,7 +301,8 @@ impl Gateway {
             }
         }
         self.settings.store(Arc::new(next));
-        (self.max_in_flight).store(config.limits.max_in_flight, Ordering::Relaxed);
+        let max_in_flight = config.limits.max_in_flight;
+        self.max_in_flight.store(max_in_flight, Ordering::Relaxed);
         Ok(())
     }
 
