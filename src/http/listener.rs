@@ -23,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{LimitsConfig, Timeouts};
-use crate::http::stall::WriteStall;
+use crate::http::stall::{Backlog, SocketPacedService, WriteStall};
 use crate::http::streams::Streams;
 
 /// A failing `accept` repeats every 50 ms while its cause lasts (`EMFILE`).
@@ -349,41 +349,78 @@ impl Connection {
         } = self;
         let how = &serving.how;
         let _ = stream.set_nodelay(true);
-        let stream = WriteStall::new(stream, how.write_stall);
+        let backlog = Arc::new(Backlog::default());
+        let stream = WriteStall::new(stream, how.write_stall).pacing(backlog.clone());
         let Some(acceptor) = &how.tls else {
             let io = TokioIo::new(stream);
+            let service = SocketPacedService::new(service, backlog);
             let connection = serving.http1.serve_connection(io, service).with_upgrades();
             return serve_until_closed(connection, closed(closing), peer).await;
         };
-        // The handshake counts against the same deadline as a request head.
-        let accepted = tokio::time::timeout(how.request_headers, acceptor.accept(stream)).await;
-        if !matches!(accepted, Ok(Ok(_))) {
-            if let Some((_, tls_failed)) = &how.counters {
-                tls_failed.inc();
-            }
+        // Boxed: the TLS states (rustls's session, an HTTP/2 connection) would
+        // otherwise sit in every plain connection's task too, 10 KiB of it.
+        let tls = serve_tls(
+            acceptor.clone(),
+            stream,
+            &serving,
+            service,
+            backlog,
+            peer,
+            closing,
+        );
+        Box::pin(tls).await;
+    }
+}
+
+/// Serves a connection over TLS to its end, with the protocol ALPN chose.
+async fn serve_tls<S, B>(
+    acceptor: TlsAcceptor,
+    stream: WriteStall<TcpStream>,
+    serving: &Serving,
+    service: S,
+    backlog: Arc<Backlog>,
+    peer: SocketAddr,
+    closing: tokio::sync::watch::Receiver<bool>,
+) where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let how = &serving.how;
+    // The handshake counts against the same deadline as a request head.
+    let accepted = tokio::time::timeout(how.request_headers, acceptor.accept(stream)).await;
+    if !matches!(accepted, Ok(Ok(_))) {
+        if let Some((_, tls_failed)) = &how.counters {
+            tls_failed.inc();
         }
-        let stream = match accepted {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(error)) => return tracing::debug!(%peer, "TLS handshake failed: {error}"),
-            Err(_) => return tracing::debug!(%peer, "TLS handshake took too long"),
-        };
-        let io = TokioIo::new(stream);
-        if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
-            let streams = Streams::new(how.write_stall);
-            let connection = serving.http2.serve_connection(io, streams.serve(service));
-            let stop = async {
-                tokio::select! {
-                    () = closed(closing) => {}
-                    () = streams.idle(how.request_headers) => {
-                        tracing::debug!(%peer, "HTTP/2 connection idle: closed");
-                    }
+    }
+    let stream = match accepted {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => return tracing::debug!(%peer, "TLS handshake failed: {error}"),
+        Err(_) => return tracing::debug!(%peer, "TLS handshake took too long"),
+    };
+    let io = TokioIo::new(stream);
+    if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+        let streams = Streams::new(how.write_stall);
+        let connection = serving.http2.serve_connection(io, streams.serve(service));
+        let stop = async {
+            tokio::select! {
+                () = closed(closing) => {}
+                () = streams.idle(how.request_headers) => {
+                    tracing::debug!(%peer, "HTTP/2 connection idle: closed");
                 }
-            };
-            serve_until_closed(connection, stop, peer).await;
-        } else {
-            let connection = serving.http1.serve_connection(io, service).with_upgrades();
-            serve_until_closed(connection, closed(closing), peer).await;
-        }
+            }
+        };
+        serve_until_closed(connection, stop, peer).await;
+    } else {
+        let service = SocketPacedService::new(service, backlog);
+        let connection = serving.http1.serve_connection(io, service).with_upgrades();
+        serve_until_closed(connection, closed(closing), peer).await;
     }
 }
 

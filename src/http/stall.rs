@@ -8,15 +8,32 @@
 //! this watches the student's. The timer is armed only while a write is actually
 //! blocked, so a connection whose writes go straight into the socket buffer never
 //! touches the timer wheel.
+//!
+//! The same student costs the gateway memory while they do not read: whatever hyper
+//! has taken of the node's body and not yet written. hyper takes body chunks until
+//! its queue holds its buffer limit (`max_header_bytes` + 8 KiB), which is three of
+//! the node connection's 16 KiB chunks, each a buffer of its own. [`Backlog`] and
+//! [`SocketPaced`] keep it to one: the body hands hyper its next chunk only once the
+//! socket has taken all but [`PACE_AT`] bytes of what came before.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use bytes::Buf;
+use futures_util::task::AtomicWaker;
+use http::Response;
+use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
+
+/// How many body bytes hyper may hold for a student beyond what their socket took
+/// before the body withholds the next chunk: one node chunk.
+pub const PACE_AT: usize = crate::http::pool::NODE_BUFFER;
 
 /// `inner` with a limit on how long one write may stay blocked.
 #[derive(Debug)]
@@ -26,6 +43,8 @@ pub struct WriteStall<S> {
     /// Allocated at the first blocked write and reset after.
     timer: Option<Pin<Box<Sleep>>>,
     blocked: bool,
+    /// What the connection's response bodies gave hyper, counted down by each write.
+    backlog: Option<Arc<Backlog>>,
 }
 
 impl<S> WriteStall<S> {
@@ -36,6 +55,15 @@ impl<S> WriteStall<S> {
             limit,
             timer: None,
             blocked: false,
+            backlog: None,
+        }
+    }
+
+    /// The same, counting what it writes against `backlog`.
+    pub fn pacing(self, backlog: Arc<Backlog>) -> Self {
+        Self {
+            backlog: Some(backlog),
+            ..self
         }
     }
 
@@ -74,6 +102,16 @@ impl<S> WriteStall<S> {
     }
 }
 
+impl<S> WriteStall<S> {
+    fn wrote(&self, outcome: &Poll<io::Result<usize>>) {
+        match (&self.backlog, outcome) {
+            (Some(backlog), Poll::Ready(Ok(written))) => backlog.written(*written),
+            (Some(backlog), Poll::Pending) => backlog.refused(),
+            _ => {}
+        }
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for WriteStall<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -91,6 +129,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteStall<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let outcome = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.wrote(&outcome);
         self.watch(cx, outcome)
     }
 
@@ -100,6 +139,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteStall<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let outcome = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.wrote(&outcome);
         self.watch(cx, outcome)
     }
 
@@ -117,10 +157,165 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteStall<S> {
     }
 }
 
+/// The body bytes of one HTTP/1.1 connection that hyper holds and its socket has
+/// not taken yet, shared by the connection's [`WriteStall`] (which counts writes
+/// down) and its responses' [`SocketPaced`] bodies (which count chunks up). Heads are
+/// written but not counted up, so it errs low.
+///
+/// Paced only until the socket has shown it keeps up: [`PROVEN`] bytes taken since it
+/// last refused a write. A student downloading at full speed then gets hyper's own
+/// batching (three chunks to a `writev`): on loopback one write per chunk cost twice
+/// the CPU per 1 MiB file, almost all of it in the kernel. A new connection starts
+/// paced, so a reader that is slow from its first byte (slowhttptest `-X`) costs one
+/// chunk; one that stalls later keeps what hyper held at that moment (three).
+#[derive(Debug, Default)]
+pub struct Backlog {
+    unwritten: AtomicUsize,
+    /// Bytes the socket took since it last refused a write, up to [`PROVEN`].
+    taken: AtomicUsize,
+    /// The body waiting for the socket to take its share.
+    waiting: AtomicWaker,
+}
+
+/// What a socket must take in a row to be let off pacing.
+pub const PROVEN: usize = 4 * PACE_AT;
+
+impl Backlog {
+    fn gave(&self, bytes: usize) {
+        self.unwritten.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn written(&self, bytes: usize) {
+        if self.taken.load(Ordering::Relaxed) < PROVEN {
+            self.taken.fetch_add(bytes, Ordering::Relaxed);
+        }
+        let before = self
+            .unwritten
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                Some(left.saturating_sub(bytes))
+            })
+            .unwrap_or_default();
+        if before >= PACE_AT && before.saturating_sub(bytes) < PACE_AT {
+            self.waiting.wake();
+        }
+    }
+
+    fn refused(&self) {
+        self.taken.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether the next chunk must wait for the socket.
+    fn full(&self) -> bool {
+        self.unwritten.load(Ordering::Relaxed) >= PACE_AT
+            && self.taken.load(Ordering::Relaxed) < PROVEN
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that hands hyper a chunk only while the student's socket
+    /// keeps up with what it already has (see the module's doc).
+    pub struct SocketPaced<B> {
+        #[pin]
+        inner: B,
+        backlog: Arc<Backlog>,
+    }
+}
+
+impl<B> Body for SocketPaced<B>
+where
+    B: Body,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        if this.backlog.full() {
+            this.backlog.waiting.register(cx.waker());
+            // A write may have taken the bytes between the check and the register.
+            if this.backlog.full() {
+                return Poll::Pending;
+            }
+        }
+        let frame = ready!(this.inner.poll_frame(cx));
+        if let Some(data) = frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()) {
+            this.backlog.gave(data.remaining());
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A connection's service whose responses' bodies are [`SocketPaced`] by its `backlog`.
+#[derive(Clone)]
+pub struct SocketPacedService<S> {
+    inner: S,
+    backlog: Arc<Backlog>,
+}
+
+impl<S> SocketPacedService<S> {
+    /// `inner`, its bodies paced by `backlog`.
+    pub fn new(inner: S, backlog: Arc<Backlog>) -> Self {
+        Self { inner, backlog }
+    }
+}
+
+impl<S, R, B> hyper::service::Service<R> for SocketPacedService<S>
+where
+    S: hyper::service::Service<R, Response = Response<B>>,
+{
+    type Response = Response<SocketPaced<B>>;
+    type Error = S::Error;
+    type Future = SocketPacedResponse<S::Future>;
+
+    fn call(&self, request: R) -> Self::Future {
+        SocketPacedResponse {
+            inner: self.inner.call(request),
+            backlog: Some(self.backlog.clone()),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response of a [`SocketPacedService`], its body paced once it arrives.
+    pub struct SocketPacedResponse<F> {
+        #[pin]
+        inner: F,
+        backlog: Option<Arc<Backlog>>,
+    }
+}
+
+impl<F, B, E> Future for SocketPacedResponse<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<SocketPaced<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = ready!(this.inner.poll(cx))?;
+        let Some(backlog) = this.backlog.take() else {
+            // Polled again after it was ready: a future's contract says nothing more.
+            return Poll::Pending;
+        };
+        Poll::Ready(Ok(response.map(|inner| SocketPaced { inner, backlog })))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test(start_paused = true)]
     async fn a_write_the_reader_never_takes_fails_after_the_limit() {
@@ -155,5 +350,105 @@ mod tests {
         }
         drop(stalled);
         assert!(drain.await.unwrap() >= 50 * 64 - 64);
+    }
+
+    /// Sixteen 16 KiB chunks, ready at once, as a fast node's body is.
+    fn node_body() -> http_body_util::StreamBody<
+        futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<bytes::Bytes>, io::Error>>>,
+    > {
+        let chunks = (0..16)
+            .map(|_| Ok(Frame::data(bytes::Bytes::from(vec![7u8; PACE_AT]))))
+            .collect::<Vec<_>>();
+        http_body_util::StreamBody::new(futures_util::stream::iter(chunks))
+    }
+
+    /// The next frame's data length, or `None` while the body waits.
+    fn poll_len<B: Body<Data = bytes::Bytes> + Unpin>(
+        body: &mut B,
+        cx: &mut Context<'_>,
+    ) -> Option<usize>
+    where
+        B::Error: std::fmt::Debug,
+    {
+        match Pin::new(body).poll_frame(cx) {
+            Poll::Ready(Some(frame)) => Some(frame.unwrap().into_data().unwrap().len()),
+            Poll::Ready(None) => Some(0),
+            Poll::Pending => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_connection_gets_the_next_chunk_only_once_its_socket_took_the_last() {
+        let backlog = Arc::new(Backlog::default());
+        let (writer, mut reader) = tokio::io::duplex(4 * PACE_AT);
+        let mut socket = WriteStall::new(writer, Duration::from_secs(60)).pacing(backlog.clone());
+        let mut body = SocketPaced {
+            inner: node_body(),
+            backlog: backlog.clone(),
+        };
+        let woken = Arc::new(Woken::default());
+        let waker = std::task::Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(poll_len(&mut body, &mut cx), Some(PACE_AT));
+        // hyper asks again before it flushes: the chunk it holds is not out yet.
+        assert_eq!(poll_len(&mut body, &mut cx), None);
+        socket.write_all(&[7u8; PACE_AT - 1]).await.unwrap();
+        assert!(!woken.take(), "woken with a byte still unwritten");
+        socket.write_all(&[7u8; 1]).await.unwrap();
+        assert!(
+            woken.take(),
+            "the body was not woken once the socket took its chunk"
+        );
+        assert_eq!(poll_len(&mut body, &mut cx), Some(PACE_AT));
+        drop(reader.read_buf(&mut Vec::new()));
+    }
+
+    #[tokio::test]
+    async fn a_socket_that_keeps_up_gets_hypers_batching_until_it_refuses_a_write() {
+        let backlog = Arc::new(Backlog::default());
+        let (writer, mut reader) = tokio::io::duplex(PROVEN + PACE_AT);
+        let mut socket = WriteStall::new(writer, Duration::from_secs(60)).pacing(backlog.clone());
+        let mut body = SocketPaced {
+            inner: node_body(),
+            backlog: backlog.clone(),
+        };
+        let waker = std::task::Waker::from(Arc::new(Woken::default()));
+        let mut cx = Context::from_waker(&waker);
+        // The first chunks one at a time, each written before the next is given.
+        for _ in 0..PROVEN / PACE_AT {
+            assert_eq!(poll_len(&mut body, &mut cx), Some(PACE_AT));
+            assert_eq!(poll_len(&mut body, &mut cx), None);
+            socket.write_all(&[7u8; PACE_AT]).await.unwrap();
+        }
+        // Proven: three chunks in a row, as hyper's queue takes them.
+        for _ in 0..3 {
+            assert_eq!(poll_len(&mut body, &mut cx), Some(PACE_AT));
+        }
+        // The socket fills (nobody reads): paced again while it is behind.
+        socket.write_all(&[7u8; PACE_AT]).await.unwrap();
+        let mut refused = std::pin::pin!(socket.write_all(&[7u8; PACE_AT]));
+        let mut noop = Context::from_waker(std::task::Waker::noop());
+        assert!(refused.as_mut().poll(&mut noop).is_pending());
+        assert_eq!(poll_len(&mut body, &mut cx), None);
+        let mut drained = vec![0u8; PROVEN + 2 * PACE_AT];
+        reader.read_exact(&mut drained).await.unwrap();
+        refused.await.unwrap();
+        assert_eq!(poll_len(&mut body, &mut cx), Some(PACE_AT));
+    }
+
+    /// A waker that remembers it was woken.
+    #[derive(Default)]
+    struct Woken(std::sync::atomic::AtomicBool);
+
+    impl Woken {
+        fn take(&self) -> bool {
+            self.0.swap(false, Ordering::Relaxed)
+        }
+    }
+
+    impl std::task::Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::Relaxed);
+        }
     }
 }

@@ -307,7 +307,9 @@ pub struct RequestBody {
     spooled: Option<Spooled>,
     /// Read into memory before the node was contacted, sent next.
     head: Option<Bytes>,
-    rest: Option<Paced>,
+    /// Boxed: the request travels to the node through a channel hyper allocates
+    /// 32 slots of for each node connection (kept ones too), and this is most of it.
+    rest: Option<Box<Paced>>,
     sent: Option<oneshot::Sender<()>>,
     /// Bytes still allowed (`limits.max_body_bytes` minus what passed).
     allowed: u64,
@@ -324,7 +326,7 @@ impl RequestBody {
         Self {
             spooled,
             head,
-            rest: upload.rest,
+            rest: upload.rest.map(Box::new),
             sent,
             allowed: max_bytes.saturating_sub(read),
         }
