@@ -29,6 +29,44 @@ use crate::http::streams::Streams;
 /// A failing `accept` repeats every 50 ms while its cause lasts (`EMFILE`).
 static ACCEPT_FAILED: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(10));
 
+/// What answers a connection's requests: hyper's service, one clone per connection.
+pub(crate) trait Serves<B>:
+    hyper::service::Service<
+        Request<Incoming>,
+        Response = Response<B>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S, B> Serves<B> for S where
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<B>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// A response body hyper can write to a connection.
+pub(crate) trait ResponseBody:
+    http_body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + 'static
+{
+}
+
+impl<B> ResponseBody for B where
+    B: http_body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + 'static
+{
+}
+
 /// How one listener serves its connections.
 #[derive(Clone)]
 pub(crate) struct Listening {
@@ -82,7 +120,8 @@ impl Listening {
 /// their socket is full. At hyper's default (about 400 KiB in up to 16 queued
 /// chunks, each holding on to the node connection's read buffer) a student who
 /// stops reading cost 0.9 MB; with this limit hyper stops taking the node's body
-/// after one chunk, and back-pressure reaches the node.
+/// after three 16 KiB chunks (and [`crate::http::stall::SocketPaced`] after one, on
+/// a connection slow from its start), and back-pressure reaches the node.
 fn http1_buffer(max_header_bytes: usize) -> usize {
     (max_header_bytes + 8 * 1024).max(16 * 1024)
 }
@@ -218,14 +257,8 @@ pub(crate) async fn serve_connections<S, B>(
     shutdown: impl Future<Output = Duration>,
     service_for: impl Fn(SocketAddr, bool) -> S,
 ) where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: Serves<B>,
+    B: ResponseBody,
 {
     let connections = Arc::new(Connections::default());
     let turning_away = Arc::new(tokio::sync::Semaphore::new(TURN_AWAY_AT_ONCE));
@@ -332,14 +365,8 @@ impl Connection {
     /// chose.
     async fn serve<S, B>(self, serving: Arc<Serving>, service: S, place: Open)
     where
-        S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-        B: http_body::Body + Send + 'static,
-        B::Data: Send,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        S: Serves<B>,
+        B: ResponseBody,
     {
         let _place = place;
         let Self {
@@ -382,14 +409,8 @@ async fn serve_tls<S, B>(
     peer: SocketAddr,
     closing: tokio::sync::watch::Receiver<bool>,
 ) where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: Serves<B>,
+    B: ResponseBody,
 {
     let how = &serving.how;
     // The handshake counts against the same deadline as a request head.

@@ -352,10 +352,13 @@ mod tests {
         assert!(drain.await.unwrap() >= 50 * 64 - 64);
     }
 
-    /// Sixteen 16 KiB chunks, ready at once, as a fast node's body is.
-    fn node_body() -> http_body_util::StreamBody<
+    /// A body of chunks that are all ready, as a fast node's.
+    type Ready = http_body_util::StreamBody<
         futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<bytes::Bytes>, io::Error>>>,
-    > {
+    >;
+
+    /// Sixteen 16 KiB chunks, ready at once, as a fast node's body is.
+    fn node_body() -> Ready {
         let chunks = (0..16)
             .map(|_| Ok(Frame::data(bytes::Bytes::from(vec![7u8; PACE_AT]))))
             .collect::<Vec<_>>();

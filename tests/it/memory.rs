@@ -134,7 +134,7 @@ async fn a_gigabyte_offloaded_file_streams_through_in_flat_memory() {
 /// Slow readers this test opens at once.
 const SLOW_READERS: usize = 100;
 /// What the book (docs/src/security.md, "Memory per connection") promises a stalled reader costs, with margin over the measured figure.
-const PER_READER_LIMIT_KIB: u64 = 128;
+const PER_READER_LIMIT_KIB: u64 = 64;
 /// Fixed growth allowed on top: the runtime's per-task state, allocator arenas.
 const FIXED_OVERHEAD_KIB: u64 = 2 * 1024;
 
