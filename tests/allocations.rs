@@ -94,7 +94,10 @@ async fn a_proxied_request_allocates_no_more_than_it_does_today() {
     /// per connection; measured 8 by 2026-12-01. 10 again on 2026-12-02: a GET keeps a
     /// copy of its head (the header map's two vectors) to be sent again if its node
     /// closes before answering (`proxy::replayable`), since hyper cannot hand back a
-    /// request it sent.
+    /// request it sent. 11 on 2026-12-03: the request's future is boxed for the time it
+    /// waits for its response head (`http::stall::SocketPacedResponse`), so that hyper's
+    /// per-connection room for it is a pointer, not 8 KB held by every idle keep-alive
+    /// connection and every stalled reader.
     const CEILING: usize = 11;
 
     let _alone = COUNTING.lock().await;

@@ -14,7 +14,8 @@
 //! its queue holds its buffer limit (`max_header_bytes` + 8 KiB), which is three of
 //! the node connection's 16 KiB chunks, each a buffer of its own. [`Backlog`] and
 //! [`SocketPaced`] keep it to one: the body hands hyper its next chunk only once the
-//! socket has taken all but [`PACE_AT`] bytes of what came before.
+//! socket has taken all of what came before. A chunk the socket took part of still
+//! holds its whole buffer, so waiting for "most of it" would hold two.
 
 use std::future::Future;
 use std::io;
@@ -30,10 +31,6 @@ use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
-
-/// How many body bytes hyper may hold for a student beyond what their socket took
-/// before the body withholds the next chunk: one node chunk.
-pub const PACE_AT: usize = crate::http::pool::NODE_BUFFER;
 
 /// `inner` with a limit on how long one write may stay blocked.
 #[derive(Debug)]
@@ -177,8 +174,8 @@ pub struct Backlog {
     waiting: AtomicWaker,
 }
 
-/// What a socket must take in a row to be let off pacing.
-pub const PROVEN: usize = 4 * PACE_AT;
+/// What a socket must take in a row to be let off pacing: four node chunks.
+pub const PROVEN: usize = 4 * crate::http::pool::NODE_BUFFER;
 
 impl Backlog {
     fn gave(&self, bytes: usize) {
@@ -195,7 +192,7 @@ impl Backlog {
                 Some(left.saturating_sub(bytes))
             })
             .unwrap_or_default();
-        if before >= PACE_AT && before.saturating_sub(bytes) < PACE_AT {
+        if before > 0 && before <= bytes {
             self.waiting.wake();
         }
     }
@@ -206,8 +203,7 @@ impl Backlog {
 
     /// Whether the next chunk must wait for the socket.
     fn full(&self) -> bool {
-        self.unwritten.load(Ordering::Relaxed) >= PACE_AT
-            && self.taken.load(Ordering::Relaxed) < PROVEN
+        self.unwritten.load(Ordering::Relaxed) > 0 && self.taken.load(Ordering::Relaxed) < PROVEN
     }
 }
 
@@ -280,19 +276,21 @@ where
 
     fn call(&self, request: R) -> Self::Future {
         SocketPacedResponse {
-            inner: self.inner.call(request),
+            inner: Box::pin(self.inner.call(request)),
             backlog: Some(self.backlog.clone()),
         }
     }
 }
 
-pin_project_lite::pin_project! {
-    /// The response of a [`SocketPacedService`], its body paced once it arrives.
-    pub struct SocketPacedResponse<F> {
-        #[pin]
-        inner: F,
-        backlog: Option<Arc<Backlog>>,
-    }
+/// The response of a [`SocketPacedService`], its body paced once it arrives.
+///
+/// The request's future is boxed: hyper keeps room for one of these in each HTTP/1
+/// connection for the connection's whole life, idle keep-alive ones and stalled
+/// readers included, and the gateway's stack makes it about 8 KB. Boxed, those bytes
+/// exist only while a request waits for its response head.
+pub struct SocketPacedResponse<F> {
+    inner: Pin<Box<F>>,
+    backlog: Option<Arc<Backlog>>,
 }
 
 impl<F, B, E> Future for SocketPacedResponse<F>
@@ -302,8 +300,8 @@ where
     type Output = Result<Response<SocketPaced<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let response = ready!(this.inner.poll(cx))?;
+        let this = self.get_mut();
+        let response = ready!(this.inner.as_mut().poll(cx))?;
         let Some(backlog) = this.backlog.take() else {
             // Polled again after it was ready: a future's contract says nothing more.
             return Poll::Pending;
@@ -316,6 +314,9 @@ where
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A node connection's chunk, as a fast node's body comes.
+    const CHUNK: usize = crate::http::pool::NODE_BUFFER;
 
     #[tokio::test(start_paused = true)]
     async fn a_write_the_reader_never_takes_fails_after_the_limit() {
@@ -360,7 +361,7 @@ mod tests {
     /// Sixteen 16 KiB chunks, ready at once, as a fast node's body is.
     fn node_body() -> Ready {
         let chunks = (0..16)
-            .map(|_| Ok(Frame::data(bytes::Bytes::from(vec![7u8; PACE_AT]))))
+            .map(|_| Ok(Frame::data(bytes::Bytes::from(vec![7u8; CHUNK]))))
             .collect::<Vec<_>>();
         http_body_util::StreamBody::new(futures_util::stream::iter(chunks))
     }
@@ -383,7 +384,7 @@ mod tests {
     #[tokio::test]
     async fn a_new_connection_gets_its_next_chunk_only_as_its_socket_takes_the_last() {
         let backlog = Arc::new(Backlog::default());
-        let (writer, _reader) = tokio::io::duplex(4 * PACE_AT);
+        let (writer, _reader) = tokio::io::duplex(4 * CHUNK);
         let mut socket = WriteStall::new(writer, Duration::from_secs(60)).pacing(backlog.clone());
         let mut body = SocketPaced {
             inner: node_body(),
@@ -392,23 +393,26 @@ mod tests {
         let woken = Arc::new(Woken::default());
         let waker = std::task::Waker::from(woken.clone());
         let mut cx = Context::from_waker(&waker);
-        assert_eq!(poll_len(&mut body, &mut cx), Some(PACE_AT));
+        assert_eq!(poll_len(&mut body, &mut cx), Some(CHUNK));
         // hyper asks again before it flushes: the chunk it holds is not out yet.
         assert_eq!(poll_len(&mut body, &mut cx), None);
         assert!(!woken.take(), "woken before the socket took anything");
-        // The socket takes a byte: hyper holds less than a chunk of it now.
+        // The socket takes all but a byte: hyper still holds the chunk's buffer.
+        socket.write_all(&[7u8; CHUNK - 1]).await.unwrap();
+        assert!(!woken.take(), "woken while hyper still holds the chunk");
+        assert_eq!(poll_len(&mut body, &mut cx), None);
         socket.write_all(&[7u8; 1]).await.unwrap();
         assert!(
             woken.take(),
-            "the body was not woken once the socket took its share"
+            "the body was not woken once the socket took the chunk"
         );
-        assert_eq!(poll_len(&mut body, &mut cx), Some(PACE_AT));
+        assert_eq!(poll_len(&mut body, &mut cx), Some(CHUNK));
     }
 
     #[tokio::test]
     async fn a_socket_that_keeps_up_gets_hypers_batching_until_it_refuses_a_write() {
         let backlog = Arc::new(Backlog::default());
-        let (writer, mut reader) = tokio::io::duplex(PROVEN + PACE_AT);
+        let (writer, mut reader) = tokio::io::duplex(PROVEN + CHUNK);
         let mut socket = WriteStall::new(writer, Duration::from_secs(60)).pacing(backlog.clone());
         let mut body = SocketPaced {
             inner: node_body(),
@@ -417,22 +421,22 @@ mod tests {
         let waker = std::task::Waker::from(Arc::new(Woken::default()));
         let mut cx = Context::from_waker(&waker);
         // The first chunks one at a time, each written before the next is given.
-        for _ in 0..PROVEN / PACE_AT {
-            assert_eq!(poll_len(&mut body, &mut cx), Some(PACE_AT));
+        for _ in 0..PROVEN / CHUNK {
+            assert_eq!(poll_len(&mut body, &mut cx), Some(CHUNK));
             assert_eq!(poll_len(&mut body, &mut cx), None);
-            socket.write_all(&[7u8; PACE_AT]).await.unwrap();
+            socket.write_all(&[7u8; CHUNK]).await.unwrap();
         }
         // Proven: three chunks in a row, as hyper's queue takes them.
         for _ in 0..3 {
-            assert_eq!(poll_len(&mut body, &mut cx), Some(PACE_AT));
+            assert_eq!(poll_len(&mut body, &mut cx), Some(CHUNK));
         }
         // The socket fills (nobody reads): paced again while it is behind.
-        socket.write_all(&[7u8; PACE_AT]).await.unwrap();
-        let mut refused = std::pin::pin!(socket.write_all(&[7u8; PACE_AT]));
+        socket.write_all(&[7u8; CHUNK]).await.unwrap();
+        let mut refused = std::pin::pin!(socket.write_all(&[7u8; CHUNK]));
         let mut noop = Context::from_waker(std::task::Waker::noop());
         assert!(refused.as_mut().poll(&mut noop).is_pending());
         assert_eq!(poll_len(&mut body, &mut cx), None);
-        let mut drained = vec![0u8; PROVEN + PACE_AT];
+        let mut drained = vec![0u8; PROVEN + CHUNK];
         reader.read_exact(&mut drained).await.unwrap();
         refused.await.unwrap();
         assert_eq!(
@@ -440,8 +444,8 @@ mod tests {
             None,
             "given while a chunk behind"
         );
-        socket.write_all(&[7u8; PACE_AT]).await.unwrap();
-        assert_eq!(poll_len(&mut body, &mut cx), Some(PACE_AT));
+        socket.write_all(&[7u8; CHUNK]).await.unwrap();
+        assert_eq!(poll_len(&mut body, &mut cx), Some(CHUNK));
     }
 
     /// A waker that remembers it was woken.

@@ -301,15 +301,22 @@ impl Body for Paced {
 /// full. The response-header timeout starts only then: PHP reads a whole upload
 /// before the script runs, so a 300 MB SCORM package that takes two minutes to
 /// arrive must not be cut off by a 60 s wait for the answer.
+///
+/// One pointer wide: the request travels to the node through a channel hyper
+/// allocates 32 slots of for each node connection (kept ones too), so every byte
+/// here is held 32 times by every connection. A request without a body (most of
+/// them) and nothing to signal allocates nothing.
 #[derive(Debug)]
-pub struct RequestBody {
+pub struct RequestBody(Option<Box<Sending>>);
+
+#[derive(Debug)]
+struct Sending {
     /// Read onto disk before the node was contacted, sent first.
     spooled: Option<Spooled>,
     /// Read into memory before the node was contacted, sent next.
     head: Option<Bytes>,
-    /// Boxed: the request travels to the node through a channel hyper allocates
-    /// 32 slots of for each node connection (kept ones too), and this is most of it.
-    rest: Option<Box<Paced>>,
+    /// Still arriving from the student.
+    rest: Option<Paced>,
     sent: Option<oneshot::Sender<()>>,
     /// Bytes still allowed (`limits.max_body_bytes` minus what passed).
     allowed: u64,
@@ -321,44 +328,40 @@ impl RequestBody {
     pub fn new(upload: Upload, max_bytes: u64, sent: Option<oneshot::Sender<()>>) -> Self {
         let head = upload.head.filter(|head| !head.is_empty());
         let spooled = upload.spooled.filter(|spooled| !spooled.is_empty());
+        if head.is_none() && spooled.is_none() && upload.rest.is_none() && sent.is_none() {
+            return Self(None);
+        }
         let read = head.as_ref().map_or(0, |head| head.len() as u64)
             + spooled.as_ref().map_or(0, Spooled::len);
-        Self {
+        Self(Some(Box::new(Sending {
             spooled,
             head,
-            rest: upload.rest.map(Box::new),
+            rest: upload.rest,
             sent,
             allowed: max_bytes.saturating_sub(read),
-        }
+        })))
     }
+}
 
+impl Sending {
     fn finished(&mut self) {
         if let Some(sent) = self.sent.take() {
             let _ = sent.send(());
         }
     }
-}
 
-impl Body for RequestBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = &mut *self;
-        let frame = match this.spooled.as_mut().filter(|s| !s.is_end_stream()) {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let frame = match self.spooled.as_mut().filter(|s| !s.is_end_stream()) {
             Some(spooled) => Pin::new(spooled).poll_frame(cx),
-            None => match (this.head.take(), this.rest.as_mut()) {
+            None => match (self.head.take(), self.rest.as_mut()) {
                 (Some(head), _) => Poll::Ready(Some(Ok(Frame::data(head)))),
                 (None, None) => Poll::Ready(None),
                 (None, Some(rest)) => match Pin::new(rest).poll_frame(cx) {
                     Poll::Ready(Some(Ok(data))) => {
                         let len = data.data_ref().map_or(0, |d| d.len() as u64);
-                        match this.allowed.checked_sub(len) {
+                        match self.allowed.checked_sub(len) {
                             Some(left) => {
-                                this.allowed = left;
+                                self.allowed = left;
                                 Poll::Ready(Some(Ok(data)))
                             }
                             // Chunked bodies have no length to check up front: cut here.
@@ -396,5 +399,32 @@ impl Body for RequestBody {
             sum.set_upper(upper + read);
         }
         sum
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        match &mut self.0 {
+            Some(sending) => sending.poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|sending| sending.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0
+            .as_ref()
+            .map_or(SizeHint::with_exact(0), |sending| sending.size_hint())
     }
 }
