@@ -121,7 +121,7 @@ impl Listening {
 /// chunks, each holding on to the node connection's read buffer) a student who
 /// stops reading cost 0.9 MB; with this limit hyper stops taking the node's body
 /// after three 16 KiB chunks (and [`crate::http::stall::SocketPaced`] after one, on
-/// a connection slow from its start), and back-pressure reaches the node.
+/// a connection that has not yet shown it keeps up), and back-pressure reaches the node.
 fn http1_buffer(max_header_bytes: usize) -> usize {
     (max_header_bytes + 8 * 1024).max(16 * 1024)
 }
