@@ -9,10 +9,11 @@
 #
 # nginx runs with its stock proxy buffers (proxy_buffer_size 4k, proxy_buffers 8 4k:
 # ANCHOR_BUF_KB=4) and no temporary files, as a hardened nginx proxy would; HAProxy
-# with tune.bufsize of the same 4 KiB. Knobs: READERS [200], ANCHOR_BUF_KB [4];
+# with tune.bufsize of the same 4 KiB. Knobs: READERS [400: the more readers, the
+# less the allocator's own free pages weigh in each one's share], ANCHOR_BUF_KB [4];
 # GATEWAY_CMD runs the gateway under a profiler (valgrind --tool=dhat, say).
 set -uo pipefail
-BIN=$(realpath "$1"); READERS=${READERS:-200}
+BIN=$(realpath "$1"); READERS=${READERS:-400}
 export BENCH_PORT_BASE=${BENCH_PORT_BASE:-18700} PROXY_THREADS=1 ANCHOR_BUF_KB=${ANCHOR_BUF_KB:-4}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/stack.sh"
