@@ -197,6 +197,14 @@ impl Backlog {
         }
     }
 
+    /// A new response starts: whatever the last one left counted is forgotten. hyper
+    /// cuts a body that runs past its `Content-Length` and never writes the rest, and
+    /// such a count would otherwise hold back every later response on the connection.
+    /// Forgetting errs low, as the heads do: at worst one chunk more is held.
+    fn next_response(&self) {
+        self.unwritten.store(0, Ordering::Relaxed);
+    }
+
     fn refused(&self) {
         self.taken.store(0, Ordering::Relaxed);
     }
@@ -306,6 +314,7 @@ where
             // Polled again after it was ready: a future's contract says nothing more.
             return Poll::Pending;
         };
+        backlog.next_response();
         Poll::Ready(Ok(response.map(|inner| SocketPaced { inner, backlog })))
     }
 }
@@ -446,6 +455,43 @@ mod tests {
         );
         socket.write_all(&[7u8; CHUNK]).await.unwrap();
         assert_eq!(poll_len(&mut body, &mut cx), Some(CHUNK));
+    }
+
+    #[tokio::test]
+    async fn bytes_hyper_never_wrote_do_not_hold_back_the_next_response() {
+        let backlog = Arc::new(Backlog::default());
+        let service = SocketPacedService::new(
+            hyper::service::service_fn(
+                |_: http::Request<http_body_util::Empty<bytes::Bytes>>| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(node_body()))
+                },
+            ),
+            backlog.clone(),
+        );
+        let waker = std::task::Waker::from(Arc::new(Woken::default()));
+        let mut cx = Context::from_waker(&waker);
+        let mut first = hyper::service::Service::call(
+            &service,
+            http::Request::new(http_body_util::Empty::new()),
+        )
+        .await
+        .unwrap()
+        .into_body();
+        assert_eq!(poll_len(&mut first, &mut cx), Some(CHUNK));
+        // hyper cut that body (it ran past its length): the chunk is never written.
+        drop(first);
+        let mut next = hyper::service::Service::call(
+            &service,
+            http::Request::new(http_body_util::Empty::new()),
+        )
+        .await
+        .unwrap()
+        .into_body();
+        assert_eq!(
+            poll_len(&mut next, &mut cx),
+            Some(CHUNK),
+            "the next response waits for bytes nobody will write"
+        );
     }
 
     /// A waker that remembers it was woken.
