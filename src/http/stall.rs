@@ -15,7 +15,9 @@
 //! the node connection's 16 KiB chunks, each a buffer of its own. [`Backlog`] and
 //! [`SocketPaced`] keep it to one: the body hands hyper its next chunk only once the
 //! socket has taken all of what came before. A chunk the socket took part of still
-//! holds its whole buffer, so waiting for "most of it" would hold two.
+//! holds its whole buffer, so waiting for "most of it" would hold two. (Heads and
+//! chunk framing are counted as body when written, so a reader who stalls within
+//! those few hundred bytes of a chunk's end holds two all the same.)
 
 use std::future::Future;
 use std::io;
