@@ -326,11 +326,11 @@ impl RequestBody {
     /// Sends `upload`, at most `max_bytes` of it; `sent` fires once it has gone out
     /// in full (or failed).
     pub fn new(upload: Upload, max_bytes: u64, sent: Option<oneshot::Sender<()>>) -> Self {
-        let head = upload.head.filter(|head| !head.is_empty());
-        let spooled = upload.spooled.filter(|spooled| !spooled.is_empty());
-        if head.is_none() && spooled.is_none() && upload.rest.is_none() && sent.is_none() {
+        if upload.is_empty() && sent.is_none() {
             return Self(None);
         }
+        let head = upload.head.filter(|head| !head.is_empty());
+        let spooled = upload.spooled.filter(|spooled| !spooled.is_empty());
         let read = head.as_ref().map_or(0, |head| head.len() as u64)
             + spooled.as_ref().map_or(0, Spooled::len);
         Self(Some(Box::new(Sending {
