@@ -10,6 +10,7 @@
 
 pub mod asset_cache;
 pub mod body;
+pub mod client;
 pub mod edge;
 pub mod fault;
 pub mod listener;

@@ -3,19 +3,19 @@
 //! Why not hyper-util's pooled client: it runs every upstream connection as a task of
 //! its own, so a proxied request is handed to that task through a channel, its
 //! response comes back through another, and three tasks wake for one exchange. Here
-//! the request's own task drives the connection: while it waits for the response
-//! head ([`Lease::send`]) and inside the response body while that streams to the
-//! student ([`NodeBody`]). An idle connection is a plain value in its upstream's
-//! [`Conns`] list that nobody polls.
+//! the request's own task drives the connection ([`crate::http::client`]): while it
+//! waits for the response head ([`Lease::send`]) and inside the response body while
+//! that streams to the student ([`NodeBody`]). An idle connection is a plain value in
+//! its upstream's [`Conns`] list that nobody polls.
 //!
-//! An idle connection the node closed is found when it is taken: it is polled once
-//! (hyper then reads the node's FIN) and dropped if it ended. A request that a
-//! reused connection could not even start to send (the node closed it in that very
-//! moment) is sent again on another connection: hyper hands such a request back
-//! untouched, so nothing can reach a node twice.
+//! An idle connection the node closed is found when it is taken: the reactor says
+//! whether its socket has anything to report, and one read tells whether that is a
+//! FIN. A request that a reused connection could not even start to send (the node
+//! closed it in that very moment) is sent again on another connection: it comes
+//! back untouched, so nothing can reach a node twice.
 
 use std::collections::VecDeque;
-use std::future::{poll_fn, Future};
+use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,11 +27,11 @@ use http::uri::Authority;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{Connection, SendRequest};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::http::body::BoxError;
+use crate::http::client::{ClientError, Connection};
 use crate::http::fault::ConnectFault;
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
@@ -41,14 +41,6 @@ use crate::http::upload::RequestBody;
 /// a PHP node rarely has more workers than this, and every kept connection holds
 /// one of the node's (nginx or Apache) keep-alive slots.
 pub const MAX_IDLE: usize = 256;
-
-/// hyper's buffer limit for a connection to a node (see [`Pool::lease`]).
-pub const NODE_BUFFER: usize = 16 * 1024;
-
-/// A connection to a node: its writes may stay blocked at most `body_idle` (see
-/// [`WriteStall`]: a node that accepted an upload but stopped reading would
-/// otherwise hold the request for ever).
-pub type NodeIo = TokioIo<WriteStall<TcpStream>>;
 
 /// How connections to the upstreams are opened and how long they may idle, fixed
 /// at start (`timeouts.connect`, `upstream_idle` and `body_idle`).
@@ -90,19 +82,9 @@ impl Pool {
             .map_err(|_| ConnectError::TimedOut)?
             .map_err(ConnectError::Io)?;
         stream.set_nodelay(true).map_err(ConnectError::Io)?;
-        let io = TokioIo::new(WriteStall::new(stream, self.stall));
-        let (sender, conn) = hyper::client::conn::http1::Builder::new()
-            // The read buffer a response body is cut from: with hyper's default
-            // (growing to about 400 KiB on a fast node) every chunk waiting for a
-            // slow student holds on to a large one. 16 KiB is also the largest
-            // response head a node may send: twice nginx's and Apache's default.
-            .max_buf_size(NODE_BUFFER)
-            .handshake(io)
-            .await
-            .map_err(|e| ConnectError::Io(io::Error::other(e)))?;
+        let conn = Box::new(Connection::new(WriteStall::new(stream, self.stall)));
         let lease = Lease {
-            sender,
-            conn: Some(Box::new(conn)),
+            conn,
             home: conns.clone(),
         };
         Ok((lease, false))
@@ -154,12 +136,12 @@ impl std::fmt::Debug for Conns {
     }
 }
 
-/// hyper's connection state (buffers, parser) is about 700 bytes: boxed once per
-/// connection, so that a lease moves through the request's futures as a pointer.
-type Conn = Box<Connection<NodeIo, RequestBody>>;
+/// A connection's state (socket, framing, the queued request) is a few hundred
+/// bytes: boxed once per connection, so that a lease moves through the request's
+/// futures as a pointer.
+type Conn = Box<Connection>;
 
 struct Idle {
-    sender: SendRequest<RequestBody>,
     conn: Conn,
     since: Instant,
 }
@@ -191,18 +173,13 @@ impl Conns {
                 drop((idle, expired));
                 return None;
             }
-            // Lets hyper read a FIN (or stray bytes) that arrived while it idled, and
-            // finish the bookkeeping of the previous exchange.
-            if Pin::new(&mut idle.conn).poll(&mut noop).is_ready() {
+            if idle.conn.poll_unusable(&mut noop) {
                 continue;
             }
-            if let Poll::Ready(Ok(())) = idle.sender.poll_ready(&mut noop) {
-                return Some(Lease {
-                    sender: idle.sender,
-                    conn: Some(idle.conn),
-                    home: self.clone(),
-                });
-            }
+            return Some(Lease {
+                conn: idle.conn,
+                home: self.clone(),
+            });
         }
     }
 
@@ -215,7 +192,7 @@ impl Conns {
         let mut kept: VecDeque<Idle> = all
             .into_iter()
             .filter_map(|mut idle| {
-                let open = Pin::new(&mut idle.conn).poll(&mut noop).is_pending();
+                let open = !idle.conn.poll_unusable(&mut noop);
                 (open && idle.since.elapsed() <= limit).then_some(idle)
             })
             .collect();
@@ -226,9 +203,8 @@ impl Conns {
         list.len()
     }
 
-    fn put(&self, sender: SendRequest<RequestBody>, conn: Conn) {
+    fn put(&self, conn: Conn) {
         let idle = Idle {
-            sender,
             conn,
             since: Instant::now(),
         };
@@ -243,76 +219,62 @@ impl Conns {
 /// A connection in use by one request, back to its upstream's list once the response
 /// has been read in full (see [`NodeBody`]); dropped, and so closed, otherwise.
 pub struct Lease {
-    sender: SendRequest<RequestBody>,
-    /// `None` once the connection future finished (the node closed it, or it
-    /// failed). It is dropped at once: only then does hyper hand back a request
-    /// queued on it, or fail one waiting for an answer.
-    conn: Option<Conn>,
+    conn: Conn,
     home: Arc<Conns>,
 }
 
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lease")
-            .field("ended", &self.ended())
-            .finish()
+        f.debug_struct("Lease").field("conn", &self.conn).finish()
     }
 }
 
-/// A request that could not be sent, with the request when none of it left.
-pub type SendError = hyper::client::conn::TrySendError<Request<RequestBody>>;
+/// A request that failed, with the request itself when none of it left.
+#[derive(Debug)]
+pub struct SendError {
+    /// What went wrong.
+    pub error: ClientError,
+    /// The request, untouched, when the connection was found closed before any of
+    /// it was written.
+    pub unsent: Option<Request<RequestBody>>,
+}
 
 impl Lease {
     /// Sends `request` and waits for the response head, driving the connection
-    /// (and with it the upload) meanwhile.
+    /// (and with it the upload) meanwhile. `reused` says the connection has idled
+    /// since it was opened: it is checked once more before anything is written.
     pub async fn send(
-        &mut self,
+        mut self,
         request: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, SendError> {
-        // A fresh connection becomes ready at its first poll.
-        let ready = poll_fn(|cx| {
-            self.drive(cx);
-            self.sender.poll_ready(cx)
-        })
-        .await;
-        if ready.is_err() {
-            // Closed: hyper hands the request back untouched.
-            return self.sender.try_send_request(request).await;
+        reused: bool,
+    ) -> Result<Response<NodeBody>, SendError> {
+        if reused && poll_fn(|cx| Poll::Ready(self.conn.poll_unusable(cx))).await {
+            return Err(SendError {
+                error: ClientError::ClosedBeforeAnswer,
+                unsent: Some(request),
+            });
         }
-        let mut answer = std::pin::pin!(self.sender.try_send_request(request));
-        poll_fn(|cx| {
-            if let Poll::Ready(answer) = answer.as_mut().poll(cx) {
-                return Poll::Ready(answer);
-            }
-            self.drive(cx);
-            answer.as_mut().poll(cx)
-        })
-        .await
-    }
-
-    /// Polls the connection: hyper writes what is queued and reads what arrived.
-    fn drive(&mut self, cx: &mut Context<'_>) {
-        if let Some(conn) = &mut self.conn {
-            if Pin::new(conn).poll(cx).is_ready() {
-                self.conn = None;
-            }
+        let sending = self.conn.start(request);
+        let head = match sending {
+            Ok(()) => poll_fn(|cx| self.conn.poll_head(cx)).await,
+            Err(error) => Err(error),
+        };
+        match head {
+            Ok(head) => Ok(head.map(|()| NodeBody::leased(self))),
+            Err(error) => Err(SendError {
+                error,
+                unsent: None,
+            }),
         }
     }
 
-    fn ended(&self) -> bool {
-        self.conn.is_none()
-    }
-
-    /// Returns the connection to its upstream's list if it is idle and open. hyper
-    /// marks it ready in the poll that finishes an exchange, so a connection still
-    /// sending an upload the node answered early (a 413 before the end of the
-    /// body) is not ready, and is dropped rather than kept with the student's
-    /// upload stuck in it.
-    fn release(self) {
-        if let Some(conn) = self.conn {
-            if self.sender.is_ready() {
-                self.home.put(self.sender, conn);
-            }
+    /// Returns the connection to its upstream's list if the exchange left it clean
+    /// (see [`Connection::finish`]): a connection still sending an upload the node
+    /// answered early (a 413 before the end of the body) is dropped rather than
+    /// kept with the student's upload stuck in it.
+    fn release(mut self) {
+        if self.conn.finish() {
+            self.home.put(self.conn);
         }
     }
 }
@@ -322,13 +284,19 @@ impl Lease {
 /// dropped before its end (the student left) drops the connection with it: a
 /// half-read response cannot be reused.
 pub struct NodeBody {
-    incoming: Incoming,
-    lease: Option<Lease>,
-    /// The body said it ended (a chunked one never reports `is_end_stream`).
-    done: bool,
+    source: Source,
     /// The node's slot this exchange holds (a cap per node): let go the moment the
     /// body ends, because the PHP worker is free then, or when it is dropped.
     held: Option<Arc<dyn Held>>,
+}
+
+enum Source {
+    /// Read over a pooled connection, `None` once that has gone back or failed;
+    /// with the error that ended it, held back for one poll so that hyper writes
+    /// out what it already has first.
+    Leased(Option<Lease>, Option<ClientError>),
+    /// hyper's, from a connection something else drives (an upgrade's).
+    Detached(Incoming),
 }
 
 /// Something a request holds of its node while the node works for it, such as a
@@ -342,31 +310,31 @@ pub trait Held: Send + Sync {
 
 impl std::fmt::Debug for NodeBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeBody")
-            .field("lease", &self.lease)
-            .field("done", &self.done)
-            .field("held", &self.held.is_some())
-            .finish()
+        let mut debug = f.debug_struct("NodeBody");
+        match &self.source {
+            Source::Leased(lease, failed) => debug.field("lease", lease).field("failed", failed),
+            Source::Detached(_) => debug.field("detached", &true),
+        };
+        debug.field("held", &self.held.is_some()).finish()
     }
 }
 
 impl NodeBody {
-    /// `incoming`, read over `lease`.
-    pub fn leased(incoming: Incoming, lease: Lease) -> Self {
-        Self {
-            incoming,
-            lease: Some(lease),
-            done: false,
+    /// The body of the answer just read over `lease`.
+    fn leased(lease: Lease) -> Self {
+        let mut body = Self {
+            source: Source::Leased(Some(lease), None),
             held: None,
-        }
+        };
+        // An answer without a body frees its connection at once.
+        body.release_if_done();
+        body
     }
 
     /// `incoming` from a connection something else drives (an upgrade's).
     pub fn detached(incoming: Incoming) -> Self {
         Self {
-            incoming,
-            lease: None,
-            done: false,
+            source: Source::Detached(incoming),
             held: None,
         }
     }
@@ -381,57 +349,101 @@ impl NodeBody {
             held.release();
         }
     }
+
+    /// Gives the connection back once the whole answer has been read; says
+    /// whether the answer has been.
+    fn release_if_done(&mut self) -> bool {
+        let Source::Leased(lease, _) = &mut self.source else {
+            return false;
+        };
+        match lease.take_if(|lease| lease.conn.is_done()) {
+            Some(lease) => {
+                lease.release();
+                true
+            }
+            None => lease.is_none(),
+        }
+    }
 }
 
 impl Body for NodeBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        let mut frame = Pin::new(&mut this.incoming).poll_frame(cx);
-        if frame.is_pending() {
-            // The body just asked hyper for more: let the connection read it.
-            if let Some(lease) = &mut this.lease {
-                let ended = lease.ended();
-                lease.drive(cx);
-                if lease.ended() && !ended {
-                    // The node closed or failed mid-body. Let hyper flush what it
-                    // already has before it sees the error and aborts: the student
-                    // gets every byte that arrived, on a connection that is then cut.
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
+        let frame = match &mut this.source {
+            Source::Detached(incoming) => match Pin::new(incoming).poll_frame(cx) {
+                Poll::Ready(frame) => frame.map(|frame| frame.map_err(Into::into)),
+                Poll::Pending => return Poll::Pending,
+            },
+            Source::Leased(None, _) => None,
+            Source::Leased(Some(lease), failed) => match failed.take() {
+                Some(error) => Some(Err(Box::new(error) as BoxError)),
+                None => match lease.conn.poll_data(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Some(Ok(data))) => Some(Ok(Frame::data(data))),
+                    Poll::Ready(None) => None,
+                    Poll::Ready(Some(Err(error))) => {
+                        // The node closed or failed mid-body. Let hyper flush what
+                        // it already has before it sees the error and aborts: the
+                        // student gets every byte that arrived, on a connection
+                        // that is then cut.
+                        *failed = Some(error);
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                },
+            },
+        };
+        match &frame {
+            Some(Err(_)) => {
+                if let Source::Leased(lease, _) = &mut this.source {
+                    drop(lease.take());
                 }
-                frame = Pin::new(&mut this.incoming).poll_frame(cx);
+            }
+            // The last piece of a sized body ends it too: the PHP worker and the
+            // connection are free before hyper asks again.
+            Some(Ok(_)) => {
+                if this.release_if_done() {
+                    this.let_go();
+                }
+            }
+            None => {
+                this.release_if_done();
+                this.let_go();
             }
         }
-        if let Poll::Ready(None) = frame {
-            this.done = true;
-            this.let_go();
-        }
-        frame
+        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.incoming.is_end_stream()
+        match &self.source {
+            Source::Detached(incoming) => incoming.is_end_stream(),
+            Source::Leased(None, _) => true,
+            Source::Leased(Some(lease), _) => lease.conn.is_done(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.incoming.size_hint()
+        match &self.source {
+            Source::Detached(incoming) => incoming.size_hint(),
+            Source::Leased(None, _) => SizeHint::with_exact(0),
+            Source::Leased(Some(lease), _) => match lease.conn.remaining() {
+                Some(left) => SizeHint::with_exact(left),
+                None => SizeHint::default(),
+            },
+        }
     }
 }
 
 impl Drop for NodeBody {
     fn drop(&mut self) {
         self.let_go();
-        if self.done || self.incoming.is_end_stream() {
-            if let Some(lease) = self.lease.take() {
-                lease.release();
-            }
-        }
+        self.release_if_done();
     }
 }
 
@@ -453,17 +465,6 @@ mod tests {
         (authority, streams)
     }
 
-    /// `lease` once hyper says it takes a request, as after a finished exchange.
-    async fn ready(mut lease: Lease) -> Lease {
-        poll_fn(|cx| {
-            lease.drive(cx);
-            lease.sender.poll_ready(cx)
-        })
-        .await
-        .unwrap();
-        lease
-    }
-
     fn pool() -> Pool {
         let second = Duration::from_secs(1);
         Pool::new(second, Duration::from_secs(60), second)
@@ -475,8 +476,8 @@ mod tests {
         let conns = Arc::new(Conns::default());
         let (one, _) = pool().lease(&authority, &conns).await.unwrap();
         let (two, _) = pool().lease(&authority, &conns).await.unwrap();
-        ready(one).await.release();
-        ready(two).await.release();
+        one.release();
+        two.release();
         let (first, _second) = (streams.recv().await.unwrap(), streams.recv().await.unwrap());
         assert_eq!(conns.prune(Duration::from_secs(60)), 2);
 
@@ -508,8 +509,8 @@ mod tests {
     async fn a_kept_connection_closed_as_it_is_taken_hands_the_request_back() {
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
-        let (mut lease, _) = pool().lease(&authority, &conns).await.unwrap();
-        let answered = lease.send(get());
+        let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
+        let answered = lease.send(get(), false);
         let node_side = async {
             let mut stream = streams.recv().await.unwrap();
             let mut head = [0u8; 1024];
@@ -521,21 +522,18 @@ mod tests {
             stream
         };
         let (response, stream) = tokio::join!(answered, node_side);
-        let body = NodeBody::leased(response.unwrap().into_body(), lease);
+        let body = response.unwrap().into_body();
         http_body_util::BodyExt::collect(body).await.unwrap();
         assert_eq!(conns.len(), 1, "the connection was kept");
 
-        let (mut lease, reused) = pool().lease(&authority, &conns).await.unwrap();
+        let (lease, reused) = pool().lease(&authority, &conns).await.unwrap();
         assert!(reused);
         drop(stream);
         // Lets the node's FIN arrive before the request is sent.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let sent = tokio::time::timeout(Duration::from_secs(10), lease.send(get())).await;
-        let mut failed = sent.expect("the request hung").unwrap_err();
-        assert!(
-            failed.take_message().is_some(),
-            "the request was not handed back"
-        );
+        let sent = tokio::time::timeout(Duration::from_secs(10), lease.send(get(), true)).await;
+        let failed = sent.expect("the request hung").unwrap_err();
+        assert!(failed.unsent.is_some(), "the request was not handed back");
     }
 
     #[tokio::test]
@@ -543,7 +541,7 @@ mod tests {
         let (authority, _streams) = node().await;
         let conns = Arc::new(Conns::default());
         let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
-        ready(lease).await.release();
+        lease.release();
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(conns.prune(Duration::from_millis(1)), 0);
         assert!(conns.is_empty());

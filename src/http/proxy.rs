@@ -1,8 +1,9 @@
 //! Forwarding one request to one upstream: URI rewrite, header hygiene, the pooled
 //! client, streaming bodies both ways, and mapping upstream failures to statuses.
 //!
-//! Bodies are never collected: the client's body is handed to hyper as the upstream
-//! request body and the upstream's body is handed back as the response body, so a
+//! Bodies are never collected: the client's body is handed to the node connection
+//! ([`crate::http::client`]) as the upstream request body and the upstream's body is
+//! handed back as the response body, so a
 //! 1 GiB SCORM package or upload moves through a few 16 KiB buffers at a time and
 //! back-pressure flows from the slow side to the fast one.
 
@@ -19,9 +20,10 @@ use crate::error::GatewayError;
 use crate::http::body::{
     is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, UploadTooLong, UploadTooSlow,
 };
+use crate::http::client::ClientError;
 use crate::http::fault::ConnectFault;
 use crate::http::offload;
-use crate::http::pool::{ConnectError, Conns, NodeBody, Pool};
+use crate::http::pool::{ConnectError, Conns, Pool, SendError};
 use crate::http::spool::Spool;
 use crate::http::upload::{RequestBody, Upload};
 
@@ -175,25 +177,6 @@ fn replayable(request: &Request<Upload>) -> Option<Request<Upload>> {
     Some(copy)
 }
 
-/// Whether the node closed (or reset) the connection before its answer's head was
-/// complete: nothing of the answer reached the student, and a node that answers
-/// nothing did nothing that a repeated GET would do twice.
-fn closed_without_answer(error: &hyper::Error) -> bool {
-    if error.is_incomplete_message() {
-        return true;
-    }
-    let io = std::error::Error::source(error).and_then(|e| e.downcast_ref::<std::io::Error>());
-    io.is_some_and(|e| {
-        matches!(
-            e.kind(),
-            std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::BrokenPipe
-                | std::io::ErrorKind::UnexpectedEof
-        )
-    })
-}
-
 /// The upstream a request goes to, as this wing sees one: the name the logs call
 /// it by (an operator knows `web3`, not `10.0.0.13:80`), its address, and its
 /// kept connections.
@@ -275,25 +258,27 @@ pub async fn forward(
     let exchange = async {
         let mut leased = Some(first);
         loop {
-            let (mut lease, reused) = match leased.take() {
+            let (lease, reused) = match leased.take() {
                 Some(lease) => lease,
                 None => pool
                     .lease(authority, conns)
                     .await
                     .map_err(|error| (connect_failed(name, &error).error(), false))?,
             };
-            match lease.send(request).await {
-                Ok(response) => return Ok(response.map(|body| NodeBody::leased(body, lease))),
-                Err(mut failed) => match failed.take_message() {
-                    // The node closed a kept connection as it was taken: nothing was
-                    // sent, so another connection carries the request. Each failed
-                    // kept one is dropped, and a new one is never retried.
-                    Some(unsent) if reused => request = unsent,
-                    _ => {
-                        let silent = closed_without_answer(failed.error());
-                        return Err((classify_error(name, failed.error()), silent));
-                    }
-                },
+            match lease.send(request, reused).await {
+                Ok(response) => return Ok(response),
+                // The node closed a kept connection as it was taken: nothing was
+                // sent, so another connection carries the request. Each failed
+                // kept one is dropped, and a new one is never retried.
+                Err(SendError {
+                    unsent: Some(unsent),
+                    ..
+                }) if reused => request = unsent,
+                // Nothing of an answer came: a GET may go again (see `Failed`).
+                Err(SendError { error, .. }) => {
+                    let silent = error.closed_without_answer();
+                    return Err((classify_error(name, &error), silent));
+                }
             }
         }
     };
@@ -359,7 +344,7 @@ fn sized(headers: &mut HeaderMap, len: u64) {
     headers.remove(header::EXPECT);
 }
 
-fn classify_error(upstream: &str, error: &hyper::Error) -> GatewayError {
+fn classify_error(upstream: &str, error: &ClientError) -> GatewayError {
     client_fault(upstream, error).unwrap_or_else(|| {
         tracing::warn!(upstream = %upstream, "upstream exchange failed: {}", Causes(error));
         GatewayError::UpstreamBroken
@@ -397,8 +382,9 @@ fn client_fault(upstream: &str, error: &(dyn std::error::Error + 'static)) -> Op
     Some(error)
 }
 
-/// An error and its sources, as one line (`a: b: c`): hyper's own message is often
-/// only "connection error", and the `Debug` form is not meant for people.
+/// An error and its sources, as one line (`a: b: c`): an error's own message is
+/// often only "the connection to the node failed", and the `Debug` form is not
+/// meant for people.
 struct Causes<'a>(&'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Causes<'_> {

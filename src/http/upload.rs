@@ -66,6 +66,16 @@ impl Upload {
         }
     }
 
+    /// A body already read whole into memory.
+    #[cfg(test)]
+    pub fn whole(body: Bytes) -> Self {
+        Self {
+            head: Some(body),
+            read_ahead: true,
+            ..Self::default()
+        }
+    }
+
     /// Whether there is no body to send.
     pub fn is_empty(&self) -> bool {
         self.rest.is_none()
@@ -302,10 +312,8 @@ impl Body for Paced {
 /// before the script runs, so a 300 MB SCORM package that takes two minutes to
 /// arrive must not be cut off by a 60 s wait for the answer.
 ///
-/// One pointer wide: the request travels to the node through a channel hyper
-/// allocates 32 slots of for each node connection (kept ones too), so every byte
-/// here is held 32 times by every connection. A request without a body (most of
-/// them) and nothing to signal allocates nothing.
+/// One pointer wide, as it moves with the request through its futures: a request
+/// without a body (most of them) and nothing to signal allocates nothing.
 #[derive(Debug)]
 pub struct RequestBody(Option<Box<Sending>>);
 

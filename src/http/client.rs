@@ -1,0 +1,890 @@
+//! The HTTP/1.1 the gateway speaks to its nodes, written out by hand: one request
+//! head and its body out, one response head and its body in, on a connection the
+//! request's own task drives.
+//!
+//! Why not hyper's client connection: it is built for a connection that a task of
+//! its own drives, so it keeps for every node connection, for that connection's
+//! whole life, an 8 KiB write buffer and a 32-slot channel for requests (8 KiB
+//! more), hands each request through that channel and its answer back through a
+//! oneshot. A node connection here carries one exchange at a time for the task
+//! that leased it: the request head is written straight from a buffer the size of
+//! that head, the body's frames go to the socket as they are (one `writev` for a
+//! chunk and its framing), and the answer is read into one buffer of
+//! [`NODE_BUFFER`], whose pieces become the response's header values and body
+//! chunks without a copy. A student who reads slowly therefore holds the node
+//! connection's read buffer and the chunks hyper's server side has queued for it,
+//! and nothing else.
+//!
+//! What it reads is held to RFC 9112 as a proxy must: a head larger than
+//! [`NODE_BUFFER`] or malformed, a `Content-Length` that is not one number, a
+//! chunk size that is not hexadecimal, all fail the exchange (a 502), never guess.
+//! A response framed by both `Transfer-Encoding` and `Content-Length` is read as
+//! chunked, loses its `Content-Length` before it is passed on (9112 6.3), and its
+//! connection is not kept. Informational answers (`100 Continue`, `103`) are read
+//! past; a `101` is returned for the caller to refuse.
+
+use std::fmt;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::Body;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::http::body::BoxError;
+use crate::http::stall::WriteStall;
+use crate::http::upload::RequestBody;
+
+/// The node connection's read buffer, so also the largest response head a node may
+/// send (twice nginx's and Apache's default) and the largest chunk of a body held
+/// for a student who reads slowly.
+pub const NODE_BUFFER: usize = 16 * 1024;
+
+/// Response header lines a node may send (hyper's limit, and far above Moodle's
+/// dozen or so).
+const MAX_HEADERS: usize = 100;
+
+/// The longest chunk-size line or trailer section accepted in a chunked body.
+const MAX_CHUNK_LINE: usize = 4096;
+
+/// Reading less than this into the buffer is not worth a system call: the buffer
+/// is renewed first.
+const MIN_READ: usize = 1024;
+
+/// A connection to a node: its writes may stay blocked at most `body_idle` (see
+/// [`WriteStall`]: a node that accepted an upload but stopped reading would
+/// otherwise hold the request for ever).
+pub struct Connection {
+    io: WriteStall<TcpStream>,
+    /// What the node sent and nobody took yet. Kept between exchanges: the next
+    /// answer is read into what is left of it, so that a small page costs no
+    /// allocation here.
+    buf: BytesMut,
+    out: Outgoing,
+    /// The request's body while it is being sent.
+    body: Option<RequestBody>,
+    /// The request's header map once its head is written, emptied: the answer's
+    /// headers are parsed into it, so that a request and its answer allocate one
+    /// map between them (hyper's trick).
+    spare_headers: Option<HeaderMap>,
+    framing: Framing,
+    /// Everything of the request has been handed to the socket.
+    sent: bool,
+    /// A write failed before the answer's head arrived; the node may still have
+    /// answered (a `413` before it closes), so reading goes on, and this is the
+    /// error if it did not.
+    write_failed: Option<io::Error>,
+    reading: Reading,
+    /// The request was a `HEAD`: its answer has no body whatever it says.
+    head_request: bool,
+    /// The node lets the connection carry another exchange after this one.
+    keep_alive: bool,
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("sent", &self.sent)
+            .field("reading", &self.reading)
+            .field("keep_alive", &self.keep_alive)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How the request's body is framed on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// No body, or one whose bytes are all written: `Content-Length` says how many
+    /// are still due.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`, for a streamed body of unknown length.
+    Chunked,
+}
+
+/// Where the answer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// No exchange yet, or between exchanges.
+    Idle,
+    /// Waiting for the response head.
+    Head,
+    /// Reading the body.
+    Body(Decoder),
+    /// The answer has been read in full.
+    Done,
+}
+
+/// How the answer's body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decoder {
+    /// `Content-Length`: this many bytes are still due.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`, at this point of a chunk.
+    Chunked(Chunk),
+    /// Neither: the body ends when the node closes the connection.
+    Close,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk, with this many bytes of it still due.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// After the last (empty) chunk: the trailer section, discarded.
+    Trailers,
+}
+
+/// Why an exchange with a node failed.
+#[derive(Debug)]
+pub enum ClientError {
+    /// The node closed the connection before the answer's head was complete.
+    ClosedBeforeAnswer,
+    /// The node closed the connection before the answer's body was complete.
+    ClosedMidBody,
+    /// The socket failed.
+    Io(io::Error),
+    /// The answer broke HTTP/1.1 (the reason says how).
+    Malformed(&'static str),
+    /// The answer's head was larger than [`NODE_BUFFER`].
+    HeadTooLarge,
+    /// The student's body failed while it was being sent: its own error (a pause,
+    /// a crawl, too many bytes) is the source, for the caller to classify.
+    Upload(BoxError),
+}
+
+impl ClientError {
+    /// Whether the node closed (or reset) the connection before its answer's head
+    /// was complete, so that nothing of an answer exists.
+    pub fn closed_without_answer(&self) -> bool {
+        match self {
+            Self::ClosedBeforeAnswer => true,
+            Self::Io(error) => matches!(
+                error.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::UnexpectedEof
+            ),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ClosedBeforeAnswer => {
+                f.write_str("the node closed the connection without an answer")
+            }
+            Self::ClosedMidBody => {
+                f.write_str("the node closed the connection inside its answer's body")
+            }
+            Self::Io(_) => f.write_str("the connection to the node failed"),
+            Self::Malformed(why) => write!(f, "the node's answer is not valid HTTP/1.1: {why}"),
+            Self::HeadTooLarge => write!(
+                f,
+                "the node's answer head is larger than {NODE_BUFFER} bytes"
+            ),
+            Self::Upload(_) => f.write_str("the request body failed"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Io(error) => Some(error),
+            Self::Upload(error) => Some(&**error),
+            _ => None,
+        }
+    }
+}
+
+impl Connection {
+    /// A connection over `io`, ready for its first request.
+    pub fn new(io: WriteStall<TcpStream>) -> Self {
+        Self {
+            io,
+            buf: BytesMut::new(),
+            out: Outgoing::default(),
+            body: None,
+            spare_headers: None,
+            framing: Framing::Length(0),
+            sent: true,
+            write_failed: None,
+            reading: Reading::Idle,
+            head_request: false,
+            keep_alive: true,
+        }
+    }
+
+    /// Whether the idle connection can no longer carry a request: the node closed
+    /// it, reset it, or sent bytes nobody asked for. Costs a system call only when
+    /// the socket has something to say.
+    pub fn poll_unusable(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.io.get_ref().poll_read_ready(cx).is_pending() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        let mut probe = ReadBuf::new(&mut probe);
+        // A FIN, an error or stray bytes; `Pending` if the readiness was stale.
+        Pin::new(&mut self.io).poll_read(cx, &mut probe).is_ready()
+    }
+
+    /// Starts `request`: its head is queued, its body framed. Nothing is written
+    /// until [`Self::poll_head`] drives the connection.
+    pub fn start(&mut self, request: Request<RequestBody>) -> Result<(), ClientError> {
+        debug_assert_eq!(self.reading, Reading::Idle);
+        let (mut parts, body) = request.into_parts();
+        let headers = &parts.headers;
+        let framing = if body.is_end_stream() {
+            Framing::Length(0)
+        } else if let Some(len) = headers.get(CONTENT_LENGTH) {
+            let len = parse_length(len.as_bytes()).ok_or(ClientError::Upload(
+                "the request's Content-Length is not a number".into(),
+            ))?;
+            Framing::Length(len)
+        } else {
+            Framing::Chunked
+        };
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let method = parts.method.as_str();
+        let head = &mut self.out.head;
+        debug_assert!(head.is_empty());
+        head.reserve(head_len(method, path, headers));
+        head.extend_from_slice(method.as_bytes());
+        head.push(b' ');
+        head.extend_from_slice(path.as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\n");
+        for (name, value) in headers {
+            head.extend_from_slice(name.as_str().as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value.as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        if framing == Framing::Chunked {
+            head.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+        parts.headers.clear();
+        self.spare_headers = Some(parts.headers);
+        self.body = (framing != Framing::Length(0)).then_some(body);
+        self.framing = framing;
+        self.sent = false;
+        self.write_failed = None;
+        self.head_request = parts.method == Method::HEAD;
+        self.reading = Reading::Head;
+        Ok(())
+    }
+
+    /// Sends what is left of the request and waits for the answer's head.
+    pub fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<()>, ClientError>> {
+        loop {
+            if !self.sent {
+                match self.poll_send(cx) {
+                    Poll::Ready(Ok(())) => self.sent = true,
+                    Poll::Ready(Err(ClientError::Io(error))) => {
+                        self.abandon_request();
+                        self.write_failed = Some(error);
+                    }
+                    Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                    Poll::Pending => {}
+                }
+            }
+            if !self.buf.is_empty() {
+                if let Some(response) = self.parse_head()? {
+                    return Poll::Ready(Ok(response));
+                }
+                if self.buf.len() >= NODE_BUFFER {
+                    return Poll::Ready(Err(ClientError::HeadTooLarge));
+                }
+            }
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) => {
+                    self.keep_alive = false;
+                    let error = match self.write_failed.take() {
+                        Some(error) => ClientError::Io(error),
+                        None => ClientError::ClosedBeforeAnswer,
+                    };
+                    return Poll::Ready(Err(error));
+                }
+                Ok(_) => {}
+                Err(error) => return Poll::Ready(Err(ClientError::Io(error))),
+            }
+        }
+    }
+
+    /// The answer's next piece of body, `None` at its end. Goes on sending an
+    /// upload the node answered before it was complete, as the node may read it
+    /// still.
+    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ClientError>>> {
+        if !self.sent {
+            match self.poll_send(cx) {
+                Poll::Ready(Ok(())) => self.sent = true,
+                // The answer is what counts now; the connection is not kept.
+                Poll::Ready(Err(_)) => self.abandon_request(),
+                Poll::Pending => {}
+            }
+        }
+        loop {
+            let Reading::Body(decoder) = self.reading else {
+                return Poll::Ready(None);
+            };
+            match self.decode(decoder) {
+                Ok(Some(data)) => return Poll::Ready(Some(Ok(data))),
+                Ok(None) if self.reading == Reading::Done => return Poll::Ready(None),
+                Ok(None) => {}
+                Err(error) => return Poll::Ready(Some(Err(error))),
+            }
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) => {
+                    self.keep_alive = false;
+                    if decoder == Decoder::Close {
+                        self.reading = Reading::Done;
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Err(ClientError::ClosedMidBody)));
+                }
+                Ok(_) => {}
+                Err(error) => return Poll::Ready(Some(Err(ClientError::Io(error)))),
+            }
+        }
+    }
+
+    /// Whether the answer has been read in full (or has no body).
+    pub fn is_done(&self) -> bool {
+        self.reading == Reading::Done
+    }
+
+    /// The body's bytes still due, when the node said how many.
+    pub fn remaining(&self) -> Option<u64> {
+        match self.reading {
+            Reading::Body(Decoder::Length(left)) => Some(left),
+            Reading::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    /// Makes the connection ready for the next request if this exchange left it
+    /// clean: the whole request sent, the whole answer read and nothing more, and
+    /// the node willing.
+    pub fn finish(&mut self) -> bool {
+        // A connection that never carried an exchange is as clean as one whose
+        // exchange ended well.
+        let clean = matches!(self.reading, Reading::Done | Reading::Idle)
+            && self.sent
+            && self.write_failed.is_none()
+            && self.keep_alive
+            && self.buf.is_empty();
+        self.reading = Reading::Idle;
+        clean
+    }
+
+    /// Stops sending the request: nothing more of it will go, and the connection
+    /// can carry nothing else.
+    fn abandon_request(&mut self) {
+        self.sent = true;
+        self.body = None;
+        self.out.clear();
+        self.keep_alive = false;
+    }
+
+    /// Writes what is queued and feeds the body's frames to the socket until the
+    /// request is out, or the socket or the body has to wait.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ClientError>> {
+        loop {
+            // Queue what the body has ready, so that a head and a body read
+            // whole (most uploads) leave in one system call.
+            while self.out.room() == Outgoing::BODY_PARTS {
+                let Some(body) = self.body.as_mut() else {
+                    break;
+                };
+                let frame = match Pin::new(body).poll_frame(cx) {
+                    Poll::Pending => break,
+                    Poll::Ready(frame) => frame,
+                };
+                match frame {
+                    None => self.body_ended()?,
+                    Some(Err(error)) => {
+                        self.body = None;
+                        return Poll::Ready(Err(ClientError::Upload(error)));
+                    }
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            self.queue_data(data)?;
+                        }
+                    }
+                }
+            }
+            if self.out.is_empty() {
+                return match self.body {
+                    None => Poll::Ready(Ok(())),
+                    Some(_) => Poll::Pending,
+                };
+            }
+            let written = {
+                let mut slices = [IoSlice::new(&[]); Outgoing::PARTS];
+                let count = self.out.slices(&mut slices);
+                ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..count]))
+                    .map_err(ClientError::Io)?
+            };
+            if written == 0 {
+                return Poll::Ready(Err(ClientError::Io(io::ErrorKind::WriteZero.into())));
+            }
+            self.out.advance(written);
+        }
+    }
+
+    /// Queues one piece of the body with its framing.
+    fn queue_data(&mut self, data: Bytes) -> Result<(), ClientError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        match &mut self.framing {
+            Framing::Length(left) => {
+                let len = data.len() as u64;
+                *left = left.checked_sub(len).ok_or(ClientError::Upload(
+                    "the request body is longer than its Content-Length".into(),
+                ))?;
+                self.out.push(data);
+                if *left == 0 {
+                    // A sized body is complete at its length: not polled again.
+                    self.body = None;
+                }
+            }
+            Framing::Chunked => {
+                self.out.push(Bytes::from(format!("{:x}\r\n", data.len())));
+                self.out.push(data);
+                self.out.push(Bytes::from_static(b"\r\n"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The body said it has no more frames.
+    fn body_ended(&mut self) -> Result<(), ClientError> {
+        self.body = None;
+        match self.framing {
+            Framing::Chunked => self.out.push(Bytes::from_static(b"0\r\n\r\n")),
+            Framing::Length(0) => {}
+            Framing::Length(_) => {
+                return Err(ClientError::Upload(
+                    "the request body is shorter than its Content-Length".into(),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads more of the answer into the buffer: `Ok(0)` when the node closed.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < MIN_READ {
+            if self.buf.is_empty() {
+                // The last chunks handed out may still be waiting for a slow
+                // student: their buffer is reused only once they are gone.
+                if !self.buf.try_reclaim(NODE_BUFFER) {
+                    self.buf = BytesMut::with_capacity(NODE_BUFFER);
+                }
+            } else {
+                self.buf
+                    .reserve(NODE_BUFFER.saturating_sub(self.buf.len()).max(MIN_READ));
+            }
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+    }
+
+    /// The answer's head if the buffer holds all of it; informational answers
+    /// before it are dropped on the way.
+    fn parse_head(&mut self) -> Result<Option<Response<()>>, ClientError> {
+        loop {
+            let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut parsed = httparse::Response::new(&mut lines);
+            let len = match parsed.parse(&self.buf) {
+                Ok(httparse::Status::Complete(len)) => len,
+                Ok(httparse::Status::Partial) => return Ok(None),
+                Err(httparse::Error::TooManyHeaders) => {
+                    return Err(ClientError::Malformed("more than 100 header lines"))
+                }
+                Err(_) => return Err(ClientError::Malformed("unreadable status line or header")),
+            };
+            let code = parsed.code.unwrap_or_default();
+            if (100..200).contains(&code) && code != 101 {
+                self.buf.advance(len);
+                continue;
+            }
+            let status = StatusCode::from_u16(code)
+                .map_err(|_| ClientError::Malformed("status code out of range"))?;
+            let version = if parsed.version == Some(0) {
+                Version::HTTP_10
+            } else {
+                Version::HTTP_11
+            };
+            // Where each line sits, so that the values can be cut from the
+            // buffer once the parser lets go of it.
+            let base = self.buf.as_ptr() as usize;
+            let offset = |part: &[u8]| part.as_ptr() as usize - base;
+            let mut answer = AnswerHead::new(version);
+            let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+            let count = parsed.headers.len();
+            for (span, line) in spans.iter_mut().zip(parsed.headers.iter()) {
+                answer.note(line.name.as_bytes(), line.value);
+                let name = line.name.as_bytes();
+                // The buffer is a few NODE_BUFFERs at most: offsets fit.
+                *span = (
+                    offset(name) as u32,
+                    name.len() as u32,
+                    offset(line.value) as u32,
+                    line.value.len() as u32,
+                );
+            }
+            let raw = self.buf.split_to(len).freeze();
+            let mut headers = self.spare_headers.take().unwrap_or_default();
+            headers.reserve(count);
+            for &(name_at, name_len, value_at, value_len) in &spans[..count] {
+                let (name_at, name_len) = (name_at as usize, name_len as usize);
+                let (value_at, value_len) = (value_at as usize, value_len as usize);
+                let name = &raw[name_at..name_at + name_len];
+                let name = HeaderName::from_bytes(name)
+                    .map_err(|_| ClientError::Malformed("invalid header name"))?;
+                let value = raw.slice(value_at..value_at + value_len);
+                let value = HeaderValue::from_maybe_shared(value)
+                    .map_err(|_| ClientError::Malformed("invalid header value"))?;
+                headers.append(name, value);
+            }
+            let decoder = answer.decoder(status, self.head_request, &mut headers)?;
+            self.keep_alive = answer.keep_alive();
+            self.reading = match decoder {
+                None => Reading::Done,
+                Some(Decoder::Length(0)) => Reading::Done,
+                Some(decoder) => Reading::Body(decoder),
+            };
+            let mut response = Response::new(());
+            *response.status_mut() = status;
+            *response.version_mut() = version;
+            *response.headers_mut() = headers;
+            return Ok(Some(response));
+        }
+    }
+
+    /// Takes the next piece of body out of the buffer: `Ok(None)` when more must
+    /// be read first, or when the body ended (`self.reading` is then `Done`).
+    fn decode(&mut self, decoder: Decoder) -> Result<Option<Bytes>, ClientError> {
+        match decoder {
+            Decoder::Length(left) => {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                let take = self
+                    .buf
+                    .len()
+                    .min(usize::try_from(left).unwrap_or(usize::MAX));
+                let left = left - take as u64;
+                self.reading = match left {
+                    0 => Reading::Done,
+                    _ => Reading::Body(Decoder::Length(left)),
+                };
+                Ok(Some(self.buf.split_to(take).freeze()))
+            }
+            Decoder::Close => Ok((!self.buf.is_empty()).then(|| self.buf.split().freeze())),
+            Decoder::Chunked(chunk) => self.decode_chunked(chunk),
+        }
+    }
+
+    /// [`Self::decode`] for a chunked body, at `chunk`.
+    fn decode_chunked(&mut self, mut chunk: Chunk) -> Result<Option<Bytes>, ClientError> {
+        loop {
+            chunk = match chunk {
+                Chunk::Size => match self.line()? {
+                    None => break,
+                    Some(line) => match chunk_size(&line)? {
+                        0 => Chunk::Trailers,
+                        size => Chunk::Data(size),
+                    },
+                },
+                Chunk::Data(left) => {
+                    if self.buf.is_empty() {
+                        break;
+                    }
+                    let take = self
+                        .buf
+                        .len()
+                        .min(usize::try_from(left).unwrap_or(usize::MAX));
+                    let left = left - take as u64;
+                    let next = if left == 0 {
+                        Chunk::DataEnd
+                    } else {
+                        Chunk::Data(left)
+                    };
+                    self.reading = Reading::Body(Decoder::Chunked(next));
+                    return Ok(Some(self.buf.split_to(take).freeze()));
+                }
+                Chunk::DataEnd => {
+                    if self.buf.len() < 2 {
+                        break;
+                    }
+                    if &self.buf[..2] != b"\r\n" {
+                        return Err(ClientError::Malformed("chunk data not followed by CRLF"));
+                    }
+                    self.buf.advance(2);
+                    Chunk::Size
+                }
+                Chunk::Trailers => match self.line()? {
+                    None => break,
+                    Some(line) if line.is_empty() => {
+                        self.reading = Reading::Done;
+                        return Ok(None);
+                    }
+                    Some(_) => Chunk::Trailers,
+                },
+            };
+        }
+        self.reading = Reading::Body(Decoder::Chunked(chunk));
+        Ok(None)
+    }
+
+    /// The next CRLF-ended line of a chunked body, without its CRLF, if all of it
+    /// has arrived.
+    fn line(&mut self) -> Result<Option<Bytes>, ClientError> {
+        match memchr::memchr(b'\n', &self.buf) {
+            Some(end) => {
+                if end == 0 || self.buf[end - 1] != b'\r' {
+                    return Err(ClientError::Malformed("chunk line not ended by CRLF"));
+                }
+                let line = self.buf.split_to(end + 1).freeze();
+                Ok(Some(line.slice(..end - 1)))
+            }
+            None if self.buf.len() > MAX_CHUNK_LINE => {
+                Err(ClientError::Malformed("chunk line too long"))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+/// The request head's exact length, so that it is written from one allocation.
+fn head_len(method: &str, path: &str, headers: &HeaderMap) -> usize {
+    let lines: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    method.len() + path.len() + lines + 48
+}
+
+/// A `Content-Length` value: one number, or the same number repeated in a list.
+fn parse_length(value: &[u8]) -> Option<u64> {
+    let mut length = None;
+    for item in value.split(|&b| b == b',') {
+        let item = item.trim_ascii();
+        if item.is_empty() || !item.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let n: u64 = std::str::from_utf8(item).ok()?.parse().ok()?;
+        if length.is_some_and(|seen| seen != n) {
+            return None;
+        }
+        length = Some(n);
+    }
+    length
+}
+
+/// A chunk-size line's size; extensions after `;` are ignored.
+fn chunk_size(line: &[u8]) -> Result<u64, ClientError> {
+    let end = line.iter().position(|&b| b == b';').unwrap_or(line.len());
+    let digits = line[..end].trim_ascii();
+    if digits.is_empty() || digits.len() > 16 {
+        return Err(ClientError::Malformed("invalid chunk size"));
+    }
+    let mut size = 0u64;
+    for &b in digits {
+        let digit = (b as char)
+            .to_digit(16)
+            .ok_or(ClientError::Malformed("invalid chunk size"))?;
+        size = size << 4 | u64::from(digit);
+    }
+    Ok(size)
+}
+
+/// What an answer's head says about its framing and its connection, gathered
+/// while its lines are turned into a `HeaderMap` (one pass, no lookups after).
+struct AnswerHead {
+    version: Version,
+    length: Option<Result<u64, ()>>,
+    chunked: Option<bool>,
+    close: bool,
+    keep_alive: bool,
+}
+
+impl AnswerHead {
+    fn new(version: Version) -> Self {
+        Self {
+            version,
+            length: None,
+            chunked: None,
+            close: false,
+            keep_alive: false,
+        }
+    }
+
+    fn note(&mut self, name: &[u8], value: &[u8]) {
+        if name.eq_ignore_ascii_case(b"content-length") {
+            let this = parse_length(value).ok_or(());
+            self.length = Some(match self.length {
+                None => this,
+                Some(Ok(seen)) if this == Ok(seen) => this,
+                Some(_) => Err(()),
+            });
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // The last coding of the last line is the one that frames the body.
+            let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
+            self.chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                self.close |= token.eq_ignore_ascii_case(b"close");
+                self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        }
+    }
+
+    /// How the body is framed (RFC 9112 6.3), `None` for an answer without one.
+    fn decoder(
+        &mut self,
+        status: StatusCode,
+        head_request: bool,
+        headers: &mut HeaderMap,
+    ) -> Result<Option<Decoder>, ClientError> {
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            self.close = true;
+            return Ok(None);
+        }
+        if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            return Ok(None);
+        }
+        if let Some(chunked) = self.chunked {
+            if self.version == Version::HTTP_10 {
+                return Err(ClientError::Malformed(
+                    "Transfer-Encoding in an HTTP/1.0 answer",
+                ));
+            }
+            if self.length.is_some() {
+                // Framed twice: the chunks win, the length is not passed on, and
+                // the connection is not trusted with another exchange.
+                headers.remove(CONTENT_LENGTH);
+                self.close = true;
+            }
+            if !chunked {
+                self.close = true;
+                return Ok(Some(Decoder::Close));
+            }
+            return Ok(Some(Decoder::Chunked(Chunk::Size)));
+        }
+        match self.length {
+            Some(Ok(len)) => Ok(Some(Decoder::Length(len))),
+            Some(Err(())) => Err(ClientError::Malformed("invalid Content-Length")),
+            None => {
+                self.close = true;
+                Ok(Some(Decoder::Close))
+            }
+        }
+    }
+
+    fn keep_alive(&self) -> bool {
+        !self.close && (self.version == Version::HTTP_11 || self.keep_alive)
+    }
+}
+
+/// The bytes queued for the socket: the request head, then body pieces with their
+/// chunk framing, written together with one `writev`.
+#[derive(Default)]
+struct Outgoing {
+    /// The request head, written in place; its allocation is kept for the next
+    /// request on the connection unless the head was unusually large.
+    head: Vec<u8>,
+    /// How much of `head` has been written.
+    head_at: usize,
+    parts: [Bytes; Outgoing::BODY_PARTS],
+    len: usize,
+}
+
+impl Outgoing {
+    /// A chunk with its size line and CRLF.
+    const BODY_PARTS: usize = 3;
+    /// The head and the body's parts.
+    const PARTS: usize = Self::BODY_PARTS + 1;
+    /// A head allocation larger than this (a very large cookie) is not kept for the
+    /// next request.
+    const HEAD_KEPT: usize = 4096;
+
+    fn room(&self) -> usize {
+        Self::BODY_PARTS - self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0 && self.head_at == self.head.len()
+    }
+
+    fn push(&mut self, bytes: Bytes) {
+        debug_assert!(self.len < Self::BODY_PARTS);
+        self.parts[self.len] = bytes;
+        self.len += 1;
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    fn slices<'a>(&'a self, slices: &mut [IoSlice<'a>; Self::PARTS]) -> usize {
+        let head = &self.head[self.head_at..];
+        let mut count = 0;
+        if !head.is_empty() {
+            slices[0] = IoSlice::new(head);
+            count = 1;
+        }
+        for part in &self.parts[..self.len] {
+            slices[count] = IoSlice::new(part);
+            count += 1;
+        }
+        count
+    }
+
+    /// Drops the first `written` bytes.
+    fn advance(&mut self, mut written: usize) {
+        let head = self.head.len() - self.head_at;
+        if head > 0 {
+            if written < head {
+                self.head_at += written;
+                return;
+            }
+            written -= head;
+            self.head.clear();
+            self.head_at = 0;
+            if self.head.capacity() > Self::HEAD_KEPT {
+                self.head = Vec::new();
+            }
+        }
+        let mut done = 0;
+        for part in &mut self.parts[..self.len] {
+            if written >= part.len() {
+                written -= part.len();
+                done += 1;
+            } else {
+                part.advance(written);
+                break;
+            }
+        }
+        self.parts[..self.len].rotate_left(done);
+        for part in &mut self.parts[self.len - done..self.len] {
+            *part = Bytes::new();
+        }
+        self.len -= done;
+    }
+}
+
+#[cfg(test)]
+mod tests;

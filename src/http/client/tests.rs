@@ -1,0 +1,342 @@
+//! The node side's HTTP/1.1 against a node scripted byte for byte: each answer
+//! framing a proxy meets, what reaches the node, and when a connection may be kept.
+
+use std::future::poll_fn;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::*;
+use crate::http::upload::Upload;
+
+/// What one exchange came to, as the pool sees it.
+#[derive(Debug)]
+struct Exchange {
+    head: Response<()>,
+    body: Vec<u8>,
+    /// The connection could carry another request.
+    kept: bool,
+}
+
+/// How the scripted node behaves once it has read the request.
+#[derive(Clone, Copy)]
+struct Script {
+    /// Written back, in pieces of this many bytes (0: at once).
+    answer: &'static [u8],
+    pieces: usize,
+    /// The connection is closed after the answer.
+    close: bool,
+}
+
+fn answers(answer: &'static [u8]) -> Script {
+    Script {
+        answer,
+        pieces: 0,
+        close: false,
+    }
+}
+
+/// A node that reads one request (up to the end of its head, and `body` more
+/// bytes), answers it as `script` says, and returns what it read.
+async fn node(
+    script: Script,
+    body: usize,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut read = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let end = memchr::memmem::find(&read, b"\r\n\r\n");
+            if end.is_some_and(|end| read.len() >= end + 4 + body) {
+                break;
+            }
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(
+                n > 0,
+                "the request ended early: {:?}",
+                String::from_utf8_lossy(&read)
+            );
+            read.extend_from_slice(&chunk[..n]);
+        }
+        if script.pieces == 0 {
+            stream.write_all(script.answer).await.unwrap();
+        } else {
+            for piece in script.answer.chunks(script.pieces) {
+                stream.write_all(piece).await.unwrap();
+                stream.flush().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        if !script.close {
+            // Held open until the client is done with it.
+            let _ = stream.read(&mut chunk).await;
+        }
+        read
+    });
+    (addr, served)
+}
+
+fn request(method: Method, body: Option<&'static [u8]>) -> Request<RequestBody> {
+    let upload = body.map_or_else(Upload::empty, |body| {
+        Upload::whole(Bytes::from_static(body))
+    });
+    let mut request = Request::new(RequestBody::new(upload, u64::MAX, None));
+    *request.method_mut() = method;
+    *request.uri_mut() = "/mod/scorm/player.php?id=7".parse().unwrap();
+    let headers = request.headers_mut();
+    headers.insert("host", HeaderValue::from_static("moodle.example"));
+    if let Some(body) = body {
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    }
+    request
+}
+
+async fn exchange_with(
+    script: Script,
+    request: Request<RequestBody>,
+) -> (Result<Exchange, ClientError>, Vec<u8>) {
+    let body_len = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .map_or(0, |len| len.to_str().unwrap().parse().unwrap());
+    let (addr, served) = node(script, body_len).await;
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let mut conn = Connection::new(WriteStall::new(stream, Duration::from_secs(10)));
+    let outcome = async {
+        conn.start(request)?;
+        let head = poll_fn(|cx| conn.poll_head(cx)).await?;
+        let mut body = Vec::new();
+        while let Some(piece) = poll_fn(|cx| conn.poll_data(cx)).await {
+            body.extend_from_slice(&piece?);
+        }
+        Ok(Exchange {
+            head,
+            body,
+            kept: conn.finish(),
+        })
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(10), outcome)
+        .await
+        .expect("the exchange hung");
+    drop(conn);
+    (outcome, served.await.unwrap())
+}
+
+async fn exchange(script: Script) -> Result<Exchange, ClientError> {
+    exchange_with(script, request(Method::GET, None)).await.0
+}
+
+#[tokio::test]
+async fn a_get_goes_out_as_one_head_and_a_sized_answer_keeps_the_connection() {
+    let script = answers(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Moodle: yes\r\n\r\nhello");
+    let (outcome, sent) = exchange_with(script, request(Method::GET, None)).await;
+    let answer = outcome.unwrap();
+    assert_eq!(
+        String::from_utf8(sent).unwrap(),
+        "GET /mod/scorm/player.php?id=7 HTTP/1.1\r\nhost: moodle.example\r\n\r\n"
+    );
+    assert_eq!(answer.head.status(), StatusCode::OK);
+    assert_eq!(answer.head.headers()["x-moodle"], "yes");
+    assert_eq!(answer.body, b"hello");
+    assert!(answer.kept);
+}
+
+#[tokio::test]
+async fn a_post_read_whole_leaves_with_its_length_and_its_body() {
+    let script = answers(b"HTTP/1.1 303 See Other\r\nLocation: /my/\r\nContent-Length: 0\r\n\r\n");
+    let form: &[u8] = b"username=student&password=secret";
+    let (outcome, sent) = exchange_with(script, request(Method::POST, Some(form))).await;
+    let answer = outcome.unwrap();
+    let sent = String::from_utf8(sent).unwrap();
+    assert!(
+        sent.starts_with("POST /mod/scorm/player.php?id=7 HTTP/1.1\r\n"),
+        "{sent}"
+    );
+    assert!(sent.contains("\r\ncontent-length: 32\r\n"), "{sent}");
+    assert!(
+        sent.ends_with("\r\n\r\nusername=student&password=secret"),
+        "{sent}"
+    );
+    assert_eq!(answer.head.status(), StatusCode::SEE_OTHER);
+    assert!(answer.body.is_empty());
+    assert!(answer.kept);
+}
+
+#[tokio::test]
+async fn a_chunked_answer_arriving_byte_by_byte_is_decoded_and_keeps_the_connection() {
+    let script = Script {
+        pieces: 1,
+        ..answers(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+              5;name=value\r\nhello\r\n7\r\n, world\r\n0\r\nX-Trailer: dropped\r\n\r\n",
+        )
+    };
+    let answer = exchange(script).await.unwrap();
+    assert_eq!(answer.body, b"hello, world");
+    assert!(answer.kept);
+}
+
+#[tokio::test]
+async fn an_answer_without_a_length_ends_when_the_node_closes_and_is_not_kept() {
+    let script = Script {
+        close: true,
+        ..answers(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
+    };
+    let answer = exchange(script).await.unwrap();
+    assert_eq!(answer.body, b"all of it");
+    assert!(!answer.kept);
+}
+
+#[tokio::test]
+async fn informational_answers_are_read_past() {
+    let script = answers(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </theme.css>\r\n\r\n\
+          HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    );
+    let answer = exchange(script).await.unwrap();
+    assert_eq!(answer.head.status(), StatusCode::OK);
+    assert!(!answer.head.headers().contains_key("link"));
+    assert_eq!(answer.body, b"ok");
+}
+
+#[tokio::test]
+async fn a_head_request_and_a_304_have_no_body_whatever_their_length_says() {
+    let script = answers(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n");
+    let (outcome, _) = exchange_with(script, request(Method::HEAD, None)).await;
+    let answer = outcome.unwrap();
+    assert_eq!(answer.head.headers()[CONTENT_LENGTH], "1000");
+    assert!(answer.body.is_empty());
+    assert!(answer.kept);
+
+    let script = answers(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 1000\r\n\r\n");
+    let answer = exchange(script).await.unwrap();
+    assert!(answer.body.is_empty());
+    assert!(answer.kept);
+}
+
+#[tokio::test]
+async fn an_answer_framed_twice_is_read_as_chunked_loses_its_length_and_is_not_kept() {
+    let script = answers(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+          5\r\nhello\r\n0\r\n\r\n",
+    );
+    let answer = exchange(script).await.unwrap();
+    assert_eq!(answer.body, b"hello");
+    assert!(!answer.head.headers().contains_key(CONTENT_LENGTH));
+    assert!(!answer.kept);
+}
+
+#[tokio::test]
+async fn a_node_that_says_close_or_speaks_http_1_0_is_not_kept() {
+    let script = answers(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok");
+    assert!(!exchange(script).await.unwrap().kept);
+    let script = answers(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    assert!(!exchange(script).await.unwrap().kept);
+    let script =
+        answers(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok");
+    assert!(exchange(script).await.unwrap().kept);
+}
+
+#[tokio::test]
+async fn bytes_after_the_answer_make_the_connection_unfit_to_keep() {
+    let script = answers(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n");
+    let answer = exchange(script).await.unwrap();
+    assert_eq!(answer.body, b"ok");
+    assert!(!answer.kept);
+}
+
+#[tokio::test]
+async fn answers_that_break_http_fail_the_exchange() {
+    let broken: [&'static [u8]; 6] = [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    ];
+    for answer in broken {
+        let error = exchange(answers(answer)).await.unwrap_err();
+        assert!(
+            matches!(error, ClientError::Malformed(_)),
+            "{:?} gave {error:?}",
+            String::from_utf8_lossy(answer)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_head_larger_than_the_buffer_is_refused() {
+    let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+    // Few lines, each long: the line limit must not be what refuses it.
+    let padding = format!("X-Padding: {}\r\n", "p".repeat(500));
+    while head.len() <= NODE_BUFFER {
+        head.extend_from_slice(padding.as_bytes());
+    }
+    head.extend_from_slice(b"Content-Length: 0\r\n\r\n");
+    let error = exchange(answers(head.leak())).await.unwrap_err();
+    assert!(matches!(error, ClientError::HeadTooLarge), "{error:?}");
+}
+
+#[tokio::test]
+async fn a_node_that_closes_without_answering_or_mid_body_is_told_apart() {
+    let script = Script {
+        close: true,
+        ..answers(b"")
+    };
+    let error = exchange(script).await.unwrap_err();
+    assert!(error.closed_without_answer(), "{error:?}");
+
+    let script = Script {
+        close: true,
+        ..answers(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
+    };
+    let error = exchange(script).await.unwrap_err();
+    assert!(matches!(error, ClientError::ClosedMidBody), "{error:?}");
+    assert!(!error.closed_without_answer());
+}
+
+#[test]
+fn queued_parts_advance_across_their_boundaries() {
+    let mut out = Outgoing::default();
+    out.head.extend_from_slice(b"head");
+    out.push(Bytes::from_static(b"5\r\n"));
+    out.push(Bytes::from_static(b"hello"));
+    let left = |out: &Outgoing| {
+        let mut slices = [IoSlice::new(&[]); Outgoing::PARTS];
+        let count = out.slices(&mut slices);
+        slices[..count]
+            .iter()
+            .flat_map(|s| s.iter().copied())
+            .collect::<Vec<u8>>()
+    };
+    out.advance(2);
+    assert_eq!(left(&out), b"ad5\r\nhello");
+    out.advance(4);
+    assert_eq!(left(&out), b"\nhello");
+    assert!(
+        out.head.is_empty(),
+        "the head is written and its buffer emptied"
+    );
+    out.advance(6);
+    assert!(out.is_empty());
+    assert_eq!(out.room(), Outgoing::BODY_PARTS);
+}
+
+#[test]
+fn lengths_and_chunk_sizes_are_read_strictly() {
+    assert_eq!(parse_length(b"42"), Some(42));
+    assert_eq!(parse_length(b"42, 42"), Some(42));
+    assert_eq!(parse_length(b"42, 43"), None);
+    assert_eq!(parse_length(b"+42"), None);
+    assert_eq!(parse_length(b""), None);
+    assert_eq!(chunk_size(b"1F").unwrap(), 31);
+    assert_eq!(chunk_size(b"a;ext=1").unwrap(), 10);
+    assert!(chunk_size(b"").is_err());
+    assert!(chunk_size(b"0x10").is_err());
+    assert!(chunk_size(b"11111111111111111").is_err());
+}
