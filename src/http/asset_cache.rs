@@ -343,10 +343,15 @@ impl Fill {
         let Some(encoding) = keepable(parts.status, &parts.headers).filter(|_| fits) else {
             return Response::from_parts(parts, Teed::plain(body));
         };
+        // Copied, not shared: a node's header values are slices of the buffer its
+        // answer was read into (16 KiB), which a kept entry would otherwise hold.
         let mut headers = HeaderMap::new();
         for name in KEPT {
             for value in parts.headers.get_all(&name) {
-                headers.append(name.clone(), value.clone());
+                let mut copy =
+                    HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+                copy.set_sensitive(value.is_sensitive());
+                headers.append(name.clone(), copy);
             }
         }
         let fill = Filling {

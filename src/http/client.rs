@@ -29,7 +29,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -48,8 +48,12 @@ pub const NODE_BUFFER: usize = 16 * 1024;
 /// dozen or so).
 const MAX_HEADERS: usize = 100;
 
-/// The longest chunk-size line or trailer section accepted in a chunked body.
+/// The longest chunk-size line accepted in a chunked body.
 const MAX_CHUNK_LINE: usize = 4096;
+
+/// The largest trailer section accepted after a chunked body (which is dropped):
+/// as large as a head may be.
+const MAX_TRAILERS: usize = NODE_BUFFER;
 
 /// Reading less than this into the buffer is not worth a system call: the buffer
 /// is renewed first.
@@ -137,8 +141,9 @@ enum Chunk {
     Data(u64),
     /// After a chunk's data, before its CRLF.
     DataEnd,
-    /// After the last (empty) chunk: the trailer section, discarded.
-    Trailers,
+    /// After the last (empty) chunk: the trailer section, discarded, with this
+    /// many bytes of it read.
+    Trailers(usize),
 }
 
 /// Why an exchange with a node failed.
@@ -165,13 +170,7 @@ impl ClientError {
     pub fn closed_without_answer(&self) -> bool {
         match self {
             Self::ClosedBeforeAnswer => true,
-            Self::Io(error) => matches!(
-                error.kind(),
-                io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::ConnectionAborted
-                    | io::ErrorKind::BrokenPipe
-                    | io::ErrorKind::UnexpectedEof
-            ),
+            Self::Io(error) => closed(error) || error.kind() == io::ErrorKind::UnexpectedEof,
             _ => false,
         }
     }
@@ -263,14 +262,28 @@ impl Connection {
         head.push(b' ');
         head.extend_from_slice(path.as_bytes());
         head.extend_from_slice(b" HTTP/1.1\r\n");
+        // The framing is the one chosen above, whatever the map says: a length
+        // that disagreed with the body would let the node read the next request
+        // on the connection as the rest of this one.
+        let mut declared = false;
         for (name, value) in headers {
+            if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+                declared |= name == CONTENT_LENGTH;
+                continue;
+            }
             head.extend_from_slice(name.as_str().as_bytes());
             head.extend_from_slice(b": ");
             head.extend_from_slice(value.as_bytes());
             head.extend_from_slice(b"\r\n");
         }
-        if framing == Framing::Chunked {
-            head.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        match framing {
+            Framing::Chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+            Framing::Length(0) if !declared => {}
+            Framing::Length(len) => {
+                head.extend_from_slice(b"content-length: ");
+                head.extend_from_slice(itoa(len, &mut [0; 20]));
+                head.extend_from_slice(b"\r\n");
+            }
         }
         head.extend_from_slice(b"\r\n");
         parts.headers.clear();
@@ -287,23 +300,28 @@ impl Connection {
     /// Sends what is left of the request and waits for the answer's head.
     pub fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<()>, ClientError>> {
         loop {
-            if !self.sent {
-                match self.poll_send(cx) {
-                    Poll::Ready(Ok(())) => self.sent = true,
-                    Poll::Ready(Err(ClientError::Io(error))) => {
-                        self.abandon_request();
-                        self.write_failed = Some(error);
-                    }
-                    Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
-                    Poll::Pending => {}
-                }
-            }
+            // An answer already here comes first: a node that refused the upload
+            // (`413`) is heard even if the student's body failed meanwhile.
             if !self.buf.is_empty() {
                 if let Some(response) = self.parse_head()? {
                     return Poll::Ready(Ok(response));
                 }
                 if self.buf.len() >= NODE_BUFFER {
                     return Poll::Ready(Err(ClientError::HeadTooLarge));
+                }
+            }
+            if !self.sent {
+                match self.poll_send(cx) {
+                    Poll::Ready(Ok(())) => self.sent = true,
+                    // The node closed its side: it may have answered first (a
+                    // `413` before it closes), so reading goes on. Any other
+                    // failure (a write blocked past `body_idle`) ends the exchange.
+                    Poll::Ready(Err(ClientError::Io(error))) if closed(&error) => {
+                        self.abandon_request();
+                        self.write_failed = Some(error);
+                    }
+                    Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                    Poll::Pending => {}
                 }
             }
             match ready!(self.poll_fill(cx)) {
@@ -384,6 +402,10 @@ impl Connection {
             && self.keep_alive
             && self.buf.is_empty();
         self.reading = Reading::Idle;
+        if self.buf.capacity() - self.buf.len() < MIN_READ {
+            // Used up: renewed at the next read anyway, so not held meanwhile.
+            self.buf = BytesMut::new();
+        }
         clean
     }
 
@@ -514,6 +536,9 @@ impl Connection {
                 }
                 Err(_) => return Err(ClientError::Malformed("unreadable status line or header")),
             };
+            if len > NODE_BUFFER {
+                return Err(ClientError::HeadTooLarge);
+            }
             let code = parsed.code.unwrap_or_default();
             if (100..200).contains(&code) && code != 101 {
                 self.buf.advance(len);
@@ -526,6 +551,12 @@ impl Connection {
             } else {
                 Version::HTTP_11
             };
+            // A reason phrase of the node's own travels on as hyper's server
+            // writes one (a canonical one costs nothing here).
+            let reason = parsed
+                .reason
+                .filter(|reason| Some(*reason) != status.canonical_reason())
+                .and_then(|reason| hyper::ext::ReasonPhrase::try_from(reason.as_bytes()).ok());
             // Where each line sits, so that the values can be cut from the
             // buffer once the parser lets go of it.
             let base = self.buf.as_ptr() as usize;
@@ -559,7 +590,7 @@ impl Connection {
                 headers.append(name, value);
             }
             let decoder = answer.decoder(status, self.head_request, &mut headers)?;
-            self.keep_alive = answer.keep_alive();
+            self.keep_alive &= answer.keep_alive();
             self.reading = match decoder {
                 None => Reading::Done,
                 Some(Decoder::Length(0)) => Reading::Done,
@@ -569,6 +600,9 @@ impl Connection {
             *response.status_mut() = status;
             *response.version_mut() = version;
             *response.headers_mut() = headers;
+            if let Some(reason) = reason {
+                response.extensions_mut().insert(reason);
+            }
             return Ok(Some(response));
         }
     }
@@ -604,7 +638,7 @@ impl Connection {
                 Chunk::Size => match self.line()? {
                     None => break,
                     Some(line) => match chunk_size(&line)? {
-                        0 => Chunk::Trailers,
+                        0 => Chunk::Trailers(0),
                         size => Chunk::Data(size),
                     },
                 },
@@ -635,13 +669,16 @@ impl Connection {
                     self.buf.advance(2);
                     Chunk::Size
                 }
-                Chunk::Trailers => match self.line()? {
+                Chunk::Trailers(read) => match self.line()? {
                     None => break,
                     Some(line) if line.is_empty() => {
                         self.reading = Reading::Done;
                         return Ok(None);
                     }
-                    Some(_) => Chunk::Trailers,
+                    Some(line) if read + line.len() + 2 > MAX_TRAILERS => {
+                        return Err(ClientError::Malformed("trailer section too large"));
+                    }
+                    Some(line) => Chunk::Trailers(read + line.len() + 2),
                 },
             };
         }
@@ -664,6 +701,29 @@ impl Connection {
                 Err(ClientError::Malformed("chunk line too long"))
             }
             None => Ok(None),
+        }
+    }
+}
+
+/// Whether a failed write means the node closed its side of the connection.
+fn closed(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+    )
+}
+
+/// `n` in decimal, written into `digits`.
+fn itoa(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &digits[at..];
         }
     }
 }
@@ -694,18 +754,30 @@ fn parse_length(value: &[u8]) -> Option<u64> {
     length
 }
 
-/// A chunk-size line's size; extensions after `;` are ignored.
+/// A chunk-size line's size: hexadecimal digits, then perhaps whitespace and
+/// extensions after `;` (ignored), nothing else.
 fn chunk_size(line: &[u8]) -> Result<u64, ClientError> {
+    let invalid = || ClientError::Malformed("invalid chunk size");
     let end = line.iter().position(|&b| b == b';').unwrap_or(line.len());
-    let digits = line[..end].trim_ascii();
-    if digits.is_empty() || digits.len() > 16 {
-        return Err(ClientError::Malformed("invalid chunk size"));
+    let mut digits = &line[..end];
+    while let [rest @ .., b' ' | b'\t'] = digits {
+        digits = rest;
+    }
+    if digits.is_empty() {
+        return Err(invalid());
+    }
+    while let [b'0', rest @ ..] = digits {
+        if rest.is_empty() {
+            break;
+        }
+        digits = rest;
+    }
+    if digits.len() > 16 {
+        return Err(invalid());
     }
     let mut size = 0u64;
     for &b in digits {
-        let digit = (b as char)
-            .to_digit(16)
-            .ok_or(ClientError::Malformed("invalid chunk size"))?;
+        let digit = (b as char).to_digit(16).ok_or_else(invalid)?;
         size = size << 4 | u64::from(digit);
     }
     Ok(size)
@@ -763,6 +835,12 @@ impl AnswerHead {
             self.close = true;
             return Ok(None);
         }
+        if self.chunked.is_some() && self.length.is_some() {
+            // Framed twice: the chunks win, the length is not passed on, and the
+            // connection is not trusted with another exchange (9112 6.3).
+            headers.remove(CONTENT_LENGTH);
+            self.close = true;
+        }
         if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
             return Ok(None);
         }
@@ -771,12 +849,6 @@ impl AnswerHead {
                 return Err(ClientError::Malformed(
                     "Transfer-Encoding in an HTTP/1.0 answer",
                 ));
-            }
-            if self.length.is_some() {
-                // Framed twice: the chunks win, the length is not passed on, and
-                // the connection is not trusted with another exchange.
-                headers.remove(CONTENT_LENGTH);
-                self.close = true;
             }
             if !chunked {
                 self.close = true;

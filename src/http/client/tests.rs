@@ -99,10 +99,14 @@ async fn exchange_with(
     script: Script,
     request: Request<RequestBody>,
 ) -> (Result<Exchange, ClientError>, Vec<u8>) {
-    let body_len = request
-        .headers()
-        .get(CONTENT_LENGTH)
-        .map_or(0, |len| len.to_str().unwrap().parse().unwrap());
+    let body_len = match request.body().is_end_stream() {
+        true => 0,
+        false => request.headers()[CONTENT_LENGTH]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap(),
+    };
     let (addr, served) = node(script, body_len).await;
     let stream = TcpStream::connect(addr).await.unwrap();
     let mut conn = Connection::new(WriteStall::new(stream, Duration::from_secs(10)));
@@ -167,6 +171,38 @@ async fn a_post_read_whole_leaves_with_its_length_and_its_body() {
 }
 
 #[tokio::test]
+async fn the_framing_sent_is_the_bodys_whatever_the_headers_said() {
+    let script = answers(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+    let mut stale = request(Method::POST, None);
+    stale
+        .headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from_static("99"));
+    stale
+        .headers_mut()
+        .insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+    let (outcome, sent) = exchange_with(script, stale).await;
+    outcome.unwrap();
+    let sent = String::from_utf8(sent).unwrap();
+    assert!(sent.contains("\r\ncontent-length: 0\r\n"), "{sent}");
+    assert!(!sent.contains("99") && !sent.contains("chunked"), "{sent}");
+}
+
+#[tokio::test]
+async fn a_reason_phrase_of_the_nodes_own_travels_on() {
+    let script = answers(b"HTTP/1.1 200 Fine Thanks\r\nContent-Length: 0\r\n\r\n");
+    let answer = exchange(script).await.unwrap();
+    let reason = answer.head.extensions().get::<hyper::ext::ReasonPhrase>();
+    assert_eq!(reason.map(|r| r.as_bytes()), Some(&b"Fine Thanks"[..]));
+    let script = answers(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+    let answer = exchange(script).await.unwrap();
+    assert!(answer
+        .head
+        .extensions()
+        .get::<hyper::ext::ReasonPhrase>()
+        .is_none());
+}
+
+#[tokio::test]
 async fn a_chunked_answer_arriving_byte_by_byte_is_decoded_and_keeps_the_connection() {
     let script = Script {
         pieces: 1,
@@ -228,6 +264,12 @@ async fn an_answer_framed_twice_is_read_as_chunked_loses_its_length_and_is_not_k
     assert_eq!(answer.body, b"hello");
     assert!(!answer.head.headers().contains_key(CONTENT_LENGTH));
     assert!(!answer.kept);
+
+    // Even without a body to read.
+    let script = answers(
+        b"HTTP/1.1 304 Not Modified\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+    );
+    assert!(!exchange(script).await.unwrap().kept);
 }
 
 #[tokio::test]
@@ -251,7 +293,15 @@ async fn bytes_after_the_answer_make_the_connection_unfit_to_keep() {
 
 #[tokio::test]
 async fn answers_that_break_http_fail_the_exchange() {
-    let broken: [&'static [u8]; 6] = [
+    let mut trailers = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n".to_vec();
+    while trailers.len() < 2 * NODE_BUFFER {
+        trailers.extend_from_slice(format!("X-Trailer: {}\r\n", "t".repeat(1000)).as_bytes());
+    }
+    trailers.extend_from_slice(b"\r\n");
+    let broken: [&'static [u8]; 9] = [
+        trailers.leak(),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n 5\r\nhello\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\r\nhello\r\n0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\nhello",
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nhello",
         b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nhello",
@@ -339,4 +389,9 @@ fn lengths_and_chunk_sizes_are_read_strictly() {
     assert!(chunk_size(b"").is_err());
     assert!(chunk_size(b"0x10").is_err());
     assert!(chunk_size(b"11111111111111111").is_err());
+    assert_eq!(chunk_size(b"00000000000000000005").unwrap(), 5);
+    assert_eq!(chunk_size(b"5 \t;ext").unwrap(), 5);
+    assert_eq!(chunk_size(b"0").unwrap(), 0);
+    assert!(chunk_size(b" 5").is_err());
+    assert!(chunk_size(b"5\r").is_err());
 }
