@@ -25,6 +25,7 @@
 
 use std::fmt;
 use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -43,6 +44,9 @@ use crate::http::upload::RequestBody;
 /// send (twice nginx's and Apache's default) and the largest chunk of a body held
 /// for a student who reads slowly.
 pub const NODE_BUFFER: usize = 16 * 1024;
+
+// A head fits in it, so the offsets of its lines fit in `u16` (see `parse_head`).
+const _: () = assert!(NODE_BUFFER <= u16::MAX as usize);
 
 /// Response header lines a node may send (hyper's limit, and far above Moodle's
 /// dozen or so).
@@ -526,9 +530,15 @@ impl Connection {
     /// before it are dropped on the way.
     fn parse_head(&mut self) -> Result<Option<Response<()>>, ClientError> {
         loop {
-            let mut lines = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut parsed = httparse::Response::new(&mut lines);
-            let len = match parsed.parse(&self.buf) {
+            // Left uninitialised, as hyper does: the parser writes what it uses.
+            let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+            let mut parsed = httparse::Response::new(&mut []);
+            let parsing = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+                &mut parsed,
+                &self.buf,
+                &mut lines,
+            );
+            let len = match parsing {
                 Ok(httparse::Status::Complete(len)) => len,
                 Ok(httparse::Status::Partial) => return Ok(None),
                 Err(httparse::Error::TooManyHeaders) => {
@@ -562,25 +572,25 @@ impl Connection {
             let base = self.buf.as_ptr() as usize;
             let offset = |part: &[u8]| part.as_ptr() as usize - base;
             let mut answer = AnswerHead::new(version);
-            let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+            let mut spans = [(0u16, 0u16, 0u16, 0u16); MAX_HEADERS];
             let count = parsed.headers.len();
             for (span, line) in spans.iter_mut().zip(parsed.headers.iter()) {
                 answer.note(line.name.as_bytes(), line.value);
                 let name = line.name.as_bytes();
-                // The buffer is a few NODE_BUFFERs at most: offsets fit.
+                // The head is at most NODE_BUFFER long (checked above): offsets fit.
                 *span = (
-                    offset(name) as u32,
-                    name.len() as u32,
-                    offset(line.value) as u32,
-                    line.value.len() as u32,
+                    offset(name) as u16,
+                    name.len() as u16,
+                    offset(line.value) as u16,
+                    line.value.len() as u16,
                 );
             }
             let raw = self.buf.split_to(len).freeze();
             let mut headers = self.spare_headers.take().unwrap_or_default();
             headers.reserve(count);
             for &(name_at, name_len, value_at, value_len) in &spans[..count] {
-                let (name_at, name_len) = (name_at as usize, name_len as usize);
-                let (value_at, value_len) = (value_at as usize, value_len as usize);
+                let (name_at, name_len) = (usize::from(name_at), usize::from(name_len));
+                let (value_at, value_len) = (usize::from(value_at), usize::from(value_len));
                 let name = &raw[name_at..name_at + name_len];
                 let name = HeaderName::from_bytes(name)
                     .map_err(|_| ClientError::Malformed("invalid header name"))?;
