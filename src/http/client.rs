@@ -573,10 +573,14 @@ impl Connection {
             let offset = |part: &[u8]| part.as_ptr() as usize - base;
             let mut answer = AnswerHead::new(version);
             let mut spans = [(0u16, 0u16, 0u16, 0u16); MAX_HEADERS];
-            let count = parsed.headers.len();
-            for (span, line) in spans.iter_mut().zip(parsed.headers.iter()) {
-                answer.note(line.name.as_bytes(), line.value);
+            let mut count = 0;
+            for line in parsed.headers.iter() {
                 let name = line.name.as_bytes();
+                if !answer.note(name, line.value) {
+                    continue;
+                }
+                let span = &mut spans[count];
+                count += 1;
                 // The head is at most NODE_BUFFER long (checked above): offsets fit.
                 *span = (
                     offset(name) as u16,
@@ -814,7 +818,13 @@ impl AnswerHead {
         }
     }
 
-    fn note(&mut self, name: &[u8], value: &[u8]) {
+    /// Takes in one header line; says whether it is passed on. The lines about this
+    /// connection alone are not (the proxy would strip them): `Transfer-Encoding`
+    /// (the body is decoded here and framed anew for the student), `Keep-Alive`, and
+    /// a `Connection` that lists nothing but `close` or `keep-alive`, as nginx's and
+    /// Apache's always does. One that lists other headers stays, for the proxy to
+    /// remove those too.
+    fn note(&mut self, name: &[u8], value: &[u8]) -> bool {
         if name.eq_ignore_ascii_case(b"content-length") {
             let this = parse_length(value).ok_or(());
             self.length = Some(match self.length {
@@ -826,12 +836,21 @@ impl AnswerHead {
             // The last coding of the last line is the one that frames the body.
             let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
             self.chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            return false;
         } else if name.eq_ignore_ascii_case(b"connection") {
+            let mut lists_more = false;
             for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                self.close |= token.eq_ignore_ascii_case(b"close");
-                self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                let close = token.eq_ignore_ascii_case(b"close");
+                let keep_alive = token.eq_ignore_ascii_case(b"keep-alive");
+                self.close |= close;
+                self.keep_alive |= keep_alive;
+                lists_more |= !(close || keep_alive || token.is_empty());
             }
+            return lists_more;
+        } else if name.eq_ignore_ascii_case(b"keep-alive") {
+            return false;
         }
+        true
     }
 
     /// How the body is framed (RFC 9112 6.3), `None` for an answer without one.

@@ -273,6 +273,28 @@ async fn an_answer_framed_twice_is_read_as_chunked_loses_its_length_and_is_not_k
 }
 
 #[tokio::test]
+async fn the_lines_about_the_node_connection_alone_are_not_passed_on() {
+    let script = answers(
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\
+          Transfer-Encoding: chunked\r\nX-Moodle: yes\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+    );
+    let answer = exchange(script).await.unwrap();
+    let names: Vec<&str> = answer
+        .head
+        .headers()
+        .keys()
+        .map(HeaderName::as_str)
+        .collect();
+    assert_eq!(names, ["x-moodle"]);
+    assert!(answer.kept);
+
+    // A Connection line that names another header stays, so the proxy strips both.
+    let script = answers(b"HTTP/1.1 200 OK\r\nConnection: x-secret\r\nContent-Length: 0\r\n\r\n");
+    let answer = exchange(script).await.unwrap();
+    assert_eq!(answer.head.headers()["connection"], "x-secret");
+}
+
+#[tokio::test]
 async fn a_node_that_says_close_or_speaks_http_1_0_is_not_kept() {
     let script = answers(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok");
     assert!(!exchange(script).await.unwrap().kept);
