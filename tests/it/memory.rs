@@ -133,8 +133,13 @@ async fn a_gigabyte_offloaded_file_streams_through_in_flat_memory() {
 
 /// Slow readers this test opens at once.
 const SLOW_READERS: usize = 100;
-/// What the book (docs/src/security.md, "Memory per connection") promises a stalled reader costs, with margin over the measured figure.
-const PER_READER_LIMIT_KIB: u64 = 64;
+/// What a stalled reader may cost on this test's count (growth less the fixed overhead,
+/// per reader): the book (docs/src/security.md, "Memory per connection") promises 64 KiB
+/// at most. Measured 31 in the debug build since the node side speaks HTTP/1.1 itself
+/// (2026-12-03, three runs; about 48 with hyper's client connection, whose write buffer
+/// and request channel each stalled reader held), so 44 keeps a margin and still fails
+/// if those 16 KiB came back.
+const PER_READER_LIMIT_KIB: u64 = 44;
 /// Fixed growth allowed on top: the runtime's per-task state, allocator arenas.
 const FIXED_OVERHEAD_KIB: u64 = 2 * 1024;
 
@@ -182,8 +187,9 @@ async fn slow_reader(gateway: SocketAddr) -> tokio::net::TcpStream {
 /// A hundred students who ask for a big file and stop reading each cost the gateway
 /// at most a few buffers: the node's body is not read ahead of a stalled student,
 /// and a connection slow from its first byte gets its next chunk only once its
-/// socket took all of the last. About 68 KiB each is measured (101 KiB before that
-/// pacing, 911 KiB with hyper's default buffers).
+/// socket took all of the last. About 51 KiB each of resident growth is measured
+/// (68 with hyper's client connection to the node, 101 KiB before that pacing, 911 KiB
+/// with hyper's default buffers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_readers_each_cost_a_few_buffers() {
     let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
