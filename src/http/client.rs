@@ -573,6 +573,7 @@ impl Connection {
             let offset = |part: &[u8]| part.as_ptr() as usize - base;
             let mut answer = AnswerHead::new(version);
             let mut spans = [(0u16, 0u16, 0u16, 0u16); MAX_HEADERS];
+            debug_assert!(len <= NODE_BUFFER, "the offsets below are u16s");
             let mut count = 0;
             for line in parsed.headers.iter() {
                 let name = line.name.as_bytes();

@@ -292,6 +292,14 @@ async fn the_lines_about_the_node_connection_alone_are_not_passed_on() {
     let script = answers(b"HTTP/1.1 200 OK\r\nConnection: x-secret\r\nContent-Length: 0\r\n\r\n");
     let answer = exchange(script).await.unwrap();
     assert_eq!(answer.head.headers()["connection"], "x-secret");
+    assert!(answer.kept);
+
+    // And still closes the connection when it says close among them.
+    let script =
+        answers(b"HTTP/1.1 200 OK\r\nConnection: close, x-secret\r\nContent-Length: 0\r\n\r\n");
+    let answer = exchange(script).await.unwrap();
+    assert_eq!(answer.head.headers()["connection"], "close, x-secret");
+    assert!(!answer.kept);
 }
 
 #[tokio::test]
