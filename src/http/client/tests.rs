@@ -37,6 +37,14 @@ fn answers(answer: &'static [u8]) -> Script {
     }
 }
 
+/// A node that answers and then closes the connection.
+fn answers_then_closes(answer: &'static [u8]) -> Script {
+    Script {
+        close: true,
+        ..answers(answer)
+    }
+}
+
 /// A node that reads one request (up to the end of its head, and `body` more
 /// bytes), answers it as `script` says, and returns what it read.
 async fn node(
@@ -218,10 +226,8 @@ async fn a_chunked_answer_arriving_byte_by_byte_is_decoded_and_keeps_the_connect
 
 #[tokio::test]
 async fn an_answer_without_a_length_ends_when_the_node_closes_and_is_not_kept() {
-    let script = Script {
-        close: true,
-        ..answers(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
-    };
+    let script =
+        answers_then_closes(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it");
     let answer = exchange(script).await.unwrap();
     assert_eq!(answer.body, b"all of it");
     assert!(!answer.kept);
@@ -364,17 +370,11 @@ async fn a_head_larger_than_the_buffer_is_refused() {
 
 #[tokio::test]
 async fn a_node_that_closes_without_answering_or_mid_body_is_told_apart() {
-    let script = Script {
-        close: true,
-        ..answers(b"")
-    };
+    let script = answers_then_closes(b"");
     let error = exchange(script).await.unwrap_err();
     assert!(error.closed_without_answer(), "{error:?}");
 
-    let script = Script {
-        close: true,
-        ..answers(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
-    };
+    let script = answers_then_closes(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf");
     let error = exchange(script).await.unwrap_err();
     assert!(matches!(error, ClientError::ClosedMidBody), "{error:?}");
     assert!(!error.closed_without_answer());
