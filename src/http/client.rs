@@ -80,8 +80,6 @@ pub struct Connection {
     /// map between them (hyper's trick).
     spare_headers: Option<HeaderMap>,
     framing: Framing,
-    /// Everything of the request has been handed to the socket.
-    sent: bool,
     /// A write failed before the answer's head arrived; the node may still have
     /// answered (a `413` before it closes), so reading goes on, and this is the
     /// error if it did not.
@@ -96,7 +94,7 @@ pub struct Connection {
 impl fmt::Debug for Connection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Connection")
-            .field("sent", &self.sent)
+            .field("sent", &self.sent())
             .field("reading", &self.reading)
             .field("keep_alive", &self.keep_alive)
             .finish_non_exhaustive()
@@ -220,7 +218,6 @@ impl Connection {
             body: None,
             spare_headers: None,
             framing: Framing::Length(0),
-            sent: true,
             write_failed: None,
             reading: Reading::Idle,
             head_request: false,
@@ -250,9 +247,9 @@ impl Connection {
         let framing = if body.is_end_stream() {
             Framing::Length(0)
         } else if let Some(len) = headers.get(CONTENT_LENGTH) {
-            let len = parse_length(len.as_bytes()).ok_or(ClientError::Upload(
-                "the request's Content-Length is not a number".into(),
-            ))?;
+            let len = parse_length(len.as_bytes()).ok_or_else(|| {
+                ClientError::Upload("the request's Content-Length is not a number".into())
+            })?;
             Framing::Length(len)
         } else {
             Framing::Chunked
@@ -294,7 +291,6 @@ impl Connection {
         self.spare_headers = Some(parts.headers);
         self.body = (framing != Framing::Length(0)).then_some(body);
         self.framing = framing;
-        self.sent = false;
         self.write_failed = None;
         self.head_request = parts.method == Method::HEAD;
         self.reading = Reading::Head;
@@ -314,9 +310,9 @@ impl Connection {
                     return Poll::Ready(Err(ClientError::HeadTooLarge));
                 }
             }
-            if !self.sent {
+            if !self.sent() {
                 match self.poll_send(cx) {
-                    Poll::Ready(Ok(())) => self.sent = true,
+                    Poll::Ready(Ok(())) | Poll::Pending => {}
                     // The node closed its side: it may have answered first (a
                     // `413` before it closes), so reading goes on. Any other
                     // failure (a write blocked past `body_idle`) ends the exchange.
@@ -325,7 +321,6 @@ impl Connection {
                         self.write_failed = Some(error);
                     }
                     Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
-                    Poll::Pending => {}
                 }
             }
             match ready!(self.poll_fill(cx)) {
@@ -347,12 +342,11 @@ impl Connection {
     /// upload the node answered before it was complete, as the node may read it
     /// still.
     pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ClientError>>> {
-        if !self.sent {
-            match self.poll_send(cx) {
-                Poll::Ready(Ok(())) => self.sent = true,
-                // The answer is what counts now; the connection is not kept.
-                Poll::Ready(Err(_)) => self.abandon_request(),
-                Poll::Pending => {}
+        if !self.sent() {
+            // The answer is what counts now: an upload that fails only costs the
+            // connection its reuse.
+            if let Poll::Ready(Err(_)) = self.poll_send(cx) {
+                self.abandon_request();
             }
         }
         loop {
@@ -400,9 +394,9 @@ impl Connection {
     pub fn finish(&mut self) -> bool {
         // A connection that never carried an exchange is as clean as one whose
         // exchange ended well.
+        // (A failed write made it unwilling, see `abandon_request`.)
         let clean = matches!(self.reading, Reading::Done | Reading::Idle)
-            && self.sent
-            && self.write_failed.is_none()
+            && self.sent()
             && self.keep_alive
             && self.buf.is_empty();
         self.reading = Reading::Idle;
@@ -416,10 +410,14 @@ impl Connection {
     /// Stops sending the request: nothing more of it will go, and the connection
     /// can carry nothing else.
     fn abandon_request(&mut self) {
-        self.sent = true;
         self.body = None;
         self.out.clear();
         self.keep_alive = false;
+    }
+
+    /// Everything of the request has been handed to the socket (or given up).
+    fn sent(&self) -> bool {
+        self.body.is_none() && self.out.is_empty()
     }
 
     /// Writes what is queued and feeds the body's frames to the socket until the
@@ -476,9 +474,10 @@ impl Connection {
         match &mut self.framing {
             Framing::Length(left) => {
                 let len = data.len() as u64;
-                *left = left.checked_sub(len).ok_or(ClientError::Upload(
-                    "the request body is longer than its Content-Length".into(),
-                ))?;
+                // Checked for every piece: the error is built only when it is one.
+                *left = left.checked_sub(len).ok_or_else(|| {
+                    ClientError::Upload("the request body is longer than its Content-Length".into())
+                })?;
                 self.out.push(data);
                 if *left == 0 {
                     // A sized body is complete at its length: not polled again.

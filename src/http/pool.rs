@@ -254,18 +254,16 @@ impl Lease {
                 unsent: Some(request),
             });
         }
-        let sending = self.conn.start(request);
-        let head = match sending {
+        let head = match self.conn.start(request) {
             Ok(()) => poll_fn(|cx| self.conn.poll_head(cx)).await,
             Err(error) => Err(error),
         };
-        match head {
-            Ok(head) => Ok(head.map(|()| NodeBody::leased(self))),
-            Err(error) => Err(SendError {
-                error,
-                unsent: None,
-            }),
-        }
+        let failed = |error| SendError {
+            error,
+            unsent: None,
+        };
+        head.map(|head| head.map(|()| NodeBody::leased(self)))
+            .map_err(failed)
     }
 
     /// Returns the connection to its upstream's list if the exchange left it clean
@@ -407,14 +405,10 @@ impl Body for NodeBody {
             }
             // The last piece of a sized body ends it too: the PHP worker and the
             // connection are free before hyper asks again.
-            Some(Ok(_)) => {
-                if this.release_if_done() {
+            _ => {
+                if this.release_if_done() || frame.is_none() {
                     this.let_go();
                 }
-            }
-            None => {
-                this.release_if_done();
-                this.let_go();
             }
         }
         Poll::Ready(frame)
