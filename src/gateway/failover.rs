@@ -17,7 +17,7 @@ use crate::cluster::slots::Ask;
 use crate::config::SessionStore;
 use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
-use crate::http::proxy::{self, Failed, Peer, Target};
+use crate::http::proxy::{self, Failed, Hygiene, Peer, Target};
 use crate::http::tunnel;
 use crate::http::upload::Upload;
 use crate::metrics::MoveCause;
@@ -80,6 +80,7 @@ impl Gateway {
             hold,
             replayed: false,
         };
+        let mut hygiene = Hygiene::Due(peer);
         loop {
             let slot = self.slot(route, known, ask, &mut retry.hold, settings);
             let (slotted, permit, took_slot) = slot.await?;
@@ -94,7 +95,7 @@ impl Gateway {
                 authority: &upstream.authority,
                 conns: &upstream.conns,
             };
-            let forwarded = proxy::forward(&self.pool, target, request, peer, settings.bounds);
+            let forwarded = proxy::forward(&self.pool, target, request, hygiene, settings.bounds);
             let Failed {
                 error,
                 unsent,
@@ -139,6 +140,10 @@ impl Gateway {
             // A GET that acts (Moodle's sesskey links) may have acted already.
             if replay && !crate::moodle::may_repeat(unsent.uri().query()) {
                 return Err(error);
+            }
+            // A replay goes as it was sent, prepared once.
+            if replay {
+                hygiene = Hygiene::Done;
             }
             // Only a request with no affinity moves: no node holds its session. Its
             // body, if any, is whole in memory, or nothing of it was read.

@@ -31,6 +31,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -75,10 +76,12 @@ pub struct Connection {
     out: Outgoing,
     /// The request's body while it is being sent.
     body: Option<RequestBody>,
-    /// The request's header map once its head is written, emptied: the answer's
-    /// headers are parsed into it, so that a request and its answer allocate one
-    /// map between them (hyper's trick).
-    spare_headers: Option<HeaderMap>,
+    /// The request's head once it is queued, until the answer's head arrives:
+    /// handed back if the node closes without answering (a GET goes again as it
+    /// was sent, without a copy kept of every request for that rare case), and
+    /// otherwise its header map, emptied, takes the answer's headers, so that a
+    /// request and its answer allocate one map between them (hyper's trick).
+    request_head: Option<Parts>,
     framing: Framing,
     /// A write failed before the answer's head arrived; the node may still have
     /// answered (a `413` before it closes), so reading goes on, and this is the
@@ -216,7 +219,7 @@ impl Connection {
             buf: BytesMut::new(),
             out: Outgoing::default(),
             body: None,
-            spare_headers: None,
+            request_head: None,
             framing: Framing::Length(0),
             write_failed: None,
             reading: Reading::Idle,
@@ -242,7 +245,7 @@ impl Connection {
     /// until [`Self::poll_head`] drives the connection.
     pub fn start(&mut self, request: Request<RequestBody>) -> Result<(), ClientError> {
         debug_assert_eq!(self.reading, Reading::Idle);
-        let (mut parts, body) = request.into_parts();
+        let (parts, body) = request.into_parts();
         let headers = &parts.headers;
         let framing = if body.is_end_stream() {
             Framing::Length(0)
@@ -287,14 +290,20 @@ impl Connection {
             }
         }
         head.extend_from_slice(b"\r\n");
-        parts.headers.clear();
-        self.spare_headers = Some(parts.headers);
+        self.head_request = parts.method == Method::HEAD;
+        self.request_head = Some(parts);
         self.body = (framing != Framing::Length(0)).then_some(body);
         self.framing = framing;
         self.write_failed = None;
-        self.head_request = parts.method == Method::HEAD;
         self.reading = Reading::Head;
         Ok(())
+    }
+
+    /// The head of the request [`Self::start`] took, as it was written: there
+    /// until the answer's head is read, to go again on another connection if the
+    /// node closes this one without answering.
+    pub fn take_request_head(&mut self) -> Option<Parts> {
+        self.request_head.take()
     }
 
     /// Sends what is left of the request and waits for the answer's head.
@@ -590,7 +599,12 @@ impl Connection {
                 );
             }
             let raw = self.buf.split_to(len).freeze();
-            let mut headers = self.spare_headers.take().unwrap_or_default();
+            let mut headers = self
+                .request_head
+                .take()
+                .map(|parts| parts.headers)
+                .unwrap_or_default();
+            headers.clear();
             headers.reserve(count);
             for &(name_at, name_len, value_at, value_len) in &spans[..count] {
                 let (name_at, name_len) = (usize::from(name_at), usize::from(name_len));

@@ -30,7 +30,7 @@ use http::{Method, Request, Response, StatusCode};
 
 use super::body::IdleLimited;
 use super::pool::{Conns, Pool};
-use super::proxy::{self, Bounds, Failed, Peer, Target};
+use super::proxy::{self, Bounds, Failed, Hygiene, Peer, Target};
 use super::upload::Upload;
 use crate::error::GatewayError;
 
@@ -147,7 +147,7 @@ impl Offload {
             authority: &self.authority,
             conns: &self.conns,
         };
-        let fetched = proxy::forward(pool, export, request, peer, bounds);
+        let fetched = proxy::forward(pool, export, request, Hygiene::Due(peer), bounds);
         let file = fetched.await.map_err(|Failed { error, .. }| {
             let error = match error {
                 GatewayError::UpstreamTimeout => GatewayError::FileExportTimeout,

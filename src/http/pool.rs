@@ -23,6 +23,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::uri::Authority;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -237,6 +238,9 @@ pub struct SendError {
     /// The request, untouched, when the connection was found closed before any of
     /// it was written.
     pub unsent: Option<Request<RequestBody>>,
+    /// The head of the request as it was sent, when it was and no answer's head
+    /// came back (its body, if any, is gone).
+    pub sent_head: Option<Parts>,
 }
 
 impl Lease {
@@ -252,18 +256,21 @@ impl Lease {
             return Err(SendError {
                 error: ClientError::ClosedBeforeAnswer,
                 unsent: Some(request),
+                sent_head: None,
             });
         }
         let head = match self.conn.start(request) {
             Ok(()) => poll_fn(|cx| self.conn.poll_head(cx)).await,
             Err(error) => Err(error),
         };
-        let failed = |error| SendError {
-            error,
-            unsent: None,
-        };
-        head.map(|head| head.map(|()| NodeBody::leased(self)))
-            .map_err(failed)
+        match head {
+            Ok(head) => Ok(head.map(|()| NodeBody::leased(self))),
+            Err(error) => Err(SendError {
+                error,
+                unsent: None,
+                sent_head: self.conn.take_request_head(),
+            }),
+        }
     }
 
     /// Returns the connection to its upstream's list if the exchange left it clean

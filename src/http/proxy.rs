@@ -137,15 +137,17 @@ pub struct Failed {
     /// What the student sees if the request goes nowhere else.
     pub error: GatewayError,
     /// The request as it came: its headers as the student sent them, its body
-    /// perhaps read into memory, but none of it sent to any node, unless `replay`.
+    /// perhaps read into memory, but none of it sent to any node. With `replay`,
+    /// the request as it was sent instead, its hygiene done ([`Hygiene::Done`]).
     pub unsent: Option<Request<Upload>>,
     /// The node refused (or reset) the connection: nothing listens there right now,
     /// as while its web server restarts. Only ever set with `unsent`.
     pub refused: bool,
     /// The request did reach the node, which closed the connection without a byte of
-    /// answer (PHP-FPM restarted or crashed, the node rebooted): `unsent` is a copy
-    /// of a GET or HEAD without a body, which RFC 9110 (9.2.2) lets a proxy repeat,
-    /// as HAProxy's `retry-on empty-response` does. Only ever set with `unsent`.
+    /// answer (PHP-FPM restarted or crashed, the node rebooted): `unsent` is the GET
+    /// or HEAD without a body that was sent, which RFC 9110 (9.2.2) lets a proxy
+    /// repeat, as HAProxy's `retry-on empty-response` does. Only ever set with
+    /// `unsent`.
     pub replay: bool,
 }
 
@@ -160,21 +162,17 @@ impl From<GatewayError> for Failed {
     }
 }
 
-/// A copy of a GET or HEAD without a body, as it came, to send again if its node
-/// closes the connection before answering; `None` for any other request, which may
-/// have changed something on the node and must never run twice.
-fn replayable(request: &Request<Upload>) -> Option<Request<Upload>> {
-    let idempotent = matches!(*request.method(), Method::GET | Method::HEAD);
-    if !idempotent || !request.body().is_empty() {
-        return None;
-    }
-    let mut copy = Request::new(Upload::empty());
-    *copy.method_mut() = request.method().clone();
-    *copy.uri_mut() = request.uri().clone();
-    *copy.version_mut() = request.version();
-    *copy.headers_mut() = request.headers().clone();
-    *copy.extensions_mut() = request.extensions().clone();
-    Some(copy)
+/// Whether a request still needs its header hygiene ([`prepared`]) on its way to
+/// a node. A request that went once and comes back to be replayed has had it: a
+/// second pass would add the gateway's hop to a trusted proxy's
+/// `X-Forwarded-For` twice. (Its `Host`, if an HTTP/1.0 student sent none, stays
+/// the first node's.)
+#[derive(Debug, Clone, Copy)]
+pub enum Hygiene<'a> {
+    /// The request is as the student sent it; this is who sent it.
+    Due(Peer<'a>),
+    /// The request was prepared for a node before.
+    Done,
 }
 
 /// The upstream a request goes to, as this wing sees one: the name the logs call
@@ -218,7 +216,7 @@ pub async fn forward(
     pool: &Pool,
     target: Target<'_>,
     mut request: Request<Upload>,
-    peer: Peer<'_>,
+    hygiene: Hygiene<'_>,
     bounds: Bounds,
 ) -> Result<Response<IdleLimited>, Failed> {
     let Target {
@@ -241,8 +239,15 @@ pub async fn forward(
             });
         }
     };
-    let replay = replayable(&request);
-    let mut request = prepared(authority, request, peer);
+    // A GET or HEAD without a body may go again if its node closes without a
+    // byte of answer (see `Failed`); anything else may have changed something on
+    // the node and must never run twice.
+    let replayable =
+        matches!(*request.method(), Method::GET | Method::HEAD) && request.body().is_empty();
+    let mut request = match hygiene {
+        Hygiene::Due(peer) => prepared(authority, request, peer),
+        Hygiene::Done => request,
+    };
     if let Some(len) = request.body().whole_len() {
         sized(request.headers_mut(), len);
     }
@@ -263,7 +268,7 @@ pub async fn forward(
                 None => pool
                     .lease(authority, conns)
                     .await
-                    .map_err(|error| (connect_failed(name, &error).error(), false))?,
+                    .map_err(|error| (connect_failed(name, &error).error(), None))?,
             };
             match lease.send(request, reused).await {
                 Ok(response) => return Ok(response),
@@ -274,10 +279,13 @@ pub async fn forward(
                     unsent: Some(unsent),
                     ..
                 }) if reused => request = unsent,
-                // Nothing of an answer came: a GET may go again (see `Failed`).
-                Err(SendError { error, .. }) => {
-                    let silent = error.closed_without_answer();
-                    return Err((classify_error(name, &error), silent));
+                // Nothing of an answer came: a GET may go again (see `Failed`),
+                // as it was sent.
+                Err(SendError {
+                    error, sent_head, ..
+                }) => {
+                    let again = sent_head.filter(|_| replayable && error.closed_without_answer());
+                    return Err((classify_error(name, &error), again));
                 }
             }
         }
@@ -294,9 +302,10 @@ pub async fn forward(
             Ok(response) => response,
             // Sent, and the node closed without a byte of answer: a GET or HEAD
             // goes back to the caller to be sent again; anything else is a 502.
-            Err((error, true)) if replay.is_some() => {
+            Err((error, Some(head))) => {
                 tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
-                return Err(Failed { error, unsent: replay, refused: false, replay: true });
+                let unsent = Some(Request::from_parts(head, Upload::empty()));
+                return Err(Failed { error, unsent, refused: false, replay: true });
             }
             Err((error, _)) => return Err(error.into()),
         },

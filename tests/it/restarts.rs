@@ -107,6 +107,8 @@ async fn a_node_that_stays_closed_past_the_hold_is_down_and_its_student_moves() 
     assert!(!web.health.is_up(), "its refusals took the node down");
 }
 
+type Log = Arc<Mutex<Vec<String>>>;
+
 /// A node that dies mid-request, as PHP-FPM does when it is restarted or crashes:
 /// it answers every request itself (`ok`, and a session cookie to the login page),
 /// except that for each [`arm`](Dying::arm) it reads the head of the next request
@@ -116,21 +118,29 @@ struct Dying {
     armed: Arc<AtomicUsize>,
     /// `METHOD path` of every request it read, in order (probes left out).
     seen: Arc<Mutex<Vec<String>>>,
+    /// The `X-Forwarded-For` of each request for `/course/view.php` (empty if none).
+    chains: Arc<Mutex<Vec<String>>>,
 }
 
 impl Dying {
     async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (armed, seen) = (Arc::new(AtomicUsize::new(0)), Arc::default());
+        let (armed, seen, chains) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::default(),
+            Arc::default(),
+        );
         let node = Self {
             addr,
             armed: armed.clone(),
             seen: Arc::clone(&seen),
+            chains: Arc::clone(&chains),
         };
         tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
-                tokio::spawn(Self::serve(socket, armed.clone(), Arc::clone(&seen)));
+                let log = (Arc::clone(&seen), Arc::clone(&chains));
+                tokio::spawn(Self::serve(socket, armed.clone(), log));
             }
         });
         node
@@ -149,7 +159,12 @@ impl Dying {
             .count()
     }
 
-    async fn serve(socket: TcpStream, armed: Arc<AtomicUsize>, seen: Arc<Mutex<Vec<String>>>) {
+    fn chains(&self) -> Vec<String> {
+        self.chains.lock().unwrap().clone()
+    }
+
+    async fn serve(socket: TcpStream, armed: Arc<AtomicUsize>, log: (Log, Log)) {
+        let (seen, chains) = log;
         let (read, mut write) = socket.into_split();
         let mut read = BufReader::new(read);
         loop {
@@ -163,7 +178,7 @@ impl Dying {
                 parts.next().unwrap_or(""),
             );
             let path = target.split('?').next().unwrap_or("").to_owned();
-            let mut length = 0;
+            let (mut length, mut chain) = (0, String::new());
             loop {
                 let mut header = String::new();
                 read.read_line(&mut header).await.unwrap();
@@ -174,6 +189,9 @@ impl Dying {
                 if let Some(value) = lower.strip_prefix("content-length:") {
                     length = value.trim().parse().unwrap();
                 }
+                if let Some(value) = lower.strip_prefix("x-forwarded-for:") {
+                    value.trim().clone_into(&mut chain);
+                }
             }
             let mut body = vec![0; length];
             read.read_exact(&mut body).await.unwrap();
@@ -181,6 +199,9 @@ impl Dying {
                 // A health probe: always answered.
             } else {
                 seen.lock().unwrap().push(format!("{method} {path}"));
+                if path == "/course/view.php" {
+                    chains.lock().unwrap().push(chain);
+                }
                 let dies = path == "/course/view.php"
                     && armed
                         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -263,6 +284,37 @@ async fn a_get_whose_node_dies_before_answering_is_sent_again_and_a_post_is_not(
         node.seen("GET /course/view.php"),
         5,
         "two more tries, not three"
+    );
+}
+
+/// Behind a trusted proxy, a GET sent again carries the chain it carried the first
+/// time: the gateway's hop is added once, not once per try (Moodle's
+/// `getremoteaddr()` and its logs would see the gateway as the student otherwise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_sent_again_behind_a_trusted_proxy_names_the_student_once() {
+    let node = Dying::start().await;
+    let data = crate::support::named_upstream("data").await;
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\ntrusted_proxies = [\"127.0.0.1/32\"]\n{PATIENT_HEALTH}\
+         [[nodes]]\nname = \"web1\"\nurl = \"http://{}\"\n[data]\nname = \"data\"\nurl = \"http://{data}\"\n",
+        node.addr
+    );
+    let gateway = TestGateway::start(&text).await;
+    let login = crate::support::get(&gateway.url("/login/index.php")).await;
+    assert_eq!(login.status, 200);
+    node.arm(1);
+    let request = Request::get(gateway.url("/course/view.php?id=2"))
+        .header("cookie", "MoodleSession=d1e2f3g4h5i6j7k8l9m0n1o2p3")
+        .header("x-forwarded-for", "198.51.100.23")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let page = crate::support::client().request(request).await.unwrap();
+    assert_eq!(page.status(), 200, "the GET went again and got its page");
+    let chain = "198.51.100.23, 127.0.0.1";
+    assert_eq!(
+        node.chains(),
+        [chain, chain],
+        "both tries name the student once"
     );
 }
 
