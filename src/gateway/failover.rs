@@ -6,6 +6,7 @@
 //! store, which only the gateway knows; the proxy only reports whether anything of
 //! the request left.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
@@ -39,127 +40,138 @@ impl Gateway {
     /// `waited` how long that took; the slot travels in the response body and is
     /// freed when the node's answer has been read. An upgrade takes none: a
     /// WebSocket holds no PHP worker for its life.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn forward(
-        &self,
+    ///
+    /// Not an `async fn`, which would keep each argument twice (as it came and as
+    /// a local) in a future that every request's holds; the block moves them once.
+    // Deliberately not an `async fn` (see above).
+    #[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
+    pub(super) fn forward<'a>(
+        &'a self,
         mut route: Route,
         known: Option<Known>,
         request: Request<Incoming>,
-        peer: Peer<'_>,
+        peer: Peer<'a>,
         ask: Ask,
-        waited: &mut Option<Duration>,
+        waited: &'a mut Option<Duration>,
         hold: Option<Hold>,
-        settings: &Settings,
-    ) -> Result<(Route, Response<IdleLimited>, Option<Duration>), GatewayError> {
-        if tunnel::is_upgrade(&request) {
-            let upstream = settings
-                .upstream(route)
-                .ok_or(GatewayError::NoNodeAvailable)?;
-            // An upgrade is never replayed, and gets a node connection of its own.
-            let target = Target {
-                name: &upstream.name,
-                authority: &upstream.authority,
-                conns: &upstream.conns,
-            };
-            let upgraded = tunnel::forward(target, request, peer, settings.bounds);
-            let upgraded = upgraded.await;
-            if upgraded.as_ref().is_err_and(|e| e.is_upstream_failure()) {
-                upstream.health.failure(settings.health.fall);
-            }
-            return upgraded.map(|response| (route, response, None));
-        }
-        let mut request = request.map(|body| Upload::new(body, &settings.bounds));
-        // The body is read (into memory, or onto disk) before the node's slot is
-        // taken: a student still sending holds no PHP worker, so they must not
-        // hold one of the gateway's places for a worker either.
-        let upstream = settings.upstream(route).map_or("", |u| u.name.as_str());
-        proxy::read_ahead(&mut request, upstream, &settings.bounds, Some(&self.spool)).await?;
-        let mut retry = Retry {
-            movable: false,
-            attempts: settings.upstreams.nodes().len(),
-            hold,
-            replayed: false,
-        };
-        let mut hygiene = Hygiene::Due(peer);
-        loop {
-            let slot = self.slot(route, known, ask, &mut retry.hold, settings);
-            let (slotted, permit, took_slot) = slot.await?;
-            route = slotted;
-            *waited = took_slot.map(|t| t + waited.unwrap_or_default());
-            let upstream = settings
-                .upstream(route)
-                .ok_or(GatewayError::NoNodeAvailable)?;
-            let sent = Instant::now();
-            let target = Target {
-                name: &upstream.name,
-                authority: &upstream.authority,
-                conns: &upstream.conns,
-            };
-            let forwarded = proxy::forward(&self.pool, target, request, hygiene, settings.bounds);
-            let Failed {
-                error,
-                unsent,
-                refused,
-                replay,
-            } = match forwarded.await {
-                Ok(mut response) => {
-                    upstream.health.request_succeeded();
-                    let took = sent.elapsed();
-                    if let Some(meters) = self.metrics.node(upstream.id) {
-                        meters.answered(response.status().as_u16(), took);
-                    }
-                    if let Some(held) = permit.into_held() {
-                        response.body_mut().inner_mut().hold(held);
-                    }
-                    return Ok((route, response, Some(took)));
+        settings: &'a Settings,
+    ) -> impl Future<Output = Result<(Route, Response<IdleLimited>, Option<Duration>), GatewayError>> + 'a
+    {
+        async move {
+            if tunnel::is_upgrade(&request) {
+                let upstream = settings
+                    .upstream(route)
+                    .ok_or(GatewayError::NoNodeAvailable)?;
+                // An upgrade is never replayed, and gets a node connection of its own.
+                let target = Target {
+                    name: &upstream.name,
+                    authority: &upstream.authority,
+                    conns: &upstream.conns,
+                };
+                // Boxed: an upgrade is rare, and every request's future would otherwise
+                // keep room for its 1.5 KB.
+                let upgraded = tunnel::forward(target, request, peer, settings.bounds);
+                let upgraded = Box::pin(upgraded).await;
+                if upgraded.as_ref().is_err_and(|e| e.is_upstream_failure()) {
+                    upstream.health.failure(settings.health.fall);
                 }
-                Err(failed) => failed,
+                return upgraded.map(|response| (route, response, None));
+            }
+            let mut request = request.map(|body| Upload::new(body, &settings.bounds));
+            // The body is read (into memory, or onto disk) before the node's slot is
+            // taken: a student still sending holds no PHP worker, so they must not
+            // hold one of the gateway's places for a worker either.
+            let upstream = settings.upstream(route).map_or("", |u| u.name.as_str());
+            proxy::read_ahead(&mut request, upstream, &settings.bounds, Some(&self.spool)).await?;
+            let mut retry = Retry {
+                movable: false,
+                attempts: settings.upstreams.nodes().len(),
+                hold,
+                replayed: false,
             };
-            // Nothing of the node's is in use any more: the next try waits afresh.
-            drop(permit);
-            if error.is_upstream_error() {
-                self.metrics.upstream_error(&upstream.name, error.kind());
-            }
-            // The gateway's own lack of resources is not in here: it says nothing
-            // about the node (`GatewayError::is_upstream_failure`).
-            if error.is_upstream_failure()
-                && upstream.health.failure(settings.health.fall) == Change::Down
-            {
-                tracing::warn!(upstream = %upstream.name, "marked down: {error}");
-            }
-            // No socket for this node means none for any other: answered at once.
-            let Some(unsent) = unsent.filter(|_| error != GatewayError::OutOfConnections) else {
-                return Err(error);
-            };
-            // A node that closes on the same GET twice is not restarting: it fails
-            // on this request (a PHP crash on this page), and a third try would
-            // only cost it more.
-            if replay && std::mem::replace(&mut retry.replayed, true) {
-                return Err(error);
-            }
-            // A GET that acts (Moodle's sesskey links) may have acted already.
-            if replay && !crate::moodle::may_repeat(unsent.uri().query()) {
-                return Err(error);
-            }
-            // A replay goes as it was sent, prepared once.
-            if replay {
-                hygiene = Hygiene::Done;
-            }
-            // Only a request with no affinity moves: no node holds its session. Its
-            // body, if any, is whole in memory, or nothing of it was read.
-            let body = unsent.body();
-            retry.movable = matches!(route, Route::Deal(_) | Route::Spread(_))
-                && settings.upstreams.nodes().len() > 1
-                && (body.is_empty() || body.whole_len().is_some());
-            // A node that closed before answering is treated as one that refused:
-            // it is going away or coming back, as while PHP-FPM restarts.
-            let refused = refused || replay;
-            match self
-                .again(route, known, refused, &mut retry, settings)
-                .await
-            {
-                Some(next) => (route, request) = (next, unsent),
-                None => return Err(error),
+            let mut hygiene = Hygiene::Due(peer);
+            loop {
+                let slot = self.slot(route, known, ask, &mut retry.hold, settings);
+                let (slotted, permit, took_slot) = slot.await?;
+                route = slotted;
+                *waited = took_slot.map(|t| t + waited.unwrap_or_default());
+                let upstream = settings
+                    .upstream(route)
+                    .ok_or(GatewayError::NoNodeAvailable)?;
+                let sent = Instant::now();
+                let target = Target {
+                    name: &upstream.name,
+                    authority: &upstream.authority,
+                    conns: &upstream.conns,
+                };
+                let forwarded =
+                    proxy::forward(&self.pool, target, request, hygiene, settings.bounds);
+                let Failed {
+                    error,
+                    unsent,
+                    refused,
+                    replay,
+                } = match forwarded.await {
+                    Ok(mut response) => {
+                        upstream.health.request_succeeded();
+                        let took = sent.elapsed();
+                        if let Some(meters) = self.metrics.node(upstream.id) {
+                            meters.answered(response.status().as_u16(), took);
+                        }
+                        if let Some(held) = permit.into_held() {
+                            response.body_mut().inner_mut().hold(held);
+                        }
+                        return Ok((route, response, Some(took)));
+                    }
+                    Err(failed) => failed,
+                };
+                // Nothing of the node's is in use any more: the next try waits afresh.
+                drop(permit);
+                if error.is_upstream_error() {
+                    self.metrics.upstream_error(&upstream.name, error.kind());
+                }
+                // The gateway's own lack of resources is not in here: it says nothing
+                // about the node (`GatewayError::is_upstream_failure`).
+                if error.is_upstream_failure()
+                    && upstream.health.failure(settings.health.fall) == Change::Down
+                {
+                    tracing::warn!(upstream = %upstream.name, "marked down: {error}");
+                }
+                // No socket for this node means none for any other: answered at once.
+                let Some(unsent) = unsent.filter(|_| error != GatewayError::OutOfConnections)
+                else {
+                    return Err(error);
+                };
+                // A node that closes on the same GET twice is not restarting: it fails
+                // on this request (a PHP crash on this page), and a third try would
+                // only cost it more.
+                if replay && std::mem::replace(&mut retry.replayed, true) {
+                    return Err(error);
+                }
+                // A GET that acts (Moodle's sesskey links) may have acted already.
+                if replay && !crate::moodle::may_repeat(unsent.uri().query()) {
+                    return Err(error);
+                }
+                // A replay goes as it was sent, prepared once.
+                if replay {
+                    hygiene = Hygiene::Done;
+                }
+                // Only a request with no affinity moves: no node holds its session. Its
+                // body, if any, is whole in memory, or nothing of it was read.
+                let body = unsent.body();
+                retry.movable = matches!(route, Route::Deal(_) | Route::Spread(_))
+                    && settings.upstreams.nodes().len() > 1
+                    && (body.is_empty() || body.whole_len().is_some());
+                // A node that closed before answering is treated as one that refused:
+                // it is going away or coming back, as while PHP-FPM restarts.
+                let refused = refused || replay;
+                match self
+                    .again(route, known, refused, &mut retry, settings)
+                    .await
+                {
+                    Some(next) => (route, request) = (next, unsent),
+                    None => return Err(error),
+                }
             }
         }
     }

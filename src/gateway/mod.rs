@@ -469,10 +469,10 @@ impl Gateway {
         let Some(redirect) = offload::take_accel(response.headers_mut()) else {
             return sent(response, fill);
         };
-        match self
-            .offloaded(route, &redirect, response, asked, peer, &settings)
-            .await
-        {
+        // Boxed: the export's request is 3.6 KB of future, and the journey keeps
+        // room for its largest step in every request, offloaded or not.
+        let offloaded = self.offloaded(route, &redirect, response, asked, peer, &settings);
+        match Box::pin(offloaded).await {
             // The bytes and headers the student gets are what the cache keeps.
             Ok(file) => sent(file, fill),
             Err(error) => self.failed(error),

@@ -7,6 +7,7 @@
 //! 1 GiB SCORM package or upload moves through a few 16 KiB buffers at a time and
 //! back-pressure flows from the slow side to the fast one.
 
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,7 +113,7 @@ pub fn is_https(headers: &HeaderMap, peer: Peer<'_>) -> bool {
 /// `request` as it goes to `upstream`: origin-form target, HTTP/1.1 whatever the
 /// student spoke (an HTTP/2 request's host is already in its Host header, its cookie
 /// crumbs are joined here), and the header hygiene of `prepare_request_headers`.
-pub fn prepared<B>(upstream: &Authority, mut request: Request<B>, peer: Peer<'_>) -> Request<B> {
+pub fn prepare<B>(upstream: &Authority, request: &mut Request<B>, peer: Peer<'_>) {
     if request.uri().authority().is_some() {
         *request.uri_mut() = origin_form(request.uri());
     }
@@ -125,7 +126,6 @@ pub fn prepared<B>(upstream: &Authority, mut request: Request<B>, peer: Peer<'_>
         }
     }
     prepare_request_headers(headers, peer);
-    request
 }
 
 /// A request that failed, with the request itself when it may go again: none of it
@@ -162,7 +162,7 @@ impl From<GatewayError> for Failed {
     }
 }
 
-/// Whether a request still needs its header hygiene ([`prepared`]) on its way to
+/// Whether a request still needs its header hygiene ([`prepare`]) on its way to
 /// a node. A request that went once and comes back to be replayed has had it: a
 /// second pass would add the gateway's hop to a trusted proxy's
 /// `X-Forwarded-For` twice. (Its `Host`, if an HTTP/1.0 student sent none, stays
@@ -212,121 +212,130 @@ fn connect_failed(upstream: &str, error: &ConnectError) -> ConnectFault {
 /// A small body is read whole before any node is contacted (see
 /// [`crate::http::upload`]): a slow student then never holds a PHP worker. A
 /// caller that spools reads the body with [`read_ahead`] first.
-pub async fn forward(
-    pool: &Pool,
-    target: Target<'_>,
+///
+/// Not an `async fn`: one keeps each argument twice (as it came and as a local),
+/// and this future is kept inside every request's; the block below moves
+/// `request` once, and the header hygiene changes it in place.
+// Deliberately not an `async fn` (see above).
+#[allow(clippy::manual_async_fn)]
+pub fn forward<'a>(
+    pool: &'a Pool,
+    target: Target<'a>,
     mut request: Request<Upload>,
-    hygiene: Hygiene<'_>,
+    hygiene: Hygiene<'a>,
     bounds: Bounds,
-) -> Result<Response<IdleLimited>, Failed> {
-    let Target {
-        name,
-        authority,
-        conns,
-    } = target;
-    read_ahead(&mut request, name, &bounds, None).await?;
-    // The connection first: a request whose node cannot be reached goes back as it
-    // came, before any header hygiene, so another node can take it as is.
-    let first = match pool.lease(authority, conns).await {
-        Ok(lease) => lease,
-        Err(error) => {
-            let fault = connect_failed(name, &error);
-            return Err(Failed {
-                error: fault.error(),
-                unsent: Some(request),
-                refused: fault == ConnectFault::Refused,
-                replay: false,
-            });
+) -> impl Future<Output = Result<Response<IdleLimited>, Failed>> + 'a {
+    async move {
+        let Target {
+            name,
+            authority,
+            conns,
+        } = target;
+        read_ahead(&mut request, name, &bounds, None).await?;
+        // The connection first: a request whose node cannot be reached goes back as it
+        // came, before any header hygiene, so another node can take it as is.
+        let first = match pool.lease(authority, conns).await {
+            Ok(lease) => lease,
+            Err(error) => {
+                let fault = connect_failed(name, &error);
+                return Err(Failed {
+                    error: fault.error(),
+                    unsent: Some(request),
+                    refused: fault == ConnectFault::Refused,
+                    replay: false,
+                });
+            }
+        };
+        // A GET or HEAD without a body may go again if its node closes without a
+        // byte of answer (see `Failed`); anything else may have changed something on
+        // the node and must never run twice.
+        let replayable =
+            matches!(*request.method(), Method::GET | Method::HEAD) && request.body().is_empty();
+        if let Hygiene::Due(peer) = hygiene {
+            prepare(authority, &mut request, peer);
         }
-    };
-    // A GET or HEAD without a body may go again if its node closes without a
-    // byte of answer (see `Failed`); anything else may have changed something on
-    // the node and must never run twice.
-    let replayable =
-        matches!(*request.method(), Method::GET | Method::HEAD) && request.body().is_empty();
-    let mut request = match hygiene {
-        Hygiene::Due(peer) => prepared(authority, request, peer),
-        Hygiene::Done => request,
-    };
-    if let Some(len) = request.body().whole_len() {
-        sized(request.headers_mut(), len);
-    }
-    // A body-less request (most of them) needs no signal: its timer starts now.
-    let empty = request.body().is_empty();
-    let (sent, body_sent) = if empty {
-        (None, None)
-    } else {
-        let (sent, body_sent) = oneshot::channel();
-        (Some(sent), Some(body_sent))
-    };
-    let mut request = request.map(|upload| RequestBody::new(upload, bounds.max_body_bytes, sent));
-    let exchange = async {
-        let mut leased = Some(first);
-        loop {
-            let (lease, reused) = match leased.take() {
-                Some(lease) => lease,
-                None => pool
-                    .lease(authority, conns)
-                    .await
-                    .map_err(|error| (connect_failed(name, &error).error(), None))?,
-            };
-            match lease.send(request, reused).await {
-                Ok(response) => return Ok(response),
-                // The node closed a kept connection as it was taken: nothing was
-                // sent, so another connection carries the request. Each failed
-                // kept one is dropped, and a new one is never retried.
-                Err(SendError {
-                    unsent: Some(unsent),
-                    ..
-                }) if reused => request = unsent,
-                // Nothing of an answer came: a GET may go again (see `Failed`),
-                // as it was sent.
-                Err(SendError {
-                    error, sent_head, ..
-                }) => {
-                    let again = sent_head.filter(|_| replayable && error.closed_without_answer());
-                    return Err((classify_error(name, &error), again));
+        if let Some(len) = request.body().whole_len() {
+            sized(request.headers_mut(), len);
+        }
+        // A body-less request (most of them) needs no signal: its timer starts now.
+        let empty = request.body().is_empty();
+        let (sent, body_sent) = if empty {
+            (None, None)
+        } else {
+            let (sent, body_sent) = oneshot::channel();
+            (Some(sent), Some(body_sent))
+        };
+        let mut request =
+            request.map(|upload| RequestBody::new(upload, bounds.max_body_bytes, sent));
+        let exchange = async {
+            let mut leased = Some(first);
+            loop {
+                let (lease, reused) = match leased.take() {
+                    Some(lease) => lease,
+                    None => pool
+                        .lease(authority, conns)
+                        .await
+                        .map_err(|error| (connect_failed(name, &error).error(), None))?,
+                };
+                match lease.send(request, reused).await {
+                    Ok(response) => return Ok(response),
+                    // The node closed a kept connection as it was taken: nothing was
+                    // sent, so another connection carries the request. Each failed
+                    // kept one is dropped, and a new one is never retried.
+                    Err(SendError {
+                        unsent: Some(unsent),
+                        ..
+                    }) if reused => request = unsent,
+                    // Nothing of an answer came: a GET may go again (see `Failed`),
+                    // as it was sent.
+                    Err(SendError {
+                        error, sent_head, ..
+                    }) => {
+                        let again =
+                            sent_head.filter(|_| replayable && error.closed_without_answer());
+                        return Err((classify_error(name, &error), again));
+                    }
                 }
             }
-        }
-    };
-    let deadline = async {
-        if let Some(body_sent) = body_sent {
-            let _ = body_sent.await;
-        }
-        tokio::time::sleep(bounds.response_headers).await;
-    };
-    let mut response = tokio::select! {
-        biased;
-        answer = exchange => match answer {
-            Ok(response) => response,
-            // Sent, and the node closed without a byte of answer: a GET or HEAD
-            // goes back to the caller to be sent again; anything else is a 502.
-            Err((error, Some(head))) => {
-                tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
-                let unsent = Some(Request::from_parts(head, Upload::empty()));
-                return Err(Failed { error, unsent, refused: false, replay: true });
+        };
+        let deadline = async {
+            if let Some(body_sent) = body_sent {
+                let _ = body_sent.await;
             }
-            Err((error, _)) => return Err(error.into()),
-        },
-        () = deadline => {
-            let waited = humantime::format_duration(bounds.response_headers);
-            tracing::warn!(upstream = %name, "no response headers within {waited}");
-            return Err(GatewayError::UpstreamTimeout.into());
+            tokio::time::sleep(bounds.response_headers).await;
+        };
+        let mut response = tokio::select! {
+            biased;
+            answer = exchange => match answer {
+                Ok(response) => response,
+                // Sent, and the node closed without a byte of answer: a GET or HEAD
+                // goes back to the caller to be sent again; anything else is a 502.
+                Err((error, Some(head))) => {
+                    tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
+                    let unsent = Some(Request::from_parts(head, Upload::empty()));
+                    return Err(Failed { error, unsent, refused: false, replay: true });
+                }
+                Err((error, _)) => return Err(error.into()),
+            },
+            () = deadline => {
+                let waited = humantime::format_duration(bounds.response_headers);
+                tracing::warn!(upstream = %name, "no response headers within {waited}");
+                return Err(GatewayError::UpstreamTimeout.into());
+            }
+        };
+        // The request went without `Upgrade` (only WebSocket goes through the tunnel,
+        // on a connection of its own), so a `101` here is a node switching a pooled
+        // connection on its own: never passed on.
+        if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            tracing::warn!(
+                upstream = %name,
+                "101 to a request that asked for no upgrade: refused"
+            );
+            return Err(GatewayError::UpstreamBroken.into());
         }
-    };
-    // The request went without `Upgrade` (only WebSocket goes through the tunnel,
-    // on a connection of its own), so a `101` here is a node switching a pooled
-    // connection on its own: never passed on.
-    if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-        tracing::warn!(
-            upstream = %name,
-            "101 to a request that asked for no upgrade: refused"
-        );
-        return Err(GatewayError::UpstreamBroken.into());
+        strip_hop_by_hop(response.headers_mut());
+        Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)))
     }
-    strip_hop_by_hop(response.headers_mut());
-    Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)))
 }
 
 /// Reads `request`'s body as far as it goes before a node is contacted: into
