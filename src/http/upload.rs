@@ -45,7 +45,7 @@ pub struct Upload {
     head: Option<Bytes>,
     /// What is still to come from the student. Boxed: most requests have no body,
     /// and a request moves by value through every step of its journey (and each
-    /// step's future keeps room for it), so 170 bytes inline would be copied for
+    /// step's future keeps room for it), so 160 bytes inline would be copied for
     /// every GET to spare one allocation per upload.
     rest: Option<Box<Paced>>,
     /// Read as far as it will be before a node is contacted: a request sent again
