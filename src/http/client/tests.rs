@@ -414,6 +414,12 @@ fn lengths_and_chunk_sizes_are_read_strictly() {
     assert_eq!(parse_length(b"42, 43"), None);
     assert_eq!(parse_length(b"+42"), None);
     assert_eq!(parse_length(b""), None);
+    assert_eq!(parse_length(b"0"), Some(0));
+    assert_eq!(parse_length(b"007"), Some(7));
+    assert_eq!(parse_length(b"4 2"), None);
+    assert_eq!(parse_length(b"42,"), None);
+    assert_eq!(parse_length(b"18446744073709551615"), Some(u64::MAX));
+    assert_eq!(parse_length(b"18446744073709551616"), None, "past u64");
     assert_eq!(chunk_size(b"1F").unwrap(), 31);
     assert_eq!(chunk_size(b"a;ext=1").unwrap(), 10);
     assert!(chunk_size(b"").is_err());
@@ -424,4 +430,34 @@ fn lengths_and_chunk_sizes_are_read_strictly() {
     assert_eq!(chunk_size(b"0").unwrap(), 0);
     assert!(chunk_size(b" 5").is_err());
     assert!(chunk_size(b"5\r").is_err());
+}
+
+#[test]
+fn the_names_read_without_the_general_parse_are_the_names_it_gives() {
+    let spelt = [
+        "Date",
+        "Server",
+        "Content-Type",
+        "Content-Length",
+        "Set-Cookie",
+        "Cache-Control",
+        "Expires",
+        "Pragma",
+        "Last-Modified",
+        "ETag",
+        "Vary",
+        "Accept-Ranges",
+        "Content-Language",
+        "X-Frame-Options",
+        "X-Powered-By",
+        "Content-Script-Type",
+        "Content-Style-Type",
+    ];
+    for name in spelt {
+        let parsed = HeaderName::from_bytes(name.as_bytes()).unwrap();
+        assert_eq!(known_name(name.as_bytes()), Some(parsed), "{name}");
+    }
+    // Any other spelling, or any other name, goes through the general parse.
+    assert_eq!(known_name(b"date"), None);
+    assert_eq!(known_name(b"X-Node"), None);
 }
