@@ -30,7 +30,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
@@ -759,36 +759,50 @@ fn itoa(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
     }
 }
 
-/// The names Moodle's answers carry, spelt as PHP and its web server write them,
-/// matched as they are before the general parse: that one folds the case of every
-/// byte and looks the name up, and copies a name it does not know (`X-Powered-By`)
-/// into an allocation of its own, for every answer.
-fn known_name(name: &[u8]) -> Option<HeaderName> {
-    use http::header::{
-        ACCEPT_RANGES, CACHE_CONTROL, CONTENT_LANGUAGE, CONTENT_TYPE, DATE, ETAG, EXPIRES,
-        LAST_MODIFIED, PRAGMA, SERVER, SET_COOKIE, VARY, X_FRAME_OPTIONS,
+/// Writes [`known_name`], a `match` over the spellings given (the compiler turns it
+/// into a switch on the length), and the list of those spellings for its test.
+macro_rules! known_names {
+    ($($spelt:literal => $name:expr,)*) => {
+        /// The names Moodle's answers carry, spelt as PHP and its web server write
+        /// them: matched as they are before the general parse, which folds the case
+        /// of every byte and looks the name up, and copies a name it does not know
+        /// (`X-Powered-By`) into an allocation of its own, for every answer.
+        fn known_name(name: &[u8]) -> Option<HeaderName> {
+            Some(match name {
+                $($spelt => $name,)*
+                _ => return None,
+            })
+        }
+
+        /// Every spelling [`known_name`] knows.
+        #[cfg(test)]
+        const KNOWN_SPELLINGS: &[&[u8]] = &[$($spelt),*];
     };
-    Some(match name {
-        b"Date" => DATE,
-        b"Server" => SERVER,
-        b"Content-Type" => CONTENT_TYPE,
-        b"Content-Length" => CONTENT_LENGTH,
-        b"Set-Cookie" => SET_COOKIE,
-        b"Cache-Control" => CACHE_CONTROL,
-        b"Expires" => EXPIRES,
-        b"Pragma" => PRAGMA,
-        b"Last-Modified" => LAST_MODIFIED,
-        b"ETag" => ETAG,
-        b"Vary" => VARY,
-        b"Accept-Ranges" => ACCEPT_RANGES,
-        b"Content-Language" => CONTENT_LANGUAGE,
-        b"X-Frame-Options" => X_FRAME_OPTIONS,
-        b"X-Powered-By" => HeaderName::from_static("x-powered-by"),
-        b"Content-Script-Type" => HeaderName::from_static("content-script-type"),
-        b"Content-Style-Type" => HeaderName::from_static("content-style-type"),
-        _ => return None,
-    })
 }
+
+known_names! {
+    b"Date" => header::DATE,
+    b"Server" => header::SERVER,
+    b"Content-Type" => header::CONTENT_TYPE,
+    b"Content-Length" => header::CONTENT_LENGTH,
+    b"Set-Cookie" => header::SET_COOKIE,
+    b"Cache-Control" => header::CACHE_CONTROL,
+    b"Expires" => header::EXPIRES,
+    b"Pragma" => header::PRAGMA,
+    b"Last-Modified" => header::LAST_MODIFIED,
+    b"ETag" => header::ETAG,
+    b"Vary" => header::VARY,
+    b"Accept-Ranges" => header::ACCEPT_RANGES,
+    b"Content-Language" => header::CONTENT_LANGUAGE,
+    b"X-Frame-Options" => header::X_FRAME_OPTIONS,
+    b"X-Powered-By" => X_POWERED_BY,
+    b"Content-Script-Type" => CONTENT_SCRIPT_TYPE,
+    b"Content-Style-Type" => CONTENT_STYLE_TYPE,
+}
+
+const X_POWERED_BY: HeaderName = HeaderName::from_static("x-powered-by");
+const CONTENT_SCRIPT_TYPE: HeaderName = HeaderName::from_static("content-script-type");
+const CONTENT_STYLE_TYPE: HeaderName = HeaderName::from_static("content-style-type");
 
 /// The request head's exact length, so that it is written from one allocation.
 fn head_len(method: &str, path: &str, headers: &HeaderMap) -> usize {

@@ -238,8 +238,9 @@ pub struct SendError {
     /// The request, untouched, when the connection was found closed before any of
     /// it was written.
     pub unsent: Option<Request<RequestBody>>,
-    /// The head of the request as it was sent, when it was and no answer's head
-    /// came back (its body, if any, is gone).
+    /// The head of the request as it was sent, when it was and the answer's head
+    /// was not parsed (its body, if any, is gone). Whether the request may go again
+    /// is the caller's to judge, from `error`.
     pub sent_head: Option<Parts>,
 }
 

@@ -136,9 +136,10 @@ pub fn prepare<B>(upstream: &Authority, request: &mut Request<B>, peer: Peer<'_>
 pub struct Failed {
     /// What the student sees if the request goes nowhere else.
     pub error: GatewayError,
-    /// The request as it came: its headers as the student sent them, its body
-    /// perhaps read into memory, but none of it sent to any node. With `replay`,
-    /// the request as it was sent instead, its hygiene done ([`Hygiene::Done`]).
+    /// The request as it was handed to [`forward`], its body perhaps read into
+    /// memory, none of it sent to any node: as the student sent it, or, once it was
+    /// sent and came back to be replayed ([`Hygiene::Done`]), as it was sent. With
+    /// `replay`, the request as it was sent.
     pub unsent: Option<Request<Upload>>,
     /// The node refused (or reset) the connection: nothing listens there right now,
     /// as while its web server restarts. Only ever set with `unsent`.
@@ -233,7 +234,8 @@ pub fn forward<'a>(
         } = target;
         read_ahead(&mut request, name, &bounds, None).await?;
         // The connection first: a request whose node cannot be reached goes back as it
-        // came, before any header hygiene, so another node can take it as is.
+        // was handed in, before any header hygiene of this try, so another node can
+        // take it as is.
         let first = match pool.lease(authority, conns).await {
             Ok(lease) => lease,
             Err(error) => {

@@ -434,28 +434,10 @@ fn lengths_and_chunk_sizes_are_read_strictly() {
 
 #[test]
 fn the_names_read_without_the_general_parse_are_the_names_it_gives() {
-    let spelt = [
-        "Date",
-        "Server",
-        "Content-Type",
-        "Content-Length",
-        "Set-Cookie",
-        "Cache-Control",
-        "Expires",
-        "Pragma",
-        "Last-Modified",
-        "ETag",
-        "Vary",
-        "Accept-Ranges",
-        "Content-Language",
-        "X-Frame-Options",
-        "X-Powered-By",
-        "Content-Script-Type",
-        "Content-Style-Type",
-    ];
-    for name in spelt {
-        let parsed = HeaderName::from_bytes(name.as_bytes()).unwrap();
-        assert_eq!(known_name(name.as_bytes()), Some(parsed), "{name}");
+    for spelt in KNOWN_SPELLINGS {
+        let parsed = HeaderName::from_bytes(spelt).unwrap();
+        let name = String::from_utf8_lossy(spelt);
+        assert_eq!(known_name(spelt), Some(parsed), "{name}");
     }
     // Any other spelling, or any other name, goes through the general parse.
     assert_eq!(known_name(b"date"), None);
