@@ -24,10 +24,12 @@
 //! past; a `101` is returned for the caller to refuse.
 
 use std::fmt;
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -36,6 +38,7 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
 use crate::http::body::BoxError;
 use crate::http::stall::WriteStall;
@@ -92,6 +95,19 @@ pub struct Connection {
     head_request: bool,
     /// The node lets the connection carry another exchange after this one.
     keep_alive: bool,
+    /// How long the node may take to its answer's head once it has the request
+    /// (`timeouts.response_headers`).
+    head_wait: Duration,
+    /// The deadline for the answer's head, one timer for all the connection's
+    /// exchanges: setting it later again only moves the deadline (tokio's wheel is
+    /// left alone until the old one passes), where a timer of each answer's own was
+    /// put into the wheel and taken out again every time. Set once the request is
+    /// out; `head_due` says whether it is for this exchange. Between exchanges it
+    /// keeps the waker of the last request it timed, until its deadline passes or
+    /// the next request polls it: a finished student connection's task is freed up
+    /// to `response_headers` later than it would be.
+    head_timer: Option<Pin<Box<Sleep>>>,
+    head_due: bool,
 }
 
 impl fmt::Debug for Connection {
@@ -167,6 +183,8 @@ pub enum ClientError {
     /// The student's body failed while it was being sent: its own error (a pause,
     /// a crawl, too many bytes) is the source, for the caller to classify.
     Upload(BoxError),
+    /// The node had the whole request this long without its answer's head.
+    HeadTimeout(Duration),
 }
 
 impl ClientError {
@@ -197,6 +215,11 @@ impl fmt::Display for ClientError {
                 "the node's answer head is larger than {NODE_BUFFER} bytes"
             ),
             Self::Upload(_) => f.write_str("the request body failed"),
+            Self::HeadTimeout(wait) => write!(
+                f,
+                "no response headers within {}",
+                humantime::format_duration(*wait)
+            ),
         }
     }
 }
@@ -225,6 +248,9 @@ impl Connection {
             reading: Reading::Idle,
             head_request: false,
             keep_alive: true,
+            head_wait: Duration::MAX,
+            head_timer: None,
+            head_due: false,
         }
     }
 
@@ -242,9 +268,16 @@ impl Connection {
     }
 
     /// Starts `request`: its head is queued, its body framed. Nothing is written
-    /// until [`Self::poll_head`] drives the connection.
-    pub fn start(&mut self, request: Request<RequestBody>) -> Result<(), ClientError> {
+    /// until [`Self::poll_head`] drives the connection, which gives the node
+    /// `head_wait` from the end of the request to the end of its answer's head.
+    pub fn start(
+        &mut self,
+        request: Request<RequestBody>,
+        head_wait: Duration,
+    ) -> Result<(), ClientError> {
         debug_assert_eq!(self.reading, Reading::Idle);
+        self.head_wait = head_wait;
+        self.head_due = false;
         let (parts, body) = request.into_parts();
         let headers = &parts.headers;
         let framing = if body.is_end_stream() {
@@ -331,6 +364,11 @@ impl Connection {
                     }
                     Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
                 }
+            }
+            // An upload still going out is timed by its own rules, not this one.
+            if self.sent() && self.head_overdue(cx) {
+                self.keep_alive = false;
+                return Poll::Ready(Err(ClientError::HeadTimeout(self.head_wait)));
             }
             match ready!(self.poll_fill(cx)) {
                 Ok(0) => {
@@ -422,6 +460,25 @@ impl Connection {
         self.body = None;
         self.out.clear();
         self.keep_alive = false;
+    }
+
+    /// Whether `head_wait` has passed since the request was out (the first call
+    /// of an exchange starts the clock); if not, `cx` is woken when it does.
+    fn head_overdue(&mut self, cx: &mut Context<'_>) -> bool {
+        if !std::mem::replace(&mut self.head_due, true) {
+            // A wait too long for the clock (a config's "no limit") never ends.
+            let Some(deadline) = Instant::now().checked_add(self.head_wait) else {
+                self.head_timer = None;
+                return false;
+            };
+            match &mut self.head_timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.head_timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        self.head_timer
+            .as_mut()
+            .is_some_and(|timer| timer.as_mut().poll(cx).is_ready())
     }
 
     /// Everything of the request has been handed to the socket (or given up).

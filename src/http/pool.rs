@@ -246,12 +246,14 @@ pub struct SendError {
 
 impl Lease {
     /// Sends `request` and waits for the response head, driving the connection
-    /// (and with it the upload) meanwhile. `reused` says the connection has idled
-    /// since it was opened: it is checked once more before anything is written.
+    /// (and with it the upload) meanwhile, at most `head_wait` once the request is
+    /// out. `reused` says the connection has idled since it was opened: it is
+    /// checked once more before anything is written.
     pub async fn send(
         mut self,
         request: Request<RequestBody>,
         reused: bool,
+        head_wait: Duration,
     ) -> Result<Response<NodeBody>, SendError> {
         if reused && poll_fn(|cx| Poll::Ready(self.conn.poll_unusable(cx))).await {
             return Err(SendError {
@@ -260,7 +262,7 @@ impl Lease {
                 sent_head: None,
             });
         }
-        let head = match self.conn.start(request) {
+        let head = match self.conn.start(request, head_wait) {
             Ok(()) => poll_fn(|cx| self.conn.poll_head(cx)).await,
             Err(error) => Err(error),
         };
@@ -496,7 +498,7 @@ mod tests {
     }
 
     fn get() -> Request<RequestBody> {
-        let body = RequestBody::new(crate::http::upload::Upload::empty(), 0, None);
+        let body = RequestBody::new(crate::http::upload::Upload::empty(), 0);
         let mut request = Request::new(body);
         request
             .headers_mut()
@@ -512,7 +514,7 @@ mod tests {
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
         let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
-        let answered = lease.send(get(), false);
+        let answered = lease.send(get(), false, Duration::from_secs(10));
         let node_side = async {
             let mut stream = streams.recv().await.unwrap();
             let mut head = [0u8; 1024];
@@ -533,7 +535,11 @@ mod tests {
         drop(stream);
         // Lets the node's FIN arrive before the request is sent.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let sent = tokio::time::timeout(Duration::from_secs(10), lease.send(get(), true)).await;
+        let sent = tokio::time::timeout(
+            Duration::from_secs(10),
+            lease.send(get(), true, Duration::from_secs(10)),
+        )
+        .await;
         let failed = sent.expect("the request hung").unwrap_err();
         assert!(failed.unsent.is_some(), "the request was not handed back");
     }

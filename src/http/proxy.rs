@@ -15,7 +15,6 @@ use std::time::Duration;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, Uri};
 use http::{Method, Request, Response};
-use tokio::sync::oneshot;
 
 use crate::error::GatewayError;
 use crate::http::body::{
@@ -259,70 +258,58 @@ pub fn forward<'a>(
         if let Some(len) = request.body().whole_len() {
             sized(request.headers_mut(), len);
         }
-        // A body-less request (most of them) needs no signal: its timer starts now.
-        let empty = request.body().is_empty();
-        let (sent, body_sent) = if empty {
-            (None, None)
-        } else {
-            let (sent, body_sent) = oneshot::channel();
-            (Some(sent), Some(body_sent))
-        };
-        let mut request =
-            request.map(|upload| RequestBody::new(upload, bounds.max_body_bytes, sent));
-        let exchange = async {
-            let mut leased = Some(first);
-            loop {
-                let (lease, reused) = match leased.take() {
-                    Some(lease) => lease,
-                    None => pool
-                        .lease(authority, conns)
-                        .await
-                        .map_err(|error| (connect_failed(name, &error).error(), None))?,
-                };
-                match lease.send(request, reused).await {
-                    Ok(response) => return Ok(response),
-                    // The node closed a kept connection as it was taken: nothing was
-                    // sent, so another connection carries the request. Each failed
-                    // kept one is dropped, and a new one is never retried.
-                    Err(SendError {
-                        unsent: Some(unsent),
-                        ..
-                    }) if reused => request = unsent,
-                    // Nothing of an answer came: a GET may go again (see `Failed`),
-                    // as it was sent.
-                    Err(SendError {
-                        error, sent_head, ..
-                    }) => {
-                        let again =
-                            sent_head.filter(|_| replayable && error.closed_without_answer());
-                        return Err((classify_error(name, &error), again));
-                    }
+        let mut request = request.map(|upload| RequestBody::new(upload, bounds.max_body_bytes));
+        // The node has `response_headers` for its answer's head once it has the whole
+        // request (the connection keeps the time: an upload slower than that is timed
+        // by its own rules, not this one).
+        let head_wait = bounds.response_headers;
+        let mut leased = Some(first);
+        let mut response = loop {
+            let (lease, reused) = match leased.take() {
+                Some(lease) => lease,
+                None => match pool.lease(authority, conns).await {
+                    Ok(lease) => lease,
+                    Err(error) => return Err(connect_failed(name, &error).error().into()),
+                },
+            };
+            let error = match lease.send(request, reused, head_wait).await {
+                Ok(response) => break response,
+                // The node closed a kept connection as it was taken: nothing was
+                // sent, so another connection carries the request. Each failed
+                // kept one is dropped, and a new one is never retried.
+                Err(SendError {
+                    unsent: Some(unsent),
+                    ..
+                }) if reused => {
+                    request = unsent;
+                    continue;
                 }
-            }
-        };
-        let deadline = async {
-            if let Some(body_sent) = body_sent {
-                let _ = body_sent.await;
-            }
-            tokio::time::sleep(bounds.response_headers).await;
-        };
-        let mut response = tokio::select! {
-            biased;
-            answer = exchange => match answer {
-                Ok(response) => response,
-                // Sent, and the node closed without a byte of answer: a GET or HEAD
-                // goes back to the caller to be sent again; anything else is a 502.
-                Err((error, Some(head))) => {
-                    tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
-                    let unsent = Some(Request::from_parts(head, Upload::empty()));
-                    return Err(Failed { error, unsent, refused: false, replay: true });
-                }
-                Err((error, _)) => return Err(error.into()),
-            },
-            () = deadline => {
-                let waited = humantime::format_duration(bounds.response_headers);
+                Err(error) => error,
+            };
+            let SendError {
+                error, sent_head, ..
+            } = error;
+            if let ClientError::HeadTimeout(waited) = error {
+                let waited = humantime::format_duration(waited);
                 tracing::warn!(upstream = %name, "no response headers within {waited}");
                 return Err(GatewayError::UpstreamTimeout.into());
+            }
+            // Sent, and the node closed without a byte of answer: a GET or HEAD goes
+            // back to the caller to be sent again, as it was sent (see `Failed`);
+            // anything else is a 502.
+            let error_seen = classify_error(name, &error);
+            match sent_head.filter(|_| replayable && error.closed_without_answer()) {
+                Some(head) => {
+                    tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
+                    let unsent = Some(Request::from_parts(head, Upload::empty()));
+                    return Err(Failed {
+                        error: error_seen,
+                        unsent,
+                        refused: false,
+                        replay: true,
+                    });
+                }
+                None => return Err(error_seen.into()),
             }
         };
         // The request went without `Upgrade` (only WebSocket goes through the tunnel,

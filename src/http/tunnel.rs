@@ -73,8 +73,8 @@ pub async fn forward(
     let (name, upstream) = (target.name, target.authority);
     let client_side = hyper::upgrade::on(&mut request);
     // The body (if any) under the same size and pause limits as any upload.
-    let mut request = request
-        .map(|body| RequestBody::new(Upload::new(body, &bounds), bounds.max_body_bytes, None));
+    let mut request =
+        request.map(|body| RequestBody::new(Upload::new(body, &bounds), bounds.max_body_bytes));
     proxy::prepare(upstream, &mut request, peer);
     // The hop-by-hop pair that asks for the switch goes back on after the header
     // hygiene removed it: WebSocket alone, whatever else the client listed.

@@ -22,7 +22,6 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
 use crate::http::body::{
@@ -311,13 +310,13 @@ impl Body for Paced {
     }
 }
 
-/// The student's request body on its way to a node, saying when it has been sent in
-/// full. The response-header timeout starts only then: PHP reads a whole upload
-/// before the script runs, so a 300 MB SCORM package that takes two minutes to
-/// arrive must not be cut off by a 60 s wait for the answer.
+/// The student's request body on its way to a node. The node connection starts the
+/// response-header timeout only once this has gone out in full: PHP reads a whole
+/// upload before the script runs, so a 300 MB SCORM package that takes two minutes
+/// to arrive must not be cut off by a 60 s wait for the answer.
 ///
 /// One pointer wide, as it moves with the request through its futures: a request
-/// without a body (most of them) and nothing to signal allocates nothing.
+/// without a body (most of them) allocates nothing.
 #[derive(Debug)]
 pub struct RequestBody(Option<Box<Sending>>);
 
@@ -329,16 +328,14 @@ struct Sending {
     head: Option<Bytes>,
     /// Still arriving from the student.
     rest: Option<Box<Paced>>,
-    sent: Option<oneshot::Sender<()>>,
     /// Bytes still allowed (`limits.max_body_bytes` minus what passed).
     allowed: u64,
 }
 
 impl RequestBody {
-    /// Sends `upload`, at most `max_bytes` of it; `sent` fires once it has gone out
-    /// in full (or failed).
-    pub fn new(upload: Upload, max_bytes: u64, sent: Option<oneshot::Sender<()>>) -> Self {
-        if upload.is_empty() && sent.is_none() {
+    /// Sends `upload`, at most `max_bytes` of it.
+    pub fn new(upload: Upload, max_bytes: u64) -> Self {
+        if upload.is_empty() {
             return Self(None);
         }
         let head = upload.head.filter(|head| !head.is_empty());
@@ -349,19 +346,12 @@ impl RequestBody {
             spooled,
             head,
             rest: upload.rest,
-            sent,
             allowed: max_bytes.saturating_sub(read),
         })))
     }
 }
 
 impl Sending {
-    fn finished(&mut self) {
-        if let Some(sent) = self.sent.take() {
-            let _ = sent.send(());
-        }
-    }
-
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let frame = match self.spooled.as_mut().filter(|s| !s.is_end_stream()) {
             Some(spooled) => Pin::new(spooled).poll_frame(cx),
@@ -384,11 +374,6 @@ impl Sending {
                 },
             },
         };
-        // hyper stops polling once a sized body reports its end, so check after
-        // every frame, not only for the final `None`.
-        if matches!(frame, Poll::Ready(None | Some(Err(_)))) || self.is_end_stream() {
-            self.finished();
-        }
         frame
     }
 

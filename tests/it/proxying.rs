@@ -320,6 +320,36 @@ async fn a_node_that_never_answers_is_a_504_after_the_configured_timeout() {
     assert!(waited < Duration::from_secs(20), "no hang");
 }
 
+/// The node connection keeps one timer for every answer it waits for: each answer
+/// still gets its own `response_headers` from its own request, on a kept
+/// connection too. The second page below would be cut at 1 s after the first one's
+/// request if the deadline were not moved; the third, slower than the timeout on
+/// the same connection, is still a 504 after the full second (the node would have
+/// answered at 1.5 s).
+#[tokio::test]
+async fn each_answer_on_a_kept_connection_gets_its_own_response_timeout() {
+    let node = support::upstream(|request| async move {
+        let slow = request.uri().path() == "/slow.php";
+        let pause = if slow { 1500 } else { 600 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        Response::new(Body::from("page"))
+    })
+    .await;
+    let gateway = in_front_of(node, "[timeouts]\nresponse_headers = \"1s\"\n").await;
+    for page in ["/my/", "/course/view.php"] {
+        let seen = support::get(&gateway.url(page)).await;
+        assert_eq!(seen.status, 200, "{page} answered in 0.6 s of its own 1 s");
+    }
+    let started = Instant::now();
+    let seen = support::get(&gateway.url("/slow.php")).await;
+    assert_eq!(seen.status, 504);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(1),
+        "504 before the timeout: {waited:?}"
+    );
+}
+
 #[tokio::test]
 async fn an_ambiguous_path_is_refused_before_any_node_sees_it() {
     let hits = Arc::new(AtomicUsize::new(0));

@@ -92,7 +92,7 @@ fn request(method: Method, body: Option<&'static [u8]>) -> Request<RequestBody> 
     let upload = body.map_or_else(Upload::empty, |body| {
         Upload::whole(Bytes::from_static(body))
     });
-    let mut request = Request::new(RequestBody::new(upload, u64::MAX, None));
+    let mut request = Request::new(RequestBody::new(upload, u64::MAX));
     *request.method_mut() = method;
     *request.uri_mut() = "/mod/scorm/player.php?id=7".parse().unwrap();
     let headers = request.headers_mut();
@@ -119,7 +119,7 @@ async fn exchange_with(
     let stream = TcpStream::connect(addr).await.unwrap();
     let mut conn = Connection::new(WriteStall::new(stream, Duration::from_secs(10)));
     let outcome = async {
-        conn.start(request)?;
+        conn.start(request, Duration::from_secs(10))?;
         let head = poll_fn(|cx| conn.poll_head(cx)).await?;
         let mut body = Vec::new();
         while let Some(piece) = poll_fn(|cx| conn.poll_data(cx)).await {
