@@ -43,7 +43,6 @@ impl Gateway {
     ///
     /// Not an `async fn`, which would keep each argument twice (as it came and as
     /// a local) in a future that every request's holds; the block moves them once.
-    // Deliberately not an `async fn` (see above).
     #[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
     pub(super) fn forward<'a>(
         &'a self,

@@ -23,7 +23,7 @@ use crate::http::body::{
 use crate::http::client::ClientError;
 use crate::http::fault::ConnectFault;
 use crate::http::offload;
-use crate::http::pool::{ConnectError, Conns, Pool, SendError};
+use crate::http::pool::{ConnectError, Conns, NodeBody, Pool, SendError};
 use crate::http::spool::Spool;
 use crate::http::upload::{RequestBody, Upload};
 
@@ -216,7 +216,6 @@ fn connect_failed(upstream: &str, error: &ConnectError) -> ConnectFault {
 /// Not an `async fn`: one keeps each argument twice (as it came and as a local),
 /// and this future is kept inside every request's; the block below moves
 /// `request` once, and the header hygiene changes it in place.
-// Deliberately not an `async fn` (see above).
 #[allow(clippy::manual_async_fn)]
 pub fn forward<'a>(
     pool: &'a Pool,
@@ -263,17 +262,13 @@ pub fn forward<'a>(
         // request (the connection keeps the time: an upload slower than that is timed
         // by its own rules, not this one).
         let head_wait = bounds.response_headers;
-        let mut leased = Some(first);
-        let mut response = loop {
-            let (lease, reused) = match leased.take() {
-                Some(lease) => lease,
-                None => match pool.lease(authority, conns).await {
-                    Ok(lease) => lease,
-                    Err(error) => return Err(connect_failed(name, &error).error().into()),
-                },
-            };
-            let error = match lease.send(request, reused, head_wait).await {
-                Ok(response) => break response,
+        let mut next = first;
+        let SendError {
+            error, sent_head, ..
+        } = loop {
+            let (lease, reused) = next;
+            match lease.send(request, reused, head_wait).await {
+                Ok(response) => return Ok(answered(name, response, bounds.body_idle)?),
                 // The node closed a kept connection as it was taken: nothing was
                 // sent, so another connection carries the request. Each failed
                 // kept one is dropped, and a new one is never retried.
@@ -282,49 +277,58 @@ pub fn forward<'a>(
                     ..
                 }) if reused => {
                     request = unsent;
-                    continue;
+                    next = match pool.lease(authority, conns).await {
+                        Ok(lease) => lease,
+                        Err(error) => return Err(connect_failed(name, &error).error().into()),
+                    };
                 }
-                Err(error) => error,
-            };
-            let SendError {
-                error, sent_head, ..
-            } = error;
-            if let ClientError::HeadTimeout(waited) = error {
-                let waited = humantime::format_duration(waited);
-                tracing::warn!(upstream = %name, "no response headers within {waited}");
-                return Err(GatewayError::UpstreamTimeout.into());
-            }
-            // Sent, and the node closed without a byte of answer: a GET or HEAD goes
-            // back to the caller to be sent again, as it was sent (see `Failed`);
-            // anything else is a 502.
-            let error_seen = classify_error(name, &error);
-            match sent_head.filter(|_| replayable && error.closed_without_answer()) {
-                Some(head) => {
-                    tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
-                    let unsent = Some(Request::from_parts(head, Upload::empty()));
-                    return Err(Failed {
-                        error: error_seen,
-                        unsent,
-                        refused: false,
-                        replay: true,
-                    });
-                }
-                None => return Err(error_seen.into()),
+                Err(failed) => break failed,
             }
         };
-        // The request went without `Upgrade` (only WebSocket goes through the tunnel,
-        // on a connection of its own), so a `101` here is a node switching a pooled
-        // connection on its own: never passed on.
-        if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-            tracing::warn!(
-                upstream = %name,
-                "101 to a request that asked for no upgrade: refused"
-            );
-            return Err(GatewayError::UpstreamBroken.into());
+        if let ClientError::HeadTimeout(waited) = error {
+            let waited = humantime::format_duration(waited);
+            tracing::warn!(upstream = %name, "no response headers within {waited}");
+            return Err(GatewayError::UpstreamTimeout.into());
         }
-        strip_hop_by_hop(response.headers_mut());
-        Ok(response.map(|body| IdleLimited::new(body, bounds.body_idle)))
+        // Sent, and the node closed without a byte of answer: a GET or HEAD goes back
+        // to the caller to be sent again, as it was sent (see `Failed`); anything
+        // else is a 502.
+        let seen = classify_error(name, &error);
+        match sent_head.filter(|_| replayable && error.closed_without_answer()) {
+            Some(head) => {
+                tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
+                let unsent = Some(Request::from_parts(head, Upload::empty()));
+                Err(Failed {
+                    error: seen,
+                    unsent,
+                    refused: false,
+                    replay: true,
+                })
+            }
+            None => Err(seen.into()),
+        }
     }
+}
+
+/// The node's answer as the student gets it: hop-by-hop headers stripped, its body
+/// under `body_idle`.
+fn answered(
+    name: &str,
+    mut response: Response<NodeBody>,
+    body_idle: Duration,
+) -> Result<Response<IdleLimited>, GatewayError> {
+    // The request went without `Upgrade` (only WebSocket goes through the tunnel, on
+    // a connection of its own), so a `101` here is a node switching a pooled
+    // connection on its own: never passed on.
+    if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        tracing::warn!(
+            upstream = %name,
+            "101 to a request that asked for no upgrade: refused"
+        );
+        return Err(GatewayError::UpstreamBroken);
+    }
+    strip_hop_by_hop(response.headers_mut());
+    Ok(response.map(|body| IdleLimited::new(body, body_idle)))
 }
 
 /// Reads `request`'s body as far as it goes before a node is contacted: into
