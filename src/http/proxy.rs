@@ -285,14 +285,10 @@ pub fn forward<'a>(
                 Err(failed) => break failed,
             }
         };
-        if let ClientError::HeadTimeout(waited) = error {
-            let waited = humantime::format_duration(waited);
-            tracing::warn!(upstream = %name, "no response headers within {waited}");
-            return Err(GatewayError::UpstreamTimeout.into());
-        }
         // Sent, and the node closed without a byte of answer: a GET or HEAD goes back
         // to the caller to be sent again, as it was sent (see `Failed`); anything
-        // else is a 502.
+        // else is answered as it failed (a 502, a 504 past `response_headers`, the
+        // student's own upload fault).
         let seen = classify_error(name, &error);
         match sent_head.filter(|_| replayable && error.closed_without_answer()) {
             Some(head) => {
@@ -355,7 +351,12 @@ fn sized(headers: &mut HeaderMap, len: u64) {
     headers.remove(header::EXPECT);
 }
 
+/// What the student sees of a failed exchange with a node, logged.
 fn classify_error(upstream: &str, error: &ClientError) -> GatewayError {
+    if let ClientError::HeadTimeout(_) = error {
+        tracing::warn!(upstream = %upstream, "{error}");
+        return GatewayError::UpstreamTimeout;
+    }
     client_fault(upstream, error).unwrap_or_else(|| {
         tracing::warn!(upstream = %upstream, "upstream exchange failed: {}", Causes(error));
         GatewayError::UpstreamBroken
