@@ -20,10 +20,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use crate::http::server::StudentBody;
 use axum::extract::ConnectInfo;
 use axum::Router;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -338,7 +338,7 @@ impl App {
         let redirect_task = redirect.map(|listener| {
             let https_port = public.local_addr().map_or(443, |a| a.port());
             let serving = serve_connections(listener, listening.clone(), drain(), move |_, _| {
-                hyper::service::service_fn(move |request: Request<Incoming>| async move {
+                hyper::service::service_fn(move |request: Request<StudentBody>| async move {
                     Ok::<_, Infallible>(crate::http::tls::redirect_to_https(&request, https_port))
                 })
             });
@@ -487,13 +487,13 @@ fn admin_service(
     router: Router,
     peer: SocketAddr,
 ) -> impl hyper::service::Service<
-    Request<Incoming>,
+    Request<StudentBody>,
     Response = Response<axum::body::Body>,
     Error = Infallible,
     Future = impl Future<Output = Result<Response<axum::body::Body>, Infallible>> + Send,
 > + Clone
        + Send {
-    hyper::service::service_fn(move |mut request: Request<Incoming>| {
+    hyper::service::service_fn(move |mut request: Request<StudentBody>| {
         request.extensions_mut().insert(ConnectInfo(peer));
         let router = router.clone();
         async move { Ok(router.oneshot(request).await.unwrap_or_else(|e| match e {})) }

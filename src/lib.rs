@@ -18,6 +18,9 @@
 //!   and the session-loss detector). Where the wings meet.
 //! - [`http`]: bytes in and out.
 //!   - [`http::listener`]: one listener's accept loop: caps, TLS, HTTP/1.1 or HTTP/2, the drain.
+//!   - `http::server`: the HTTP/1.1 a student's connection speaks, by hand for plain
+//!     requests, handed to hyper's server for the rest (upgrades, chunked uploads).
+//!   - `http::wire`: what both hand-written HTTP/1.1 sides share: the `writev` queue, numbers.
 //!   - [`http::tls`]: the public listener's certificate, reloaded by `SIGHUP`; ALPN; the
 //!     redirect to HTTPS.
 //!   - [`http::edge`]: what a request must be before it is looked at: sizes, framing, one

@@ -9,8 +9,8 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use crate::http::server::StudentBody;
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use super::{Gateway, Known, Route, Settings};
 use crate::cluster::health::Change;
@@ -48,7 +48,7 @@ impl Gateway {
         &'a self,
         mut route: Route,
         known: Option<Known>,
-        request: Request<Incoming>,
+        request: Request<StudentBody>,
         peer: Peer<'a>,
         ask: Ask,
         waited: &'a mut Option<Duration>,

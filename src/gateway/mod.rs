@@ -27,12 +27,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::http::server::StudentBody;
 use arc_swap::{ArcSwap, Guard};
 use bytes::Bytes;
 use http::header::{HeaderValue, SET_COOKIE};
 use http::{Method, Request, Response};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 use ipnet::IpNet;
 
 use crate::cluster::export::Export;
@@ -375,7 +375,7 @@ impl Gateway {
     /// an error page. Notes in `served` where it went, for the access log.
     async fn journey(
         &self,
-        request: Request<Incoming>,
+        request: Request<StudentBody>,
         client: &Client,
         served: &mut Served,
     ) -> Response<ProxyBody> {

@@ -24,9 +24,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::http::server::StudentBody;
 use futures_util::future::Either;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tower::{Layer, Service, ServiceBuilder};
 
 use super::{Gateway, ProxyBody, Served};
@@ -43,7 +43,7 @@ pub fn students(
     withheld: Arc<Withheld>,
     client: Client,
 ) -> impl Service<
-    Request<Incoming>,
+    Request<StudentBody>,
     Response = Response<Logged<ProxyBody>>,
     Error = Infallible,
     Future: Send + 'static,
@@ -78,7 +78,7 @@ async fn journey(
     gateway: Arc<Gateway>,
     client: Arc<Client>,
     noting: bool,
-    request: Request<Incoming>,
+    request: Request<StudentBody>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let mut served = Served::default();
     let mut response = gateway.journey(request, &client, &mut served).await;

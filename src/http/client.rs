@@ -43,6 +43,7 @@ use tokio::time::{Instant, Sleep};
 use crate::http::body::BoxError;
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
+use crate::http::wire::{chunk_line, closed, itoa, parse_length, Outgoing};
 
 /// The node connection's read buffer, so also the largest response head a node may
 /// send (twice nginx's and Apache's default) and the largest chunk of a body held
@@ -51,6 +52,9 @@ pub const NODE_BUFFER: usize = 16 * 1024;
 
 // A head fits in it, so the offsets of its lines fit in `u16` (see `parse_head`).
 const _: () = assert!(NODE_BUFFER <= u16::MAX as usize);
+
+/// A request body's queue: one chunk with its size line and CRLF.
+const BODY_PARTS: usize = 3;
 
 /// Response header lines a node may send (hyper's limit, and far above Moodle's
 /// dozen or so).
@@ -76,7 +80,7 @@ pub struct Connection {
     /// answer is read into what is left of it, so that a small page costs no
     /// allocation here.
     buf: BytesMut,
-    out: Outgoing,
+    out: Outgoing<BODY_PARTS>,
     /// The request's body while it is being sent.
     body: Option<RequestBody>,
     /// The request's head once it is queued, until the answer's head arrives:
@@ -492,7 +496,7 @@ impl Connection {
         loop {
             // Queue what the body has ready, so that a head and a body read
             // whole (most uploads) leave in one system call.
-            while self.out.room() == Outgoing::BODY_PARTS {
+            while self.out.room() == BODY_PARTS {
                 let Some(body) = self.body.as_mut() else {
                     break;
                 };
@@ -520,7 +524,7 @@ impl Connection {
                 };
             }
             let written = {
-                let mut slices = [IoSlice::new(&[]); Outgoing::PARTS];
+                let mut slices = [IoSlice::new(&[]); Outgoing::<BODY_PARTS>::SLICES];
                 let count = self.out.slices(&mut slices);
                 ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..count]))
                     .map_err(ClientError::Io)?
@@ -551,7 +555,7 @@ impl Connection {
                 }
             }
             Framing::Chunked => {
-                self.out.push(Bytes::from(format!("{:x}\r\n", data.len())));
+                self.out.push(chunk_line(data.len()));
                 self.out.push(data);
                 self.out.push(Bytes::from_static(b"\r\n"));
             }
@@ -793,29 +797,6 @@ impl Connection {
     }
 }
 
-/// Whether a failed write means the node closed its side of the connection.
-fn closed(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::BrokenPipe
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::ConnectionAborted
-    )
-}
-
-/// `n` in decimal, written into `digits`.
-fn itoa(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &digits[at..];
-        }
-    }
-}
-
 /// Writes [`known_name`], a `match` over the spellings given (the compiler turns it
 /// into a switch on the length), and the list of those spellings for its test.
 macro_rules! known_names {
@@ -868,31 +849,6 @@ fn head_len(method: &str, path: &str, headers: &HeaderMap) -> usize {
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
     method.len() + path.len() + lines + 48
-}
-
-/// A `Content-Length` value: one number, or the same number repeated in a list.
-/// Read digit by digit (every answer has one, and `str::parse` after a UTF-8
-/// check and a split cost ten times as much).
-fn parse_length(value: &[u8]) -> Option<u64> {
-    let mut length = None;
-    for item in value.split(|&b| b == b',') {
-        let item = item.trim_ascii();
-        if item.is_empty() {
-            return None;
-        }
-        let mut n: u64 = 0;
-        for &digit in item {
-            if !digit.is_ascii_digit() {
-                return None;
-            }
-            n = n.checked_mul(10)?.checked_add(u64::from(digit - b'0'))?;
-        }
-        if length.is_some_and(|seen| seen != n) {
-            return None;
-        }
-        length = Some(n);
-    }
-    length
 }
 
 /// A chunk-size line's size: hexadecimal digits, then perhaps whitespace and
@@ -1024,93 +980,6 @@ impl AnswerHead {
 
     fn keep_alive(&self) -> bool {
         !self.close && (self.version == Version::HTTP_11 || self.keep_alive)
-    }
-}
-
-/// The bytes queued for the socket: the request head, then body pieces with their
-/// chunk framing, written together with one `writev`.
-#[derive(Default)]
-struct Outgoing {
-    /// The request head, written in place; its allocation is kept for the next
-    /// request on the connection unless the head was unusually large.
-    head: Vec<u8>,
-    /// How much of `head` has been written.
-    head_at: usize,
-    parts: [Bytes; Outgoing::BODY_PARTS],
-    len: usize,
-}
-
-impl Outgoing {
-    /// A chunk with its size line and CRLF.
-    const BODY_PARTS: usize = 3;
-    /// The head and the body's parts.
-    const PARTS: usize = Self::BODY_PARTS + 1;
-    /// A head allocation larger than this (a very large cookie) is not kept for the
-    /// next request.
-    const HEAD_KEPT: usize = 4096;
-
-    fn room(&self) -> usize {
-        Self::BODY_PARTS - self.len
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0 && self.head_at == self.head.len()
-    }
-
-    fn push(&mut self, bytes: Bytes) {
-        debug_assert!(self.len < Self::BODY_PARTS);
-        self.parts[self.len] = bytes;
-        self.len += 1;
-    }
-
-    fn clear(&mut self) {
-        *self = Self::default();
-    }
-
-    fn slices<'a>(&'a self, slices: &mut [IoSlice<'a>; Self::PARTS]) -> usize {
-        let head = &self.head[self.head_at..];
-        let mut count = 0;
-        if !head.is_empty() {
-            slices[0] = IoSlice::new(head);
-            count = 1;
-        }
-        for part in &self.parts[..self.len] {
-            slices[count] = IoSlice::new(part);
-            count += 1;
-        }
-        count
-    }
-
-    /// Drops the first `written` bytes.
-    fn advance(&mut self, mut written: usize) {
-        let head = self.head.len() - self.head_at;
-        if head > 0 {
-            if written < head {
-                self.head_at += written;
-                return;
-            }
-            written -= head;
-            self.head.clear();
-            self.head_at = 0;
-            if self.head.capacity() > Self::HEAD_KEPT {
-                self.head = Vec::new();
-            }
-        }
-        let mut done = 0;
-        for part in &mut self.parts[..self.len] {
-            if written >= part.len() {
-                written -= part.len();
-                done += 1;
-            } else {
-                part.advance(written);
-                break;
-            }
-        }
-        self.parts[..self.len].rotate_left(done);
-        for part in &mut self.parts[self.len - done..self.len] {
-            *part = Bytes::new();
-        }
-        self.len -= done;
     }
 }
 

@@ -1,5 +1,6 @@
-//! The accept loop of one listener: connection caps, TLS handshakes, HTTP/1.1 (with
-//! upgrades) or HTTP/2 by ALPN, the request-head deadline, and the drain at shutdown.
+//! The accept loop of one listener: connection caps, TLS handshakes, HTTP/1.1 (the
+//! gateway's own side, [`crate::http::server`], with hyper's behind it for upgrades and
+//! the rest) or HTTP/2 by ALPN, and the drain at shutdown.
 //!
 //! Why hand-written rather than `axum::serve` or hyper-util's helpers: a public
 //! proxy needs what those do not give together: a deadline for the request head (a
@@ -11,11 +12,13 @@
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::task::AtomicWaker;
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -25,45 +28,51 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{LimitsConfig, Timeouts};
+use crate::http::server::{self, Ended, FromHyper, StudentBody, StudentIo};
 use crate::http::stall::{Backlog, SocketPacedService, WriteStall};
 use crate::http::streams::Streams;
 
 /// A failing `accept` repeats every 50 ms while its cause lasts (`EMFILE`).
 static ACCEPT_FAILED: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(10));
 
-/// What answers a connection's requests: hyper's service, one clone per connection.
+/// What answers a connection's requests: a service over the students' bodies, one
+/// clone per connection (hyper's server gets it through [`FromHyper`]).
 pub(crate) trait Serves<B>:
     hyper::service::Service<
-        Request<Incoming>,
+        Request<StudentBody>,
         Response = Response<B>,
         Error = Infallible,
         Future: Send + 'static,
     > + Clone
     + Send
+    + Sync
     + 'static
 {
 }
 
 impl<S, B> Serves<B> for S where
     S: hyper::service::Service<
-            Request<Incoming>,
+            Request<StudentBody>,
             Response = Response<B>,
             Error = Infallible,
             Future: Send + 'static,
         > + Clone
         + Send
+        + Sync
         + 'static
 {
 }
 
-/// A response body hyper can write to a connection.
+/// A response body both HTTP/1.1 sides and HTTP/2 can write to a connection.
 pub(crate) trait ResponseBody:
-    http_body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + 'static
+    http_body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+    + Send
+    + 'static
 {
 }
 
 impl<B> ResponseBody for B where
-    B: http_body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+    B: http_body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
         + Send
         + 'static
 {
@@ -193,35 +202,21 @@ async fn closed(mut closing: tokio::sync::watch::Receiver<bool>) {
     let _ = closing.wait_for(|&closing| closing).await;
 }
 
-/// Runs one connection until it ends, or until `stop` resolves (the listener
-/// closes, an HTTP/2 connection has idled): then it finishes the request in flight
-/// and closes.
-async fn serve_until_closed<C, T, E>(
-    connection: C,
-    stop: impl Future<Output = ()>,
-    peer: SocketAddr,
-) where
+/// Runs one hyper connection until it ends, or until `stopping` says so (the
+/// listener closes, an HTTP/2 connection has idled): then it finishes the request
+/// in flight and closes.
+async fn serve_until_closed<C, T, E>(connection: C, stopping: &mut Stopping<'_>, peer: SocketAddr)
+where
     C: Closable<Output = Result<T, E>>,
     E: std::fmt::Display,
 {
     let mut connection = std::pin::pin!(connection);
-    let mut stop = std::pin::pin!(stop);
-    // `stop` is polled only when its own waker fired (and once at first): the
-    // connection's task wakes twice a request for its own reasons, and each poll of
-    // the listener's watch takes its lock (about 350 instructions a request, 1 % of
-    // a small page's user-space work).
-    let stop_woken = Arc::new(StopWoken::default());
-    let stop_waker = Waker::from(stop_woken.clone());
     let stopped = poll_fn(|cx| {
         if let Poll::Ready(ended) = connection.as_mut().poll(cx) {
             return Poll::Ready(Some(ended));
         }
-        stop_woken.task.register(cx.waker());
-        if stop_woken.woken.swap(false, Ordering::AcqRel) {
-            let mut stop_cx = Context::from_waker(&stop_waker);
-            if stop.as_mut().poll(&mut stop_cx).is_ready() {
-                return Poll::Ready(None);
-            }
+        if stopping.poll_stopped(cx) {
+            return Poll::Ready(None);
         }
         Poll::Pending
     });
@@ -234,6 +229,45 @@ async fn serve_until_closed<C, T, E>(
     };
     if let Err(error) = ended {
         tracing::debug!(%peer, "connection ended: {error}");
+    }
+}
+
+/// When a connection must stop taking requests: `stop` resolved.
+///
+/// `stop` is polled only when its own waker fired (and once at first): the
+/// connection's task wakes twice a request for its own reasons, and each poll of
+/// the listener's watch takes its lock (about 350 instructions a request, 1 % of
+/// a small page's user-space work).
+pub(crate) struct Stopping<'a> {
+    stop: Pin<&'a mut (dyn Future<Output = ()> + Send)>,
+    woken: Arc<StopWoken>,
+    waker: Waker,
+    stopped: bool,
+}
+
+impl<'a> Stopping<'a> {
+    pub(crate) fn new(stop: Pin<&'a mut (dyn Future<Output = ()> + Send)>) -> Self {
+        let woken = Arc::new(StopWoken::default());
+        let waker = Waker::from(woken.clone());
+        Self {
+            stop,
+            woken,
+            waker,
+            stopped: false,
+        }
+    }
+
+    /// Whether the connection must stop; if not yet, `cx` is woken when it must.
+    pub(crate) fn poll_stopped(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.stopped {
+            return true;
+        }
+        self.woken.task.register(cx.waker());
+        if self.woken.woken.swap(false, Ordering::AcqRel) {
+            let mut stop_cx = Context::from_waker(&self.waker);
+            self.stopped = self.stop.as_mut().poll(&mut stop_cx).is_ready();
+        }
+        self.stopped
     }
 }
 
@@ -366,10 +400,12 @@ async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
     }
 }
 
-/// What every connection of one listener is served with: its settings, and hyper's
-/// two protocols set up from them once (one `Arc` for each connection to share).
+/// What every connection of one listener is served with: its settings, the
+/// HTTP/1.1 side's limits, and hyper's two protocols set up from them once (one
+/// `Arc` for each connection to share).
 struct Serving {
     how: Listening,
+    limits: server::Limits,
     http1: hyper::server::conn::http1::Builder,
     http2: hyper::server::conn::http2::Builder<TokioExecutor>,
 }
@@ -397,7 +433,17 @@ impl Serving {
             // ping it does not answer, while a stream waits on the node.
             .keep_alive_interval(Some(how.request_headers))
             .keep_alive_timeout(how.request_headers);
-        Self { how, http1, http2 }
+        let limits = server::Limits {
+            request_headers: how.request_headers,
+            max_headers: how.max_headers,
+            head_bytes: how.http1_buffer,
+        };
+        Self {
+            how,
+            limits,
+            http1,
+            http2,
+        }
     }
 }
 
@@ -429,10 +475,17 @@ impl Connection {
         let backlog = Arc::new(Backlog::default());
         let stream = WriteStall::new(stream, how.write_stall).pacing(backlog.clone());
         let Some(acceptor) = &how.tls else {
-            let io = TokioIo::new(stream);
-            let service = SocketPacedService::new(service, backlog);
-            let connection = serving.http1.serve_connection(io, service).with_upgrades();
-            return serve_until_closed(connection, closed(closing), peer).await;
+            let mut stop = std::pin::pin!(closed(closing));
+            let mut stopping = Stopping::new(stop.as_mut());
+            return http1(
+                Box::new(stream),
+                &serving,
+                service,
+                backlog,
+                &mut stopping,
+                peer,
+            )
+            .await;
         };
         // Boxed: the TLS states (rustls's session, an HTTP/2 connection) would
         // otherwise sit in every plain connection's task too, 10 KiB of it.
@@ -447,6 +500,29 @@ impl Connection {
         );
         Box::pin(tls).await;
     }
+}
+
+/// Serves an HTTP/1.1 connection to its end: on the gateway's own side
+/// ([`server`]) while its requests are plain, then on hyper's if one is not.
+async fn http1<S, B>(
+    io: StudentIo,
+    serving: &Serving,
+    service: S,
+    backlog: Arc<Backlog>,
+    stopping: &mut Stopping<'_>,
+    peer: SocketAddr,
+) where
+    S: Serves<B>,
+    B: ResponseBody,
+{
+    let Ended::HandOver(io) = server::serve(io, &service, &serving.limits, stopping).await else {
+        return;
+    };
+    let io = TokioIo::new(io);
+    let service = SocketPacedService::new(FromHyper(service), backlog);
+    let connection = serving.http1.serve_connection(io, service).with_upgrades();
+    // Boxed: only the rare connection that needs hyper pays for its room.
+    Box::pin(serve_until_closed(connection, stopping, peer)).await;
 }
 
 /// Serves a connection over TLS to its end, with the protocol ALPN chose.
@@ -475,23 +551,34 @@ async fn serve_tls<S, B>(
         Ok(Err(error)) => return tracing::debug!(%peer, "TLS handshake failed: {error}"),
         Err(_) => return tracing::debug!(%peer, "TLS handshake took too long"),
     };
-    let io = TokioIo::new(stream);
-    if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+        let io = TokioIo::new(stream);
         let streams = Streams::new(how.write_stall);
-        let connection = serving.http2.serve_connection(io, streams.serve(service));
-        let stop = async {
+        let connection = serving
+            .http2
+            .serve_connection(io, streams.serve(FromHyper(service)));
+        let mut stop = std::pin::pin!(async {
             tokio::select! {
                 () = closed(closing) => {}
                 () = streams.idle(how.request_headers) => {
                     tracing::debug!(%peer, "HTTP/2 connection idle: closed");
                 }
             }
-        };
-        serve_until_closed(connection, stop, peer).await;
+        });
+        let mut stopping = Stopping::new(stop.as_mut());
+        serve_until_closed(connection, &mut stopping, peer).await;
     } else {
-        let service = SocketPacedService::new(service, backlog);
-        let connection = serving.http1.serve_connection(io, service).with_upgrades();
-        serve_until_closed(connection, closed(closing), peer).await;
+        let mut stop = std::pin::pin!(closed(closing));
+        let mut stopping = Stopping::new(stop.as_mut());
+        http1(
+            Box::new(stream),
+            serving,
+            service,
+            backlog,
+            &mut stopping,
+            peer,
+        )
+        .await;
     }
 }
 

@@ -9,8 +9,11 @@
 //! blocked, so a connection whose writes go straight into the socket buffer never
 //! touches the timer wheel.
 //!
-//! The same student costs the gateway memory while they do not read: whatever hyper
-//! has taken of the node's body and not yet written. hyper takes body chunks until
+//! The same student costs the gateway memory while they do not read: whatever has
+//! been taken of the node's body and not yet written. The gateway's own HTTP/1.1
+//! side ([`crate::http::server`]) keeps the rule below by itself (one chunk at a
+//! time until the socket has taken [`PROVEN`] bytes in a row, three after); on a
+//! connection handed to hyper's server, it is hyper that takes the node's body. hyper takes body chunks until
 //! its queue holds its buffer limit (`max_header_bytes` + 8 KiB), which is three of
 //! the node connection's 16 KiB chunks, each a buffer of its own. [`Backlog`] and
 //! [`SocketPaced`] keep it to one: the body hands hyper its next chunk only once the

@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::http::server::StudentBody;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -65,7 +65,7 @@ const WEBSOCKET: &str = "websocket";
 /// until either side closes or both are silent for `bounds.tunnel_idle`.
 pub async fn forward(
     target: Target<'_>,
-    mut request: Request<Incoming>,
+    mut request: Request<StudentBody>,
     peer: Peer<'_>,
     bounds: Bounds,
 ) -> Result<Response<IdleLimited>, GatewayError> {

@@ -18,10 +18,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
+use crate::http::server::StudentBody;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::http::body::{
@@ -59,7 +59,7 @@ impl Upload {
     }
 
     /// The student's body under the rules of `bounds`; its clocks start now.
-    pub fn new(body: Incoming, bounds: &Bounds) -> Self {
+    pub fn new(body: StudentBody, bounds: &Bounds) -> Self {
         if body.is_end_stream() {
             return Self::empty();
         }
@@ -198,7 +198,7 @@ impl Upload {
 /// window is held open, so a slow node never gets its student a 408.
 #[derive(Debug)]
 pub struct Paced {
-    inner: IdleLimited<Incoming>,
+    inner: IdleLimited<StudentBody>,
     /// Bytes each window must bring; 0 means no floor.
     min_bytes: u64,
     window: std::time::Duration,
@@ -213,7 +213,7 @@ pub struct Paced {
 }
 
 impl Paced {
-    fn new(body: Incoming, bounds: &Bounds) -> Self {
+    fn new(body: StudentBody, bounds: &Bounds) -> Self {
         let now = Instant::now();
         let window = bounds.upload_rate_window;
         let per_window = u128::from(bounds.upload_min_rate) * window.as_millis() / 1000;

@@ -381,33 +381,6 @@ async fn a_node_that_closes_without_answering_or_mid_body_is_told_apart() {
 }
 
 #[test]
-fn queued_parts_advance_across_their_boundaries() {
-    let mut out = Outgoing::default();
-    out.head.extend_from_slice(b"head");
-    out.push(Bytes::from_static(b"5\r\n"));
-    out.push(Bytes::from_static(b"hello"));
-    let left = |out: &Outgoing| {
-        let mut slices = [IoSlice::new(&[]); Outgoing::PARTS];
-        let count = out.slices(&mut slices);
-        slices[..count]
-            .iter()
-            .flat_map(|s| s.iter().copied())
-            .collect::<Vec<u8>>()
-    };
-    out.advance(2);
-    assert_eq!(left(&out), b"ad5\r\nhello");
-    out.advance(4);
-    assert_eq!(left(&out), b"\nhello");
-    assert!(
-        out.head.is_empty(),
-        "the head is written and its buffer emptied"
-    );
-    out.advance(6);
-    assert!(out.is_empty());
-    assert_eq!(out.room(), Outgoing::BODY_PARTS);
-}
-
-#[test]
 fn lengths_and_chunk_sizes_are_read_strictly() {
     assert_eq!(parse_length(b"42"), Some(42));
     assert_eq!(parse_length(b"42, 42"), Some(42));

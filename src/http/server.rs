@@ -1,0 +1,1054 @@
+//! The HTTP/1.1 a student's connection speaks, written out by hand for the
+//! requests nearly every student sends, with hyper's server behind it for the rest.
+//!
+//! Why: hyper's server side was the largest share of the gateway's own work on a
+//! small page (about 14,000 of 34,000 user-space instructions a request): its
+//! dispatcher's state machine, a body channel for every request, a timer boxed for
+//! every request head, a head parsed into hyper's own types before ours. This side
+//! reads a request head into the request the stack takes with one parse, writes
+//! the answer's head and body with one `writev`, and keeps one header deadline per
+//! connection whose moves cost a compare-and-swap.
+//!
+//! It takes a request only when it is plain: `GET`, `POST` and the other methods
+//! but `CONNECT`, HTTP/1.0 or 1.1, a body framed by one `Content-Length` or none.
+//! A request with `Transfer-Encoding`, `Expect` or `Upgrade`, one this parse
+//! refuses, a head past the size limit: the connection is handed, with the bytes
+//! read so far, to hyper's server, which answers it (a WebSocket, a `100
+//! Continue`, a chunked upload, or its own 400 or 431) and keeps the connection to
+//! its end. So every odd request keeps the answer it had, and browsers' requests
+//! (no browser sends a chunked or `Expect` upload) take the short way.
+//!
+//! What it writes follows hyper's server rule for rule, so that the handover is
+//! invisible: the framing (`Content-Length` when known, chunked when not, nothing
+//! for `HEAD`, `204` and `304`), `Connection: close` when the connection will
+//! close, HTTP/1.0 answered as 1.0 and kept open only when asked, a `Date`.
+//! A student whose socket keeps up gets up to three body chunks to a `writev`;
+//! one who does not is given one chunk at a time (see [`crate::http::stall`]).
+
+use std::convert::Infallible;
+use std::future::{poll_fn, Future};
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
+use tokio::time::{Instant, Sleep};
+
+use crate::http::body::BoxError;
+use crate::http::client::NODE_BUFFER;
+use crate::http::listener::Stopping;
+use crate::http::stall::PROVEN;
+use crate::http::wire::{chunk_line, itoa, parse_length, Outgoing};
+
+/// A student's connection as this side holds it: plain TCP or TLS, behind one
+/// pointer so that a request body can carry the connection's read side without
+/// naming its type.
+pub(crate) type StudentIo = Box<dyn Io>;
+
+/// What a student's connection is: bytes both ways.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static> Io for T {}
+
+/// Header lines this side parses; a request with more goes to hyper, which holds
+/// it to `limits.max_headers`.
+const MAX_HEADERS: usize = 100;
+
+/// hyper's longest request target; a longer one goes to hyper for its 414.
+const MAX_URI: usize = u16::MAX as usize - 1;
+
+/// Body bytes queued before the next chunk is asked for, once the student's socket
+/// has shown it keeps up: at most three node chunks go to one `writev`, as
+/// hyper's server batched them.
+const BATCH: usize = 2 * NODE_BUFFER;
+
+/// What a read for a request head makes room for: most heads are well under a
+/// KiB, and an idle connection keeps this buffer.
+const HEAD_READ: usize = 4096;
+
+/// Three chunks with their framing (size line, data, CRLF) and the last chunk.
+const BODY_PARTS: usize = 10;
+
+/// How the listener's settings bound one connection.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// The deadline for a request head, from the moment the connection waits for
+    /// it (a keep-alive connection waiting for its next request included).
+    pub request_headers: Duration,
+    /// `limits.max_headers`.
+    pub max_headers: usize,
+    /// The most bytes a head may take before it is complete.
+    pub head_bytes: usize,
+}
+
+/// How a connection ended on this side.
+pub(crate) enum Ended {
+    /// Closed, or to be closed.
+    Closed,
+    /// A request this side does not take is next: hyper's server goes on from it.
+    HandOver(Replayed),
+}
+
+/// A student's request body: none, one this side reads by its `Content-Length`,
+/// or hyper's (on a connection handed over, and over HTTP/2).
+pub struct StudentBody(Kind);
+
+enum Kind {
+    Empty,
+    Sized(Box<Sized>),
+    Hyper(Incoming),
+}
+
+impl StudentBody {
+    /// No body.
+    pub fn empty() -> Self {
+        Self(Kind::Empty)
+    }
+
+    /// hyper's body for a request hyper's server read.
+    pub fn hyper(incoming: Incoming) -> Self {
+        Self(Kind::Hyper(incoming))
+    }
+}
+
+impl std::fmt::Debug for StudentBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Kind::Empty => f.write_str("StudentBody::Empty"),
+            Kind::Sized(sized) => write!(f, "StudentBody::Sized({} left)", sized.left),
+            Kind::Hyper(_) => f.write_str("StudentBody::Hyper"),
+        }
+    }
+}
+
+impl Body for StudentBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.0 {
+            Kind::Empty => Poll::Ready(None),
+            Kind::Sized(sized) => sized
+                .poll_data(cx)
+                .map(|data| data.map(|d| d.map(Frame::data))),
+            Kind::Hyper(incoming) => Pin::new(incoming)
+                .poll_frame(cx)
+                .map(|frame| frame.map(|f| f.map_err(Into::into))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.0 {
+            Kind::Empty => true,
+            Kind::Sized(sized) => sized.left == 0,
+            Kind::Hyper(incoming) => incoming.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.0 {
+            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Sized(sized) => SizeHint::with_exact(sized.left),
+            Kind::Hyper(incoming) => incoming.size_hint(),
+        }
+    }
+}
+
+/// The read side of a student's connection: the socket's half, and what was read
+/// from it and not yet taken.
+struct Reading {
+    half: ReadHalf<StudentIo>,
+    buf: BytesMut,
+}
+
+impl Reading {
+    /// Reads more into the buffer, with room for `room` bytes: `Ok(0)` when the
+    /// student closed.
+    fn poll_fill(&mut self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(room);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.half), cx, &mut self.buf)
+    }
+}
+
+/// Where a request body leaves the connection's read side when it is done with
+/// it, with how much of the body was left unread.
+type Return = Mutex<Option<(Reading, u64)>>;
+
+/// A body of `left` more bytes, read from the connection's read side, which it
+/// holds until the last byte (or until dropped) and then gives back.
+struct Sized {
+    reading: Option<Reading>,
+    left: u64,
+    back: Arc<Return>,
+}
+
+impl Sized {
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BoxError>>> {
+        let Some(reading) = self.reading.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if self.left == 0 {
+            self.give_back();
+            return Poll::Ready(None);
+        }
+        if reading.buf.is_empty() {
+            match ready!(reading.poll_fill(cx, NODE_BUFFER)) {
+                Ok(0) => {
+                    return Poll::Ready(Some(Err(
+                        "the client closed the connection before the end of its body".into(),
+                    )))
+                }
+                Ok(_) => {}
+                Err(error) => return Poll::Ready(Some(Err(error.into()))),
+            }
+        }
+        let take = reading
+            .buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let data = reading.buf.split_to(take).freeze();
+        self.left -= take as u64;
+        if self.left == 0 {
+            // Back before the answer is written, so the next request can follow.
+            self.give_back();
+        }
+        Poll::Ready(Some(Ok(data)))
+    }
+
+    fn give_back(&mut self) {
+        if let Some(reading) = self.reading.take() {
+            if let Ok(mut back) = self.back.lock() {
+                *back = Some((reading, self.left));
+            }
+        }
+    }
+}
+
+impl Drop for Sized {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
+/// A connection handed to hyper: the bytes this side read and did not use come
+/// first, then the socket.
+pub(crate) struct Replayed {
+    read: Bytes,
+    io: StudentIo,
+}
+
+impl AsyncRead for Replayed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.read.is_empty() {
+            return Pin::new(&mut self.io).poll_read(cx, buf);
+        }
+        let n = self.read.len().min(buf.remaining());
+        buf.put_slice(&self.read[..n]);
+        self.read.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Replayed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// A service for this side as a service for hyper's server, which hands it
+/// hyper's bodies.
+#[derive(Clone)]
+pub(crate) struct FromHyper<S>(pub S);
+
+impl<S> hyper::service::Service<Request<Incoming>> for FromHyper<S>
+where
+    S: hyper::service::Service<Request<StudentBody>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, request: Request<Incoming>) -> S::Future {
+        self.0.call(request.map(StudentBody::hyper))
+    }
+}
+
+/// Serves `io`'s requests with `service` until the connection closes or a request
+/// this side does not take comes; `stopping` says when the listener closes (the
+/// request in flight is finished and answered with `Connection: close`).
+pub(crate) async fn serve<S, B>(
+    io: StudentIo,
+    service: &S,
+    limits: &Limits,
+    stopping: &mut Stopping<'_>,
+) -> Ended
+where
+    S: hyper::service::Service<Request<StudentBody>, Response = Response<B>, Error = Infallible>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (half, writer) = tokio::io::split(io);
+    let mut connection = Connection {
+        reading: Some(Reading {
+            half,
+            buf: BytesMut::new(),
+        }),
+        writer,
+        out: Outgoing::default(),
+        deadline: Box::pin(tokio::time::sleep(limits.request_headers)),
+        waiting: false,
+        back: Arc::new(Mutex::new(None)),
+        taken: 0,
+        spans: Vec::new(),
+        cached: None,
+    };
+    loop {
+        let head = match poll_fn(|cx| connection.poll_head(cx, limits, stopping)).await {
+            Next::Request(head) => head,
+            Next::Close => {
+                connection.close().await;
+                return Ended::Closed;
+            }
+            Next::HandOver(read) => return connection.hand_over(read),
+        };
+        let Head {
+            request,
+            body_len,
+            mut keep_alive,
+        } = head;
+        let method = request.method().clone();
+        let version = request.version();
+        let body = match body_len {
+            0 => StudentBody::empty(),
+            left => StudentBody(Kind::Sized(Box::new(Sized {
+                reading: connection.reading.take(),
+                left,
+                back: connection.back.clone(),
+            }))),
+        };
+        // Boxed: an idle connection's task keeps room for whatever it awaits, and
+        // the stack's future is some 4 KB that only a request in flight needs.
+        let mut answer = Box::pin(service.call(request.map(|()| body)));
+        let Ok(response) = poll_fn(|cx| {
+            if keep_alive && stopping.poll_stopped(cx) {
+                keep_alive = false;
+            }
+            answer.as_mut().poll(cx)
+        })
+        .await;
+        drop(answer);
+        // Before the head, so that it can say the connection will close.
+        connection.reclaim(&mut keep_alive);
+        let written = connection
+            .respond(response, &method, version, &mut keep_alive)
+            .await;
+        if connection.reading.is_none() && !connection.reclaim(&mut keep_alive) {
+            // Still out with a body that outlived its answer.
+            keep_alive = false;
+        }
+        if written.is_err() {
+            return Ended::Closed;
+        }
+        if !keep_alive {
+            connection.close().await;
+            return Ended::Closed;
+        }
+    }
+}
+
+/// One student connection on this side.
+struct Connection {
+    /// `None` while a request body holds it.
+    reading: Option<Reading>,
+    writer: WriteHalf<StudentIo>,
+    out: Outgoing<BODY_PARTS>,
+    /// The request-head deadline, one timer for the connection's life: moved later
+    /// for each head, which costs a compare-and-swap while it is in tokio's wheel.
+    deadline: Pin<Box<Sleep>>,
+    /// The deadline is set for the head being waited for.
+    waiting: bool,
+    back: Arc<Return>,
+    /// Bytes the socket took since it last refused a write, up to [`PROVEN`].
+    taken: usize,
+    /// Where the last head's lines sat, kept for the next head's parse.
+    spans: Vec<Span>,
+    /// The last answer's header map, emptied: the next request's.
+    cached: Option<HeaderMap>,
+}
+
+/// What comes next on a connection.
+// A head is what comes nearly every time: boxed, it would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Request(Head),
+    Close,
+    /// A request for hyper, with the bytes read so far.
+    HandOver(BytesMut),
+}
+
+/// A request head, read.
+struct Head {
+    request: Request<()>,
+    body_len: u64,
+    keep_alive: bool,
+}
+
+/// How a response's body is framed on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// This many bytes; 0 for an answer without a body.
+    Length(u64),
+    Chunked,
+    /// Until the connection closes (HTTP/1.0 without a length).
+    UntilClose,
+}
+
+/// A response's body as hyper's encoder sees it when the head is written.
+#[derive(Debug, Clone, Copy)]
+enum BodyLength {
+    None,
+    Known(u64),
+    Unknown,
+}
+
+/// A response the connection cannot finish: it is closed at once.
+#[derive(Debug)]
+struct Cut;
+
+impl Connection {
+    /// Takes the read side back from a request body done with it; `false` while
+    /// a body still holds it. A body not read to its end leaves its rest where the
+    /// next request would start: the connection cannot go on after this answer.
+    fn reclaim(&mut self, keep_alive: &mut bool) -> bool {
+        if self.reading.is_some() {
+            return true;
+        }
+        let back = self.back.lock().ok().and_then(|mut back| back.take());
+        let Some((reading, left)) = back else {
+            return false;
+        };
+        *keep_alive &= left == 0;
+        self.reading = Some(reading);
+        true
+    }
+
+    /// Waits for the next request head, under the head deadline and while the
+    /// listener stays open.
+    fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        limits: &Limits,
+        stopping: &mut Stopping<'_>,
+    ) -> Poll<Next> {
+        let Some(reading) = self.reading.as_mut() else {
+            return Poll::Ready(Next::Close);
+        };
+        loop {
+            if !reading.buf.is_empty() {
+                match parse(
+                    &mut reading.buf,
+                    limits.max_headers,
+                    &mut self.spans,
+                    &mut self.cached,
+                ) {
+                    Parsed::Head(head) => {
+                        self.waiting = false;
+                        return Poll::Ready(Next::Request(head));
+                    }
+                    Parsed::Partial if reading.buf.len() < limits.head_bytes => {}
+                    Parsed::Partial | Parsed::ForHyper => {
+                        return Poll::Ready(Next::HandOver(std::mem::take(&mut reading.buf)))
+                    }
+                    Parsed::ForHyperFrom(head) => {
+                        let mut read = BytesMut::from(&head[..]);
+                        read.extend_from_slice(&reading.buf);
+                        return Poll::Ready(Next::HandOver(read));
+                    }
+                }
+            }
+            if stopping.poll_stopped(cx) {
+                return Poll::Ready(Next::Close);
+            }
+            match reading.poll_fill(cx, HEAD_READ) {
+                Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(Next::Close),
+                Poll::Ready(Ok(_)) => continue,
+                Poll::Pending => {}
+            }
+            if !self.waiting {
+                self.waiting = true;
+                self.deadline
+                    .as_mut()
+                    .reset(Instant::now() + limits.request_headers);
+            }
+            if self.deadline.as_mut().poll(cx).is_ready() {
+                tracing::debug!("request head not complete within timeouts.request_headers");
+                return Poll::Ready(Next::Close);
+            }
+            return Poll::Pending;
+        }
+    }
+
+    /// Writes `response`; `keep_alive` comes back false when the connection must
+    /// close after it.
+    async fn respond<B>(
+        &mut self,
+        response: Response<B>,
+        method: &Method,
+        version: Version,
+        keep_alive: &mut bool,
+    ) -> Result<(), Cut>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let (parts, body) = response.into_parts();
+        let length = if body.is_end_stream() {
+            BodyLength::None
+        } else {
+            body.size_hint()
+                .exact()
+                .map_or(BodyLength::Unknown, BodyLength::Known)
+        };
+        let framing = write_head(
+            &mut self.out.head,
+            &parts,
+            method,
+            version,
+            length,
+            keep_alive,
+        )?;
+        if framing == Framing::UntilClose {
+            *keep_alive = false;
+        }
+        let mut headers = parts.headers;
+        headers.clear();
+        self.cached = Some(headers);
+        let mut body = std::pin::pin!(body);
+        let mut body = match (framing, length) {
+            (Framing::Length(0), _) | (_, BodyLength::None) => None,
+            _ => Some(body.as_mut()),
+        };
+        if body.is_none() && framing == Framing::Chunked {
+            self.out.push(Bytes::from_static(b"0\r\n\r\n"));
+        }
+        let mut framing = framing;
+        poll_fn(|cx| self.poll_send(cx, &mut body, &mut framing)).await
+    }
+
+    /// Writes what is queued and feeds the body's frames to the socket until the
+    /// answer is out, or the socket or the body has to wait.
+    fn poll_send<B>(
+        &mut self,
+        cx: &mut Context<'_>,
+        body: &mut Option<Pin<&mut B>>,
+        framing: &mut Framing,
+    ) -> Poll<Result<(), Cut>>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        loop {
+            while self.out.room() >= 3 && (self.out.no_parts() || self.proven()) {
+                if self.out.queued() >= BATCH {
+                    break;
+                }
+                let Some(live) = body.as_mut() else {
+                    break;
+                };
+                let frame = match live.as_mut().poll_frame(cx) {
+                    Poll::Pending => break,
+                    Poll::Ready(frame) => frame,
+                };
+                let data = match frame {
+                    None => {
+                        *body = None;
+                        self.end_body(*framing)?;
+                        break;
+                    }
+                    Some(Err(error)) => {
+                        let error: BoxError = error.into();
+                        tracing::debug!("response body failed: {error}");
+                        return Poll::Ready(Err(Cut));
+                    }
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(data) => data,
+                        // Trailers: not sent, as hyper's server does without a
+                        // `Trailer` header.
+                        Err(_) => continue,
+                    },
+                };
+                if !data.is_empty() {
+                    self.queue_data(data, framing);
+                }
+                if *framing == Framing::Length(0) {
+                    // A sized body is complete at its length: not polled again
+                    // (hyper cuts a body that runs past it the same way).
+                    *body = None;
+                } else if body.as_ref().is_some_and(|b| b.is_end_stream()) {
+                    *body = None;
+                    self.end_body(*framing)?;
+                }
+            }
+            if self.out.is_empty() {
+                ready!(Pin::new(&mut self.writer).poll_flush(cx)).map_err(|_| Cut)?;
+                return match body {
+                    None => Poll::Ready(Ok(())),
+                    Some(_) => Poll::Pending,
+                };
+            }
+            let written = {
+                let mut slices = [IoSlice::new(&[]); Outgoing::<BODY_PARTS>::SLICES];
+                let count = self.out.slices(&mut slices);
+                match Pin::new(&mut self.writer).poll_write_vectored(cx, &slices[..count]) {
+                    Poll::Pending => {
+                        self.taken = 0;
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(Err(Cut)),
+                    Poll::Ready(Ok(written)) => written,
+                }
+            };
+            self.taken = self.taken.saturating_add(written);
+            self.out.advance(written);
+        }
+    }
+
+    /// Whether the socket has taken enough in a row to be given a batch.
+    fn proven(&self) -> bool {
+        self.taken >= PROVEN
+    }
+
+    /// Queues one piece of the body with its framing.
+    fn queue_data(&mut self, mut data: Bytes, framing: &mut Framing) {
+        match framing {
+            Framing::Length(left) => {
+                let len = (data.len() as u64).min(*left);
+                data.truncate(len as usize);
+                *left -= len;
+                self.out.push(data);
+            }
+            Framing::Chunked => {
+                self.out.push(chunk_line(data.len()));
+                self.out.push(data);
+                self.out.push(Bytes::from_static(b"\r\n"));
+            }
+            Framing::UntilClose => self.out.push(data),
+        }
+    }
+
+    /// The body said it has no more frames.
+    fn end_body(&mut self, framing: Framing) -> Result<(), Cut> {
+        match framing {
+            Framing::Chunked => self.out.push(Bytes::from_static(b"0\r\n\r\n")),
+            Framing::Length(0) | Framing::UntilClose => {}
+            Framing::Length(_) => {
+                tracing::debug!("response body shorter than its Content-Length");
+                return Err(Cut);
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the write side once all is out (the read side goes with it).
+    async fn close(&mut self) {
+        use tokio::io::AsyncWriteExt;
+        let _ = self.writer.shutdown().await;
+    }
+
+    /// The connection as one stream again, for hyper, with `read` in front.
+    fn hand_over(mut self, read: BytesMut) -> Ended {
+        let Some(reading) = self.reading.take() else {
+            return Ended::Closed;
+        };
+        Ended::HandOver(Replayed {
+            read: read.freeze(),
+            io: reading.half.unsplit(self.writer),
+        })
+    }
+}
+
+/// What the buffer holds.
+#[allow(clippy::large_enum_variant)] // As `Next`: a head nearly every time.
+enum Parsed {
+    Head(Head),
+    Partial,
+    /// A request for hyper's server; nothing was taken from the buffer.
+    ForHyper,
+    /// The same, found after its head was taken from the buffer.
+    ForHyperFrom(Bytes),
+}
+
+/// Where a header line's name and value sit in the head: offset and length of each.
+type Span = (u32, u32, u32, u32);
+
+/// Reads the request head at the front of `buf`, if it is whole and plain.
+///
+/// `spans` and `cached` are the connection's, kept between requests so that a
+/// request head allocates nothing of its own: `cached` is the last answer's
+/// header map, emptied (hyper's trick), which has room for the forwarding headers
+/// the request gains on its way to a node.
+fn parse(
+    buf: &mut BytesMut,
+    max_headers: usize,
+    spans: &mut Vec<Span>,
+    cached: &mut Option<HeaderMap>,
+) -> Parsed {
+    // Left uninitialised, as hyper does: the parser writes what it uses.
+    let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut lines[..max_headers.min(MAX_HEADERS)],
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(_) => return Parsed::ForHyper,
+    };
+    let (Some(method), Some(path), Some(minor)) = (parsed.method, parsed.path, parsed.version)
+    else {
+        return Parsed::ForHyper;
+    };
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
+        return Parsed::ForHyper;
+    };
+    if method == Method::CONNECT || path.len() > MAX_URI {
+        return Parsed::ForHyper;
+    }
+    let version = if minor == 1 {
+        Version::HTTP_11
+    } else {
+        Version::HTTP_10
+    };
+    // Where each piece sits, so that they can be cut from the buffer once the
+    // parser lets go of it.
+    let base = buf.as_ptr() as usize;
+    let offset = |part: &[u8]| part.as_ptr() as usize - base;
+    let path_at = (offset(path.as_bytes()), path.len());
+    spans.clear();
+    let mut body_len = None;
+    let mut keep_alive = version == Version::HTTP_11;
+    let mut close = false;
+    for line in parsed.headers.iter() {
+        let name = line.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            match (body_len, parse_length(line.value)) {
+                (None, Some(len)) => body_len = Some(len),
+                // Two lengths, or one that is not a number: hyper's to judge.
+                _ => return Parsed::ForHyper,
+            }
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            if close || has_token(line.value, b"close") {
+                close = true;
+                keep_alive = false;
+            } else if !keep_alive {
+                keep_alive = has_token(line.value, b"keep-alive");
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding")
+            || name.eq_ignore_ascii_case(b"expect")
+            || name.eq_ignore_ascii_case(b"upgrade")
+        {
+            return Parsed::ForHyper;
+        }
+        // The head is at most a few tens of KiB: offsets fit.
+        spans.push((
+            offset(name) as u32,
+            name.len() as u32,
+            offset(line.value) as u32,
+            line.value.len() as u32,
+        ));
+    }
+    let raw = buf.split_to(len).freeze();
+    let Ok(uri) = http::Uri::from_maybe_shared(raw.slice(path_at.0..path_at.0 + path_at.1)) else {
+        return Parsed::ForHyperFrom(raw);
+    };
+    let mut headers = cached.take().unwrap_or_default();
+    headers.reserve(spans.len());
+    for &(name_at, name_len, value_at, value_len) in spans.iter() {
+        let (name_at, value_at) = (name_at as usize, value_at as usize);
+        let name = &raw[name_at..name_at + name_len as usize];
+        let Ok(name) = HeaderName::from_bytes(name) else {
+            return Parsed::ForHyperFrom(raw);
+        };
+        let value = raw.slice(value_at..value_at + value_len as usize);
+        let Ok(value) = HeaderValue::from_maybe_shared(value) else {
+            return Parsed::ForHyperFrom(raw);
+        };
+        headers.append(name, value);
+    }
+    let mut request = Request::new(());
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.version_mut() = version;
+    *request.headers_mut() = headers;
+    Parsed::Head(Head {
+        request,
+        body_len: body_len.unwrap_or(0),
+        keep_alive,
+    })
+}
+
+/// Whether a comma-separated header value lists `token` (any case).
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// Whether an answer to `method` with `status` carries a body on the wire.
+fn can_have_body(method: &Method, status: StatusCode) -> bool {
+    *method != Method::HEAD
+        && !status.is_informational()
+        && !matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED)
+}
+
+/// Whether an answer with `status` may say a `Content-Length`.
+fn can_have_length(status: StatusCode) -> bool {
+    !status.is_informational()
+        && !matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED)
+}
+
+/// Writes the answer's head into `head` as hyper's server would, and returns its
+/// body's framing. `keep_alive` turns false when the connection must close after.
+fn write_head(
+    head: &mut Vec<u8>,
+    parts: &http::response::Parts,
+    method: &Method,
+    request_version: Version,
+    length: BodyLength,
+    keep_alive: &mut bool,
+) -> Result<Framing, Cut> {
+    let mut status = parts.status;
+    let mut headers = &parts.headers;
+    let no_headers = HeaderMap::new();
+    let mut length = length;
+    if status.is_informational() {
+        // A service cannot answer with one (hyper's rule: a 500 in its place).
+        status = StatusCode::INTERNAL_SERVER_ERROR;
+        headers = &no_headers;
+        length = BodyLength::None;
+    }
+    let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
+    let version = match (request_version, parts.version) {
+        (Version::HTTP_10, _) | (_, Version::HTTP_10) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    if request_version == Version::HTTP_10 {
+        // An HTTP/1.0 client's connection stays open only if the answer says so.
+        *keep_alive &= headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|value| has_token(value.as_bytes(), b"keep-alive"));
+    }
+    head.reserve(64 + headers.len() * 48);
+    if version == Version::HTTP_11 && status == StatusCode::OK && reason.is_none() {
+        head.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+    } else {
+        head.extend_from_slice(if version == Version::HTTP_10 {
+            b"HTTP/1.0 "
+        } else {
+            b"HTTP/1.1 "
+        });
+        head.extend_from_slice(status.as_str().as_bytes());
+        head.push(b' ');
+        match reason {
+            Some(reason) => head.extend_from_slice(reason.as_bytes()),
+            None => {
+                head.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes())
+            }
+        }
+        head.extend_from_slice(b"\r\n");
+    }
+    let chunkable = version == Version::HTTP_11 && can_have_body(method, status);
+    let mut framing = None;
+    let mut wrote_date = false;
+    let mut says_close = false;
+    for (name, value) in headers {
+        if *name == header::CONTENT_LENGTH {
+            match length {
+                BodyLength::Known(known) => {
+                    if framing.is_none() {
+                        framing = Some(Framing::Length(known));
+                        line(head, name, value);
+                    }
+                }
+                BodyLength::Unknown => {
+                    let Some(len) = parse_length(value.as_bytes()) else {
+                        tracing::warn!("answer with an invalid Content-Length: {value:?}");
+                        return Err(Cut);
+                    };
+                    match framing {
+                        None => {
+                            framing = Some(Framing::Length(len));
+                            line(head, name, value);
+                        }
+                        Some(Framing::Length(seen)) if seen == len => {}
+                        Some(_) => {
+                            tracing::warn!("answer with two framings");
+                            return Err(Cut);
+                        }
+                    }
+                }
+                // No body to send: the length stands only for a HEAD's.
+                BodyLength::None => {
+                    if *method == Method::HEAD && framing.is_none() {
+                        framing = Some(Framing::Length(0));
+                        line(head, name, value);
+                    }
+                }
+            }
+            continue;
+        }
+        if *name == header::TRANSFER_ENCODING {
+            if !chunkable {
+                continue;
+            }
+            if matches!(framing, Some(Framing::Length(_))) {
+                tracing::warn!("answer with two framings");
+                return Err(Cut);
+            }
+            framing = Some(Framing::Chunked);
+            head.extend_from_slice(b"transfer-encoding: ");
+            head.extend_from_slice(value.as_bytes());
+            if !value.as_bytes().trim_ascii_end().ends_with(b"chunked") {
+                head.extend_from_slice(b", chunked");
+            }
+            head.extend_from_slice(b"\r\n");
+            continue;
+        }
+        if *name == header::CONNECTION {
+            if has_token(value.as_bytes(), b"close") {
+                says_close = true;
+                *keep_alive = false;
+            }
+        } else if *name == header::DATE {
+            wrote_date = true;
+        } else if *name == header::TRAILER && !chunkable {
+            continue;
+        }
+        line(head, name, value);
+    }
+    let framing = match framing {
+        Some(framing) => framing,
+        None => match length {
+            BodyLength::Unknown if chunkable => {
+                head.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                Framing::Chunked
+            }
+            BodyLength::Unknown if can_have_body(method, status) => Framing::UntilClose,
+            BodyLength::Unknown => Framing::Length(0),
+            BodyLength::None | BodyLength::Known(0) => {
+                if can_have_length(status) && *method != Method::HEAD {
+                    head.extend_from_slice(b"content-length: 0\r\n");
+                }
+                Framing::Length(0)
+            }
+            BodyLength::Known(len) => {
+                if can_have_length(status) {
+                    head.extend_from_slice(b"content-length: ");
+                    head.extend_from_slice(itoa(len, &mut [0; 20]));
+                    head.extend_from_slice(b"\r\n");
+                    Framing::Length(len)
+                } else {
+                    Framing::Length(0)
+                }
+            }
+        },
+    };
+    let framing = if can_have_body(method, status) {
+        framing
+    } else {
+        Framing::Length(0)
+    };
+    if !*keep_alive && !says_close && request_version == Version::HTTP_11 {
+        head.extend_from_slice(b"connection: close\r\n");
+    }
+    if !wrote_date {
+        head.extend_from_slice(b"date: ");
+        date::extend(head);
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"\r\n");
+    Ok(framing)
+}
+
+/// One header line.
+fn line(head: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    head.extend_from_slice(name.as_str().as_bytes());
+    head.extend_from_slice(b": ");
+    head.extend_from_slice(value.as_bytes());
+    head.extend_from_slice(b"\r\n");
+}
+
+/// The `Date` every answer carries, formatted once a second per thread.
+mod date {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    /// `Sun, 06 Nov 1994 08:49:37 GMT`
+    const LEN: usize = 29;
+
+    thread_local! {
+        static NOW: RefCell<(u64, [u8; LEN])> = const { RefCell::new((u64::MAX, [0; LEN])) };
+    }
+
+    /// Appends the current date.
+    pub(super) fn extend(head: &mut Vec<u8>) {
+        let now = SystemTime::now();
+        let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        NOW.with_borrow_mut(|(at, text)| {
+            if *at != second {
+                let formatted = httpdate::fmt_http_date(now);
+                if formatted.len() == LEN {
+                    text.copy_from_slice(formatted.as_bytes());
+                    *at = second;
+                }
+            }
+            head.extend_from_slice(text);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,283 @@
+//! The students' HTTP/1.1 side over real sockets: a raw client writes bytes and
+//! reads what comes back, as a browser or a hand-made request would.
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, StreamBody};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+
+/// What a test waits for at most before it calls the gateway stuck.
+const PATIENCE: Duration = Duration::from_secs(5);
+
+fn limits() -> Limits {
+    Limits {
+        request_headers: Duration::from_secs(2),
+        max_headers: 100,
+        head_bytes: 16 * 1024,
+    }
+}
+
+/// A server for one connection on loopback, answering with `answer`; a request
+/// it hands over is served by hyper with the same service, as the listener does.
+async fn serve_one<F, Fut, B>(answer: F) -> (TcpStream, tokio::task::JoinHandle<bool>)
+where
+    F: Fn(Request<StudentBody>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let service = hyper::service::service_fn(move |request| {
+            let answer = answer.clone();
+            async move { Ok::<_, Infallible>(answer(request).await) }
+        });
+        let mut stop = std::pin::pin!(std::future::pending::<()>());
+        let mut stopping = Stopping::new(stop.as_mut());
+        match serve(Box::new(stream), &service, &limits(), &mut stopping).await {
+            Ended::Closed => false,
+            Ended::HandOver(io) => {
+                let io = hyper_util::rt::TokioIo::new(io);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, FromHyper(service))
+                    .await;
+                true
+            }
+        }
+    });
+    (TcpStream::connect(addr).await.unwrap(), served)
+}
+
+/// Everything the server sends until it closes the connection.
+async fn read_to_close(client: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    tokio::time::timeout(PATIENCE, client.read_to_end(&mut got))
+        .await
+        .expect("the server closes the connection")
+        .unwrap();
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Reads until `count` answers ending in `end` have arrived.
+async fn read_answers(client: &mut TcpStream, end: &str, count: usize) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&got).matches(end).count() < count {
+        let n = tokio::time::timeout(PATIENCE, client.read(&mut buf))
+            .await
+            .expect("the answers arrive")
+            .unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Answers with the request's path, method and body.
+async fn echo(request: Request<StudentBody>) -> Response<Full<Bytes>> {
+    let (parts, body) = request.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let text = format!(
+        "{} {} [{}]",
+        parts.method,
+        parts.uri,
+        String::from_utf8_lossy(&body)
+    );
+    Response::new(Full::new(Bytes::from(text)))
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_on_one_connection() {
+    let (mut client, _) = serve_one(echo).await;
+    client
+        .write_all(
+            b"GET /one HTTP/1.1\r\nHost: x\r\n\r\n\
+              POST /two HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
+              GET /three HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let got = read_answers(&mut client, "]", 3).await;
+    let one = got.find("GET /one []").unwrap();
+    let two = got.find("POST /two [hello]").unwrap();
+    let three = got.find("GET /three []").unwrap();
+    assert!(one < two && two < three, "{got}");
+    assert_eq!(got.matches("HTTP/1.1 200 OK\r\n").count(), 3);
+    assert_eq!(got.matches("content-length: ").count(), 3, "{got}");
+    assert!(got.contains("date: "), "every answer has a Date: {got}");
+}
+
+#[tokio::test]
+async fn a_body_that_arrives_in_pieces_reaches_the_service_whole() {
+    let (mut client, _) = serve_one(echo).await;
+    client
+        .write_all(b"POST /form HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\nhello")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    client.write_all(b" world").await.unwrap();
+    let got = read_answers(&mut client, "]", 1).await;
+    assert!(got.contains("POST /form [hello world]"), "{got}");
+}
+
+#[tokio::test]
+async fn a_chunked_upload_after_a_plain_request_is_answered_by_hyper() {
+    let (mut client, served) = serve_one(echo).await;
+    client
+        .write_all(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    read_answers(&mut client, "]", 1).await;
+    client
+        .write_all(
+            b"POST /chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n\
+              5\r\nhello\r\n0\r\n\r\nGET /after HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let got = read_to_close(&mut client).await;
+    assert!(got.contains("POST /chunked [hello]"), "{got}");
+    assert!(got.contains("GET /after []"), "{got}");
+    assert!(served.await.unwrap(), "the connection went to hyper");
+}
+
+#[tokio::test]
+async fn a_request_this_side_cannot_read_gets_hypers_400() {
+    let (mut client, served) = serve_one(echo).await;
+    client
+        .write_all(b"GET /\x01 HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let got = read_to_close(&mut client).await;
+    assert!(got.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{got}");
+    assert!(served.await.unwrap());
+}
+
+#[tokio::test]
+async fn http_1_0_is_answered_as_1_0_and_closed() {
+    let (mut client, _) = serve_one(echo).await;
+    client
+        .write_all(b"GET /old HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        .await
+        .unwrap();
+    // The answer does not say keep-alive: closed, as hyper's server does.
+    let got = read_to_close(&mut client).await;
+    assert!(got.starts_with("HTTP/1.0 200 OK\r\n"), "{got}");
+    assert!(got.ends_with("GET /old []"), "{got}");
+}
+
+#[tokio::test]
+async fn connection_close_is_answered_and_honoured() {
+    let (mut client, _) = serve_one(echo).await;
+    client
+        .write_all(b"GET /bye HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let got = read_to_close(&mut client).await;
+    assert!(got.contains("\r\nconnection: close\r\n"), "{got}");
+}
+
+#[tokio::test]
+async fn a_body_of_unknown_length_is_sent_chunked() {
+    let (mut client, _) = serve_one(|_| async {
+        let pieces =
+            ["stream", "ed"].map(|piece| Ok::<_, Infallible>(Frame::data(Bytes::from(piece))));
+        Response::new(StreamBody::new(futures_util::stream::iter(pieces)))
+    })
+    .await;
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let got = read_to_close(&mut client).await;
+    assert!(got.contains("transfer-encoding: chunked\r\n"), "{got}");
+    assert!(
+        got.ends_with("\r\n\r\n6\r\nstream\r\n2\r\ned\r\n0\r\n\r\n"),
+        "{got}"
+    );
+}
+
+#[tokio::test]
+async fn head_keeps_the_length_and_sends_no_body() {
+    let (mut client, _) = serve_one(|_| async {
+        let mut response = Response::new(Full::new(Bytes::new()));
+        response
+            .headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("1234"));
+        response
+    })
+    .await;
+    client
+        .write_all(b"HEAD /file HTTP/1.1\r\nHost: x\r\n\r\nHEAD /file HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let got = read_to_close(&mut client).await;
+    assert_eq!(got.matches("content-length: 1234\r\n").count(), 2, "{got}");
+    assert!(got.ends_with("\r\n\r\n"), "no body after the head: {got}");
+}
+
+#[tokio::test]
+async fn a_body_left_unread_closes_the_connection_after_the_answer() {
+    let (mut client, _) =
+        serve_one(|_| async { Response::new(Full::new(Bytes::from("refused"))) }).await;
+    client
+        .write_all(b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nabc")
+        .await
+        .unwrap();
+    let got = read_to_close(&mut client).await;
+    assert!(got.contains("\r\nconnection: close\r\n"), "{got}");
+    assert!(got.ends_with("refused"), "{got}");
+}
+
+#[tokio::test]
+async fn a_body_shorter_than_its_length_cuts_the_connection() {
+    let (mut client, _) = serve_one(|_| async {
+        let mut response = Response::new(StreamBody::new(futures_util::stream::iter([Ok::<
+            _,
+            Infallible,
+        >(
+            Frame::data(Bytes::from("short")),
+        )])));
+        response
+            .headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("100"));
+        response
+    })
+    .await;
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // Closed after the five bytes, never ended as if whole: the browser sees a
+    // truncated answer, not a complete wrong one.
+    let got = read_to_close(&mut client).await;
+    assert!(got.contains("content-length: 100\r\n"), "{got}");
+    assert!(got.ends_with("short"), "{got}");
+}
+
+#[tokio::test]
+async fn a_head_that_does_not_come_in_time_closes_the_connection() {
+    let (mut client, served) = serve_one(echo).await;
+    client.write_all(b"GET / HTTP/1.1\r\nHo").await.unwrap();
+    let started = tokio::time::Instant::now();
+    let got = read_to_close(&mut client).await;
+    assert!(got.is_empty(), "{got}");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(!served.await.unwrap());
+}
+
+#[test]
+fn tokens_are_found_in_lists_in_any_case() {
+    assert!(has_token(b"keep-alive, Close", b"close"));
+    assert!(has_token(b"Keep-Alive", b"keep-alive"));
+    assert!(!has_token(b"closed", b"close"));
+}
