@@ -43,7 +43,7 @@ use tokio::time::{Instant, Sleep};
 use crate::http::body::BoxError;
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
-use crate::http::wire::{chunk_line, closed, itoa, parse_length, Outgoing};
+use crate::http::wire::{chunk_line, closed, itoa, known_names, parse_length, Outgoing};
 
 /// The node connection's read buffer, so also the largest response head a node may
 /// send (twice nginx's and Apache's default) and the largest chunk of a body held
@@ -797,28 +797,12 @@ impl Connection {
     }
 }
 
-/// Writes [`known_name`], a `match` over the spellings given (the compiler turns it
-/// into a switch on the length), and the list of those spellings for its test.
-macro_rules! known_names {
-    ($($spelt:literal => $name:expr,)*) => {
-        /// The names Moodle's answers carry, spelt as PHP and its web server write
-        /// them: matched as they are before the general parse, which folds the case
-        /// of every byte and looks the name up, and copies a name it does not know
-        /// (`X-Powered-By`) into an allocation of its own, for every answer.
-        fn known_name(name: &[u8]) -> Option<HeaderName> {
-            Some(match name {
-                $($spelt => $name,)*
-                _ => return None,
-            })
-        }
-
-        /// Every spelling [`known_name`] knows.
-        #[cfg(test)]
-        const KNOWN_SPELLINGS: &[&[u8]] = &[$($spelt),*];
-    };
-}
-
 known_names! {
+    /// The names Moodle's answers carry, spelt as PHP and its web server write
+    /// them: matched as they are before the general parse, which folds the case
+    /// of every byte and looks the name up, and copies a name it does not know
+    /// (`X-Powered-By`) into an allocation of its own, for every answer.
+    fn known_name, KNOWN_SPELLINGS;
     b"Date" => header::DATE,
     b"Server" => header::SERVER,
     b"Content-Type" => header::CONTENT_TYPE,

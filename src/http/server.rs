@@ -46,7 +46,7 @@ use crate::http::body::BoxError;
 use crate::http::client::NODE_BUFFER;
 use crate::http::listener::Stopping;
 use crate::http::stall::PROVEN;
-use crate::http::wire::{chunk_line, itoa, parse_length, Outgoing};
+use crate::http::wire::{chunk_line, itoa, known_names, parse_length, Outgoing};
 
 /// A student's connection as this side holds it: plain TCP or TLS, behind one
 /// pointer so that a request body can carry the connection's read side without
@@ -719,8 +719,45 @@ enum Parsed {
     ForHyperFrom(Bytes),
 }
 
-/// Where a header line's name and value sit in the head: offset and length of each.
-type Span = (u32, u32, u32, u32);
+/// A header line of the head being read: its name, and where its value sits
+/// (offset and length).
+type Span = (HeaderName, u32, u32);
+
+known_names! {
+    /// The names browsers send, spelt as they send them over HTTP/1.1.
+    fn known_request_name, KNOWN_REQUEST_SPELLINGS;
+    b"Host" => header::HOST,
+    b"Connection" => header::CONNECTION,
+    b"User-Agent" => header::USER_AGENT,
+    b"Accept" => header::ACCEPT,
+    b"Accept-Language" => header::ACCEPT_LANGUAGE,
+    b"Accept-Encoding" => header::ACCEPT_ENCODING,
+    b"Cookie" => header::COOKIE,
+    b"Referer" => header::REFERER,
+    b"Origin" => header::ORIGIN,
+    b"Cache-Control" => header::CACHE_CONTROL,
+    b"Pragma" => header::PRAGMA,
+    b"If-Modified-Since" => header::IF_MODIFIED_SINCE,
+    b"If-None-Match" => header::IF_NONE_MATCH,
+    b"Content-Type" => header::CONTENT_TYPE,
+    b"Content-Length" => header::CONTENT_LENGTH,
+    b"Upgrade-Insecure-Requests" => header::UPGRADE_INSECURE_REQUESTS,
+    b"DNT" => header::DNT,
+    b"Range" => header::RANGE,
+    b"Sec-Fetch-Dest" => SEC_FETCH_DEST,
+    b"Sec-Fetch-Mode" => SEC_FETCH_MODE,
+    b"Sec-Fetch-Site" => SEC_FETCH_SITE,
+    b"Sec-Fetch-User" => SEC_FETCH_USER,
+    b"X-Requested-With" => X_REQUESTED_WITH,
+    b"Priority" => PRIORITY,
+}
+
+const SEC_FETCH_DEST: HeaderName = HeaderName::from_static("sec-fetch-dest");
+const SEC_FETCH_MODE: HeaderName = HeaderName::from_static("sec-fetch-mode");
+const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
+const SEC_FETCH_USER: HeaderName = HeaderName::from_static("sec-fetch-user");
+const X_REQUESTED_WITH: HeaderName = HeaderName::from_static("x-requested-with");
+const PRIORITY: HeaderName = HeaderName::from_static("priority");
 
 /// Reads the request head at the front of `buf`, if it is whole and plain.
 ///
@@ -771,33 +808,33 @@ fn parse(
     let mut keep_alive = version == Version::HTTP_11;
     let mut close = false;
     for line in parsed.headers.iter() {
-        let name = line.name.as_bytes();
-        if name.eq_ignore_ascii_case(b"content-length") {
+        let raw_name = line.name.as_bytes();
+        let Some(name) =
+            known_request_name(raw_name).or_else(|| HeaderName::from_bytes(raw_name).ok())
+        else {
+            return Parsed::ForHyper;
+        };
+        if name == header::CONTENT_LENGTH {
             match (body_len, parse_length(line.value)) {
                 (None, Some(len)) => body_len = Some(len),
                 // Two lengths, or one that is not a number: hyper's to judge.
                 _ => return Parsed::ForHyper,
             }
-        } else if name.eq_ignore_ascii_case(b"connection") {
+        } else if name == header::CONNECTION {
             if close || has_token(line.value, b"close") {
                 close = true;
                 keep_alive = false;
             } else if !keep_alive {
                 keep_alive = has_token(line.value, b"keep-alive");
             }
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding")
-            || name.eq_ignore_ascii_case(b"expect")
-            || name.eq_ignore_ascii_case(b"upgrade")
+        } else if name == header::TRANSFER_ENCODING
+            || name == header::EXPECT
+            || name == header::UPGRADE
         {
             return Parsed::ForHyper;
         }
         // The head is at most a few tens of KiB: offsets fit.
-        spans.push((
-            offset(name) as u32,
-            name.len() as u32,
-            offset(line.value) as u32,
-            line.value.len() as u32,
-        ));
+        spans.push((name, offset(line.value) as u32, line.value.len() as u32));
     }
     let raw = buf.split_to(len).freeze();
     let Ok(uri) = http::Uri::from_maybe_shared(raw.slice(path_at.0..path_at.0 + path_at.1)) else {
@@ -805,12 +842,8 @@ fn parse(
     };
     let mut headers = cached.take().unwrap_or_default();
     headers.reserve(spans.len());
-    for &(name_at, name_len, value_at, value_len) in spans.iter() {
-        let (name_at, value_at) = (name_at as usize, value_at as usize);
-        let name = &raw[name_at..name_at + name_len as usize];
-        let Ok(name) = HeaderName::from_bytes(name) else {
-            return Parsed::ForHyperFrom(raw);
-        };
+    for (name, value_at, value_len) in spans.drain(..) {
+        let value_at = value_at as usize;
         let value = raw.slice(value_at..value_at + value_len as usize);
         let Ok(value) = HeaderValue::from_maybe_shared(value) else {
             return Parsed::ForHyperFrom(raw);

@@ -132,6 +132,29 @@ impl<const PARTS: usize> Outgoing<PARTS> {
     }
 }
 
+/// Writes a function that gives the `HeaderName` of each spelling listed, matched
+/// byte for byte (the compiler turns the `match` into a switch on the length), and
+/// `None` for any other; and, for its test, the list of those spellings. A header
+/// name spelt as the peer usually spells it skips the general parse, which folds
+/// the case of every byte and looks the name up.
+macro_rules! known_names {
+    ($(#[$doc:meta])* fn $known:ident, $spellings:ident; $($spelt:literal => $name:expr,)*) => {
+        $(#[$doc])*
+        fn $known(name: &[u8]) -> Option<HeaderName> {
+            Some(match name {
+                $($spelt => $name,)*
+                _ => return None,
+            })
+        }
+
+        /// Every spelling the function above knows.
+        #[cfg(test)]
+        const $spellings: &[&[u8]] = &[$($spelt),*];
+    };
+}
+
+pub(crate) use known_names;
+
 /// `n` in decimal, written into `digits`.
 pub(crate) fn itoa(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut at = digits.len();

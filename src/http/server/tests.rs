@@ -276,6 +276,17 @@ async fn a_head_that_does_not_come_in_time_closes_the_connection() {
 }
 
 #[test]
+fn the_names_browsers_spell_read_without_the_general_parse_are_the_names_it_gives() {
+    for spelt in KNOWN_REQUEST_SPELLINGS {
+        let parsed = HeaderName::from_bytes(spelt).unwrap();
+        let name = String::from_utf8_lossy(spelt);
+        assert_eq!(known_request_name(spelt), Some(parsed), "{name}");
+    }
+    assert_eq!(known_request_name(b"host"), None);
+    assert_eq!(known_request_name(b"X-Node"), None);
+}
+
+#[test]
 fn tokens_are_found_in_lists_in_any_case() {
     assert!(has_token(b"keep-alive, Close", b"close"));
     assert!(has_token(b"Keep-Alive", b"keep-alive"));
