@@ -66,9 +66,9 @@ const MAX_HEADERS: usize = 100;
 const MAX_URI: usize = u16::MAX as usize - 1;
 
 /// Body bytes queued before the next chunk is asked for, once the student's socket
-/// has shown it keeps up: at most three node chunks go to one `writev`, as
-/// hyper's server batched them.
-const BATCH: usize = 2 * NODE_BUFFER;
+/// has shown it keeps up: below it a third node chunk is taken, so three go to one
+/// `writev`, as hyper's server batched them under its buffer limit.
+const BATCH: usize = 2 * NODE_BUFFER + 1;
 
 /// What a read for a request head makes room for: most heads are well under a
 /// KiB, and an idle connection keeps this buffer.
@@ -340,6 +340,7 @@ where
         waiting: false,
         back: Arc::new(Mutex::new(None)),
         taken: 0,
+        partial: 0,
         spans: Vec::new(),
         cached: None,
     };
@@ -378,8 +379,12 @@ where
         })
         .await;
         drop(answer);
-        // Before the head, so that it can say the connection will close.
-        connection.reclaim(&mut keep_alive);
+        // Before the head, so that it can say the connection will close: when the
+        // body left its rest unread, or is still out (an answer before the end of
+        // its upload), after which nothing can be read on the connection.
+        if !connection.reclaim(&mut keep_alive) {
+            keep_alive = false;
+        }
         let written = connection
             .respond(response, &method, version, &mut keep_alive)
             .await;
@@ -411,6 +416,8 @@ struct Connection {
     back: Arc<Return>,
     /// Bytes the socket took since it last refused a write, up to [`PROVEN`].
     taken: usize,
+    /// How much of a head that came in part was parsed (0: none).
+    partial: usize,
     /// Where the last head's lines sat, kept for the next head's parse.
     spans: Vec<Span>,
     /// The last answer's header map, emptied: the next request's.
@@ -485,7 +492,11 @@ impl Connection {
             return Poll::Ready(Next::Close);
         };
         loop {
-            if !reading.buf.is_empty() {
+            // A head that came in part is parsed again only once what came since
+            // may end it: a client trickling a 40 KiB head a byte at a time would
+            // otherwise have it parsed from the start 40,000 times.
+            let fresh = self.partial == 0 || may_end_head(&reading.buf, self.partial);
+            if !reading.buf.is_empty() && fresh {
                 match parse(
                     &mut reading.buf,
                     limits.max_headers,
@@ -494,10 +505,11 @@ impl Connection {
                 ) {
                     Parsed::Head(head) => {
                         self.waiting = false;
+                        self.partial = 0;
                         return Poll::Ready(Next::Request(head));
                     }
-                    Parsed::Partial if reading.buf.len() < limits.head_bytes => {}
-                    Parsed::Partial | Parsed::ForHyper => {
+                    Parsed::Partial => self.partial = reading.buf.len(),
+                    Parsed::ForHyper => {
                         return Poll::Ready(Next::HandOver(std::mem::take(&mut reading.buf)))
                     }
                     Parsed::ForHyperFrom(head) => {
@@ -506,6 +518,12 @@ impl Connection {
                         return Poll::Ready(Next::HandOver(read));
                     }
                 }
+            } else if !fresh {
+                self.partial = reading.buf.len();
+            }
+            if reading.buf.len() >= limits.head_bytes {
+                // Too large a head: hyper's to refuse (431).
+                return Poll::Ready(Next::HandOver(std::mem::take(&mut reading.buf)));
             }
             if stopping.poll_stopped(cx) {
                 return Poll::Ready(Next::Close);
@@ -558,9 +576,6 @@ impl Connection {
             length,
             keep_alive,
         )?;
-        if framing == Framing::UntilClose {
-            *keep_alive = false;
-        }
         let mut headers = parts.headers;
         headers.clear();
         self.cached = Some(headers);
@@ -589,7 +604,8 @@ impl Connection {
         B::Error: Into<BoxError>,
     {
         loop {
-            while self.out.room() >= 3 && (self.out.no_parts() || self.proven()) {
+            // Room for a chunk with its framing and the last chunk after it.
+            while self.out.room() >= 4 && (self.out.no_parts() || self.proven()) {
                 if self.out.queued() >= BATCH {
                     break;
                 }
@@ -815,7 +831,7 @@ fn parse(
             return Parsed::ForHyper;
         };
         if name == header::CONTENT_LENGTH {
-            match (body_len, parse_length(line.value)) {
+            match (body_len, request_length(line.value)) {
                 (None, Some(len)) => body_len = Some(len),
                 // Two lengths, or one that is not a number: hyper's to judge.
                 _ => return Parsed::ForHyper,
@@ -862,11 +878,44 @@ fn parse(
     })
 }
 
+/// Whether the bytes after the first `parsed` of `buf` may complete a head: they
+/// hold, or finish, an empty line (`\n\n` or `\n\r\n`).
+fn may_end_head(buf: &[u8], parsed: usize) -> bool {
+    let from = parsed.saturating_sub(2);
+    let tail = &buf[from..];
+    memchr::memchr_iter(b'\n', tail)
+        .any(|at| matches!(&tail[at + 1..], [b'\n', ..] | [b'\r', b'\n', ..]))
+}
+
+/// Whether a `Transfer-Encoding` value's last coding is `chunked` (any case).
+fn ends_chunked(value: &[u8]) -> bool {
+    value
+        .rsplit(|&b| b == b',')
+        .next()
+        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
 /// Whether a comma-separated header value lists `token` (any case).
 fn has_token(value: &[u8], token: &[u8]) -> bool {
     value
         .split(|&b| b == b',')
         .any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// A request's `Content-Length`: digits only, and no more than hyper takes. A list
+/// (`2, 2`), a sign or a length past hyper's largest goes to hyper for its answer
+/// (a 400 or 431), as does a second line: a front proxy that read such a length
+/// otherwise could frame the body differently.
+fn request_length(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    value
+        .iter()
+        .try_fold(0u64, |n, &digit| {
+            n.checked_mul(10)?.checked_add(u64::from(digit - b'0'))
+        })
+        .filter(|&n| n <= u64::MAX - 2)
 }
 
 /// Whether an answer to `method` with `status` carries a body on the wire.
@@ -901,18 +950,26 @@ fn write_head(
         status = StatusCode::INTERNAL_SERVER_ERROR;
         headers = &no_headers;
         length = BodyLength::None;
+        *keep_alive = false;
     }
     let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
     let version = match (request_version, parts.version) {
         (Version::HTTP_10, _) | (_, Version::HTTP_10) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    if request_version == Version::HTTP_10 {
-        // An HTTP/1.0 client's connection stays open only if the answer says so.
-        *keep_alive &= headers
+    // An HTTP/1.0 client that asked to keep its connection keeps it, told so by a
+    // `Connection: keep-alive` the answer is given if it lacks one; unless the
+    // answer is itself HTTP/1.0 and does not say keep-alive (hyper's rule).
+    let mut says_keep_alive = false;
+    if request_version == Version::HTTP_10 && *keep_alive {
+        let answer_says = headers
             .get_all(header::CONNECTION)
             .iter()
             .any(|value| has_token(value.as_bytes(), b"keep-alive"));
+        if !answer_says && parts.version == Version::HTTP_10 {
+            *keep_alive = false;
+        }
+        says_keep_alive = !answer_says;
     }
     head.reserve(64 + headers.len() * 48);
     if version == Version::HTTP_11 && status == StatusCode::OK && reason.is_none() {
@@ -984,7 +1041,7 @@ fn write_head(
             framing = Some(Framing::Chunked);
             head.extend_from_slice(b"transfer-encoding: ");
             head.extend_from_slice(value.as_bytes());
-            if !value.as_bytes().trim_ascii_end().ends_with(b"chunked") {
+            if !ends_chunked(value.as_bytes()) {
                 head.extend_from_slice(b", chunked");
             }
             head.extend_from_slice(b"\r\n");
@@ -1034,8 +1091,13 @@ fn write_head(
     } else {
         Framing::Length(0)
     };
+    if framing == Framing::UntilClose {
+        *keep_alive = false;
+    }
     if !*keep_alive && !says_close && request_version == Version::HTTP_11 {
         head.extend_from_slice(b"connection: close\r\n");
+    } else if *keep_alive && says_keep_alive {
+        head.extend_from_slice(b"connection: keep-alive\r\n");
     }
     if !wrote_date {
         head.extend_from_slice(b"date: ");

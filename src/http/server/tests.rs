@@ -163,16 +163,141 @@ async fn a_request_this_side_cannot_read_gets_hypers_400() {
 }
 
 #[tokio::test]
-async fn http_1_0_is_answered_as_1_0_and_closed() {
+async fn http_1_0_is_answered_as_1_0_and_closed_unless_it_asks_to_keep_alive() {
     let (mut client, _) = serve_one(echo).await;
     client
         .write_all(b"GET /old HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
         .await
         .unwrap();
-    // The answer does not say keep-alive: closed, as hyper's server does.
+    // Kept, and told so: an HTTP/1.0 client closes otherwise (hyper's rule).
+    let got = read_answers(&mut client, "]", 1).await;
+    assert!(got.starts_with("HTTP/1.0 200 OK\r\n"), "{got}");
+    assert!(got.contains("\r\nconnection: keep-alive\r\n"), "{got}");
+    client
+        .write_all(b"GET /plain HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
     let got = read_to_close(&mut client).await;
     assert!(got.starts_with("HTTP/1.0 200 OK\r\n"), "{got}");
-    assert!(got.ends_with("GET /old []"), "{got}");
+    assert!(!got.contains("connection:"), "{got}");
+    assert!(got.ends_with("GET /plain []"), "{got}");
+}
+
+#[tokio::test]
+async fn a_length_that_is_a_list_goes_to_hyper_for_its_400() {
+    let (mut client, served) = serve_one(echo).await;
+    client
+        .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2, 2\r\n\r\nhi")
+        .await
+        .unwrap();
+    let got = read_to_close(&mut client).await;
+    assert!(got.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{got}");
+    assert!(served.await.unwrap());
+}
+
+/// A body of `left` pieces of seven bytes that says it ended with its last piece,
+/// as a node's body does.
+struct Pieces {
+    left: usize,
+}
+
+impl Body for Pieces {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        self.left -= 1;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"piece.\n")))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+}
+
+/// A student's socket that has one request to read and takes at most `per_write`
+/// bytes of each write, never refusing one: every write stops at a different place
+/// of the queue, inside a chunk's framing as often as not.
+struct Narrow {
+    request: &'static [u8],
+    per_write: usize,
+    written: Arc<Mutex<Vec<u8>>>,
+}
+
+impl AsyncRead for Narrow {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.request.is_empty() {
+            return Poll::Pending;
+        }
+        let n = self.request.len().min(buf.remaining());
+        buf.put_slice(&self.request[..n]);
+        self.request = &self.request[n..];
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Narrow {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let n = buf.len().min(self.per_write);
+        self.written.lock().unwrap().extend_from_slice(&buf[..n]);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_chunked_answer_is_written_whole_whatever_each_write_takes() {
+    // Past PROVEN bytes a socket gets three chunks (nine parts) to a write; a write
+    // that stops inside the first chunk's CRLF leaves seven, and a last piece then
+    // needs four places: its three and the last chunk after it.
+    let pieces = crate::http::stall::PROVEN / 12 + 10;
+    for per_write in 1..40 {
+        for pieces in pieces..pieces + 3 {
+            let written = Arc::new(Mutex::new(Vec::new()));
+            let io = Narrow {
+                request: b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                per_write,
+                written: written.clone(),
+            };
+            let service = hyper::service::service_fn(move |_: Request<StudentBody>| async move {
+                Ok::<_, Infallible>(Response::new(Pieces { left: pieces }))
+            });
+            let mut stop = std::pin::pin!(std::future::pending::<()>());
+            let mut stopping = Stopping::new(stop.as_mut());
+            let limits = limits();
+            let ended = tokio::time::timeout(
+                PATIENCE,
+                serve(Box::new(io), &service, &limits, &mut stopping),
+            );
+            assert!(matches!(ended.await, Ok(Ended::Closed)));
+            let written = written.lock().unwrap();
+            let got = String::from_utf8_lossy(&written);
+            let body = &got[got.find("\r\n\r\n").unwrap() + 4..];
+            assert_eq!(body.matches("7\r\npiece.\n\r\n").count(), pieces);
+            assert!(body.ends_with("\r\n0\r\n\r\n"), "{per_write} {pieces}");
+        }
+    }
 }
 
 #[tokio::test]
