@@ -22,7 +22,7 @@
 //! invisible: the framing (`Content-Length` when known, chunked when not, nothing
 //! for `HEAD`, `204` and `304`), `Connection: close` when the connection will
 //! close, HTTP/1.0 answered as 1.0 and kept open only when asked, a `Date`.
-//! A student whose socket keeps up gets up to three body chunks to a `writev`;
+//! A student whose socket keeps up gets three body chunks to a `writev` ([`BATCH`]);
 //! one who does not is given one chunk at a time (see [`crate::http::stall`]).
 
 use std::convert::Infallible;
@@ -66,8 +66,10 @@ const MAX_HEADERS: usize = 100;
 const MAX_URI: usize = u16::MAX as usize - 1;
 
 /// Body bytes queued before the next chunk is asked for, once the student's socket
-/// has shown it keeps up: below it a third node chunk is taken, so three go to one
-/// `writev`, as hyper's server batched them under its buffer limit.
+/// has shown it keeps up: under it a third node chunk is taken, so three go to one
+/// `writev`, as hyper's server batched them. Two to a `writev` made a 1 MiB file
+/// 33 writes instead of 23, and cost 1.2x the CPU (the kernel's, waking the
+/// reader more often).
 const BATCH: usize = 2 * NODE_BUFFER + 1;
 
 /// What a read for a request head makes room for: most heads are well under a
@@ -414,7 +416,8 @@ struct Connection {
     /// The deadline is set for the head being waited for.
     waiting: bool,
     back: Arc<Return>,
-    /// Bytes the socket took since it last refused a write, up to [`PROVEN`].
+    /// Bytes the socket took since it last refused a write or took part of one,
+    /// up to [`PROVEN`].
     taken: usize,
     /// How much of a head that came in part was parsed (0: none).
     partial: usize,
@@ -665,8 +668,14 @@ impl Connection {
                     Poll::Ready(Ok(written)) => written,
                 }
             };
-            self.taken = self.taken.saturating_add(written);
             self.out.advance(written);
+            if self.out.is_empty() {
+                self.taken = self.taken.saturating_add(written);
+            } else {
+                // A write the socket took only part of is as good as refused: the
+                // socket is full, and a chunk asked for now would wait there too.
+                self.taken = 0;
+            }
         }
     }
 

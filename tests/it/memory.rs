@@ -187,9 +187,9 @@ async fn slow_reader(gateway: SocketAddr) -> tokio::net::TcpStream {
 /// A hundred students who ask for a big file and stop reading each cost the gateway
 /// at most a few buffers: the node's body is not read ahead of a stalled student,
 /// and a connection slow from its first byte gets its next chunk only once its
-/// socket took all of the last. About 51 KiB each of resident growth is measured
-/// (68 with hyper's client connection to the node, 101 KiB before that pacing, 911 KiB
-/// with hyper's default buffers).
+/// socket took all of the last. About 41 KiB each of resident growth is measured
+/// (51 with hyper's server side, 68 with hyper's client connection to the node, 101 KiB
+/// before that pacing, 911 KiB with hyper's default buffers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_readers_each_cost_a_few_buffers() {
     let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -243,8 +243,9 @@ const PER_IDLE_LIMIT_KIB: u64 = 18;
 /// Five hundred students who loaded a page and keep their connection open, as a
 /// browser does between clicks, each cost the gateway hyper's buffers and the
 /// connection's task, not room for a request in flight: the request's future is
-/// boxed while it runs. Measured in this test's debug build: 15–16 KiB each, and 20 while
-/// every connection kept room for that future.
+/// boxed while it runs. Measured in this test's debug build: 9–10 KiB each (15–16 with
+/// hyper's server side and its two 8 KiB buffers), and 20 while every connection kept
+/// room for that future.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_keep_alive_connections_keep_no_room_for_a_request() {
     let node = support::upstream(|_request| async {
