@@ -381,19 +381,11 @@ where
         })
         .await;
         drop(answer);
-        // Before the head, so that it can say the connection will close: when the
-        // body left its rest unread, or is still out (an answer before the end of
-        // its upload), after which nothing can be read on the connection.
-        if !connection.reclaim(&mut keep_alive) {
-            keep_alive = false;
-        }
+        // Before the head, so that it can say the connection will close.
+        keep_alive &= connection.reclaim();
         let written = connection
             .respond(response, &method, version, &mut keep_alive)
             .await;
-        if connection.reading.is_none() && !connection.reclaim(&mut keep_alive) {
-            // Still out with a body that outlived its answer.
-            keep_alive = false;
-        }
         if written.is_err() {
             return Ended::Closed;
         }
@@ -467,10 +459,11 @@ enum BodyLength {
 struct Cut;
 
 impl Connection {
-    /// Takes the read side back from a request body done with it; `false` while
-    /// a body still holds it. A body not read to its end leaves its rest where the
-    /// next request would start: the connection cannot go on after this answer.
-    fn reclaim(&mut self, keep_alive: &mut bool) -> bool {
+    /// Takes the read side back from the request's body if it is done with it,
+    /// and says whether the connection can carry another request: not when the
+    /// body left its rest unread (where the next request would start), nor while
+    /// a body still holds the read side (an answer before the end of its upload).
+    fn reclaim(&mut self) -> bool {
         if self.reading.is_some() {
             return true;
         }
@@ -478,9 +471,8 @@ impl Connection {
         let Some((reading, left)) = back else {
             return false;
         };
-        *keep_alive &= left == 0;
         self.reading = Some(reading);
-        true
+        left == 0
     }
 
     /// Waits for the next request head, under the head deadline and while the
@@ -571,7 +563,7 @@ impl Connection {
                 .exact()
                 .map_or(BodyLength::Unknown, BodyLength::Known)
         };
-        let framing = write_head(
+        let mut framing = write_head(
             &mut self.out.head,
             &parts,
             method,
@@ -590,7 +582,6 @@ impl Connection {
         if body.is_none() && framing == Framing::Chunked {
             self.out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
-        let mut framing = framing;
         poll_fn(|cx| self.poll_send(cx, &mut body, &mut framing)).await
     }
 
