@@ -43,7 +43,9 @@ use tokio::time::{Instant, Sleep};
 use crate::http::body::BoxError;
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
-use crate::http::wire::{chunk_line, closed, itoa, known_names, parse_length, Outgoing};
+use crate::http::wire::{
+    chunk_line, closed, ends_chunked, itoa, known_names, line, parse_length, Outgoing,
+};
 
 /// The node connection's read buffer, so also the largest response head a node may
 /// send (twice nginx's and Apache's default) and the largest chunk of a body held
@@ -312,10 +314,7 @@ impl Connection {
                 declared |= name == CONTENT_LENGTH;
                 continue;
             }
-            head.extend_from_slice(name.as_str().as_bytes());
-            head.extend_from_slice(b": ");
-            head.extend_from_slice(value.as_bytes());
-            head.extend_from_slice(b"\r\n");
+            line(head, name, value);
         }
         match framing {
             Framing::Chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
@@ -901,8 +900,7 @@ impl AnswerHead {
             });
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             // The last coding of the last line is the one that frames the body.
-            let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
-            self.chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            self.chunked = Some(ends_chunked(value));
             return false;
         } else if name.eq_ignore_ascii_case(b"connection") {
             let mut lists_more = false;

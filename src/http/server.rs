@@ -46,7 +46,9 @@ use crate::http::body::BoxError;
 use crate::http::client::NODE_BUFFER;
 use crate::http::listener::Stopping;
 use crate::http::stall::PROVEN;
-use crate::http::wire::{chunk_line, itoa, known_names, parse_length, Outgoing};
+use crate::http::wire::{
+    chunk_line, ends_chunked, has_token, itoa, known_names, line, parse_length, Outgoing,
+};
 
 /// A student's connection as this side holds it: plain TCP or TLS, behind one
 /// pointer so that a request body can carry the connection's read side without
@@ -887,21 +889,6 @@ fn may_end_head(buf: &[u8], parsed: usize) -> bool {
         .any(|at| matches!(&tail[at + 1..], [b'\n', ..] | [b'\r', b'\n', ..]))
 }
 
-/// Whether a `Transfer-Encoding` value's last coding is `chunked` (any case).
-fn ends_chunked(value: &[u8]) -> bool {
-    value
-        .rsplit(|&b| b == b',')
-        .next()
-        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
-}
-
-/// Whether a comma-separated header value lists `token` (any case).
-fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value
-        .split(|&b| b == b',')
-        .any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
-}
-
 /// A request's `Content-Length`: digits only, and no more than hyper takes. A list
 /// (`2, 2`), a sign or a length past hyper's largest goes to hyper for its answer
 /// (a 400 or 431), as does a second line: a front proxy that read such a length
@@ -1106,14 +1093,6 @@ fn write_head(
     }
     head.extend_from_slice(b"\r\n");
     Ok(framing)
-}
-
-/// One header line.
-fn line(head: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
-    head.extend_from_slice(name.as_str().as_bytes());
-    head.extend_from_slice(b": ");
-    head.extend_from_slice(value.as_bytes());
-    head.extend_from_slice(b"\r\n");
 }
 
 /// The `Date` every answer carries, formatted once a second per thread.

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::http::server::StudentBody;
+use crate::http::wire::has_token;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -43,18 +44,12 @@ pub fn is_upgrade<B>(request: &Request<B>) -> bool {
             .headers()
             .get_all(header::UPGRADE)
             .iter()
-            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .any(|token| {
-                token
-                    .trim_ascii()
-                    .eq_ignore_ascii_case(WEBSOCKET.as_bytes())
-            })
+            .any(|v| has_token(v.as_bytes(), WEBSOCKET.as_bytes()))
         && request
             .headers()
             .get_all(header::CONNECTION)
             .iter()
-            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"upgrade"))
+            .any(|v| has_token(v.as_bytes(), b"upgrade"))
 }
 
 /// The one protocol a connection may switch to.

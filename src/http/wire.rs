@@ -10,6 +10,7 @@
 use std::io::{self, IoSlice};
 
 use bytes::{Buf, Bytes};
+use http::header::{HeaderName, HeaderValue};
 
 /// The bytes queued for a socket: a head, then up to `PARTS` body pieces, written
 /// together with one `writev`.
@@ -198,6 +199,31 @@ pub(crate) fn parse_length(value: &[u8]) -> Option<u64> {
     length
 }
 
+/// One header line, as both sides write them: the name as `http` keeps it (lower
+/// case), the value as it came.
+pub(crate) fn line(head: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    head.extend_from_slice(name.as_str().as_bytes());
+    head.extend_from_slice(b": ");
+    head.extend_from_slice(value.as_bytes());
+    head.extend_from_slice(b"\r\n");
+}
+
+/// Whether a comma-separated header value lists `token` (any case).
+pub(crate) fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// Whether a `Transfer-Encoding` value's last coding is `chunked` (any case): the
+/// last coding is the one that frames the body.
+pub(crate) fn ends_chunked(value: &[u8]) -> bool {
+    value
+        .rsplit(|&b| b == b',')
+        .next()
+        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
 /// Whether a failed write means the peer closed its side of the connection.
 pub(crate) fn closed(error: &io::Error) -> bool {
     matches!(
@@ -238,5 +264,14 @@ mod tests {
         assert!(out.is_empty());
         assert_eq!(out.room(), 3);
         assert_eq!(out.queued(), 0);
+    }
+
+    #[test]
+    fn tokens_are_found_in_lists_in_any_case() {
+        assert!(has_token(b"keep-alive, Close", b"close"));
+        assert!(has_token(b"Keep-Alive", b"keep-alive"));
+        assert!(!has_token(b"closed", b"close"));
+        assert!(ends_chunked(b"gzip, Chunked "));
+        assert!(!ends_chunked(b"chunked, gzip"));
     }
 }

@@ -410,10 +410,3 @@ fn the_names_browsers_spell_read_without_the_general_parse_are_the_names_it_give
     assert_eq!(known_request_name(b"host"), None);
     assert_eq!(known_request_name(b"X-Node"), None);
 }
-
-#[test]
-fn tokens_are_found_in_lists_in_any_case() {
-    assert!(has_token(b"keep-alive, Close", b"close"));
-    assert!(has_token(b"Keep-Alive", b"keep-alive"));
-    assert!(!has_token(b"closed", b"close"));
-}
