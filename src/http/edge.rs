@@ -71,48 +71,39 @@ impl EdgeRules {
         if target > self.max_uri_bytes {
             return Err(GatewayError::UriTooLong);
         }
-        self.head_size(request, target)?;
-        let headers = request.headers();
+        let lines = Lines::of(request.headers());
+        if lines.count > self.max_headers {
+            return Err(GatewayError::HeadersTooLarge);
+        }
+        // As on the wire: the request line and "name: value\r\n" for each line.
+        if target + request.method().as_str().len() + 12 + lines.bytes > self.max_header_bytes {
+            return Err(GatewayError::HeadersTooLarge);
+        }
         // hyper already drops Content-Length when Transfer-Encoding is present (and
         // closes the connection after answering); this catches any other way in.
-        if headers.contains_key(TRANSFER_ENCODING) && headers.contains_key(CONTENT_LENGTH) {
+        if lines.transfer_encoding.0 > 0 && lines.content_length.is_some() {
             return Err(GatewayError::MalformedRequest);
         }
         // hyper reads `gzip, chunked` as chunked and the proxy re-frames it as plain
         // chunked, so the gzip coding would be silently lost on the way to PHP.
-        if !only_chunked(headers) {
+        if !only_chunked(lines.transfer_encoding) {
             return Err(GatewayError::MalformedRequest);
         }
-        let declared = headers.get(CONTENT_LENGTH).and_then(content_length);
+        let declared = lines.content_length.and_then(content_length);
         if declared.is_some_and(|length| length > self.max_body_bytes) {
             return Err(GatewayError::PayloadTooLarge);
         }
-        let host = host(request)?;
+        let host = host(request, lines.host)?;
         if !valid_port(host.as_bytes()) {
             return Err(GatewayError::MalformedRequest);
         }
         if !self.serves(host.as_bytes()) {
             return Err(GatewayError::UnknownHost);
         }
-        if !request.headers().contains_key(HOST) {
+        if lines.host.0 == 0 {
             request.headers_mut().insert(HOST, host);
         }
         Ok(())
-    }
-
-    fn head_size<B>(&self, request: &Request<B>, target: usize) -> Result<(), GatewayError> {
-        let headers = request.headers();
-        if headers.len() > self.max_headers {
-            return Err(GatewayError::HeadersTooLarge);
-        }
-        // As on the wire: "name: value\r\n", plus the request line.
-        let lines = headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4);
-        let bytes = target + request.method().as_str().len() + 12 + lines.sum::<usize>();
-        if bytes > self.max_header_bytes {
-            Err(GatewayError::HeadersTooLarge)
-        } else {
-            Ok(())
-        }
     }
 
     /// Whether `host` (as the request names it) is one of ours. An entry without a
@@ -142,20 +133,64 @@ fn target_len<B>(request: &Request<B>) -> usize {
     path + absolute
 }
 
-/// The one host the request is for. HTTP/1 needs exactly one `Host` line, and an
-/// absolute-form target must name the same host (otherwise which one did the client
-/// mean?); HTTP/2 names it in `:authority`.
-fn host<B>(request: &Request<B>) -> Result<HeaderValue, GatewayError> {
-    let mut lines = request.headers().get_all(HOST).iter();
-    let (first, second) = (lines.next(), lines.next());
+/// What the rules read of a request's header lines, gathered in one pass over
+/// them: a hashed lookup for each of the three names cost more than the pass.
+struct Lines<'a> {
+    count: usize,
+    /// The lines' bytes as on the wire, without the request line.
+    bytes: usize,
+    /// How many `Transfer-Encoding` lines, and the first.
+    transfer_encoding: (usize, Option<&'a HeaderValue>),
+    /// The first `Content-Length` line.
+    content_length: Option<&'a HeaderValue>,
+    /// How many `Host` lines, and the first.
+    host: (usize, Option<&'a HeaderValue>),
+}
+
+impl<'a> Lines<'a> {
+    fn of(headers: &'a http::HeaderMap) -> Self {
+        let mut lines = Lines {
+            count: 0,
+            bytes: 0,
+            transfer_encoding: (0, None),
+            content_length: None,
+            host: (0, None),
+        };
+        let note = |seen: &mut (usize, Option<&'a HeaderValue>), value| {
+            seen.0 += 1;
+            seen.1 = seen.1.or(Some(value));
+        };
+        for (name, value) in headers {
+            lines.count += 1;
+            lines.bytes += name.as_str().len() + value.len() + 4;
+            if name == HOST {
+                note(&mut lines.host, value);
+            } else if name == CONTENT_LENGTH {
+                lines.content_length = lines.content_length.or(Some(value));
+            } else if name == TRANSFER_ENCODING {
+                note(&mut lines.transfer_encoding, value);
+            }
+        }
+        lines
+    }
+}
+
+/// The one host the request is for, from its `Host` lines (how many, the first).
+/// HTTP/1 needs exactly one `Host` line, and an absolute-form target must name the
+/// same host (otherwise which one did the client mean?); HTTP/2 names it in
+/// `:authority`.
+fn host<B>(
+    request: &Request<B>,
+    lines: (usize, Option<&HeaderValue>),
+) -> Result<HeaderValue, GatewayError> {
     let authority = request.uri().authority();
-    match (request.version(), first, second, authority) {
-        (_, Some(_), Some(_), _) => Err(GatewayError::MalformedRequest),
-        (Version::HTTP_2 | Version::HTTP_3, None, None, Some(authority)) => {
+    match (request.version(), lines, authority) {
+        (_, (2.., _), _) => Err(GatewayError::MalformedRequest),
+        (Version::HTTP_2 | Version::HTTP_3, (0, _), Some(authority)) => {
             HeaderValue::from_str(authority.as_str()).map_err(|_| GatewayError::MalformedRequest)
         }
-        (_, Some(host), None, None) if !host.is_empty() => Ok(host.clone()),
-        (_, Some(host), None, Some(authority))
+        (_, (1, Some(host)), None) if !host.is_empty() => Ok(host.clone()),
+        (_, (1, Some(host)), Some(authority))
             if host
                 .as_bytes()
                 .eq_ignore_ascii_case(authority.as_str().as_bytes()) =>
@@ -166,17 +201,17 @@ fn host<B>(request: &Request<B>) -> Result<HeaderValue, GatewayError> {
     }
 }
 
-/// Whether `Transfer-Encoding` is absent or exactly one `chunked` (any case,
-/// surrounding spaces aside): the one coding the gateway passes on as it came.
-fn only_chunked(headers: &http::HeaderMap) -> bool {
-    let mut lines = headers.get_all(TRANSFER_ENCODING).iter();
-    match (lines.next(), lines.next()) {
-        (None, _) => true,
-        (Some(line), None) => line
+/// Whether `Transfer-Encoding` (how many lines, the first) is absent or exactly one
+/// `chunked` (any case, surrounding spaces aside): the one coding the gateway
+/// passes on as it came.
+fn only_chunked(lines: (usize, Option<&HeaderValue>)) -> bool {
+    match lines {
+        (0, _) => true,
+        (1, Some(line)) => line
             .as_bytes()
             .trim_ascii()
             .eq_ignore_ascii_case(b"chunked"),
-        (Some(_), Some(_)) => false,
+        _ => false,
     }
 }
 
