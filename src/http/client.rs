@@ -41,6 +41,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
 use crate::http::body::BoxError;
+use crate::http::proxy::Forwarding;
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
 use crate::http::wire::{
@@ -72,6 +73,10 @@ const MAX_TRAILERS: usize = NODE_BUFFER;
 /// Reading less than this into the buffer is not worth a system call: the buffer
 /// is renewed first.
 const MIN_READ: usize = 1024;
+
+/// What a request head reserves beyond its request line: a browser's head with its
+/// cookies and the forwarding lines fits, and a larger one grows the buffer once.
+const HEAD_ROOM: usize = 1024;
 
 /// A connection to a node: its writes may stay blocked at most `body_idle` (see
 /// [`WriteStall`]: a node that accepted an upload but stopped reading would
@@ -279,6 +284,7 @@ impl Connection {
     pub fn start(
         &mut self,
         request: Request<RequestBody>,
+        forwarding: Option<&Forwarding>,
         head_wait: Duration,
     ) -> Result<(), ClientError> {
         debug_assert_eq!(self.reading, Reading::Idle);
@@ -300,7 +306,8 @@ impl Connection {
         let method = parts.method.as_str();
         let head = &mut self.out.head;
         debug_assert!(head.is_empty());
-        head.reserve(head_len(method, path, headers));
+        // Room for a usual head at once; the allocation is kept for the next request.
+        head.reserve(method.len() + path.len() + HEAD_ROOM);
         head.extend_from_slice(method.as_bytes());
         head.push(b' ');
         head.extend_from_slice(path.as_bytes());
@@ -315,6 +322,11 @@ impl Connection {
                 continue;
             }
             line(head, name, value);
+        }
+        for (name, value) in forwarding.iter().flat_map(|f| f.lines(headers)) {
+            for part in [name.as_bytes(), b": ", value, b"\r\n"] {
+                head.extend_from_slice(part);
+            }
         }
         match framing {
             Framing::Chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
@@ -826,14 +838,6 @@ const CONTENT_SCRIPT_TYPE: HeaderName = HeaderName::from_static("content-script-
 const CONTENT_STYLE_TYPE: HeaderName = HeaderName::from_static("content-style-type");
 
 /// The request head's exact length, so that it is written from one allocation.
-fn head_len(method: &str, path: &str, headers: &HeaderMap) -> usize {
-    let lines: usize = headers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum();
-    method.len() + path.len() + lines + 48
-}
-
 /// A chunk-size line's size: hexadecimal digits, then perhaps whitespace and
 /// extensions after `;` (ignored), nothing else.
 fn chunk_size(line: &[u8]) -> Result<u64, ClientError> {

@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use crate::http::body::BoxError;
 use crate::http::client::{ClientError, Connection};
 use crate::http::fault::ConnectFault;
+use crate::http::proxy::Forwarding;
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
 
@@ -252,6 +253,7 @@ impl Lease {
     pub async fn send(
         mut self,
         request: Request<RequestBody>,
+        forwarding: Option<&Forwarding>,
         reused: bool,
         head_wait: Duration,
     ) -> Result<Response<NodeBody>, SendError> {
@@ -262,7 +264,7 @@ impl Lease {
                 sent_head: None,
             });
         }
-        let head = match self.conn.start(request, head_wait) {
+        let head = match self.conn.start(request, forwarding, head_wait) {
             Ok(()) => poll_fn(|cx| self.conn.poll_head(cx)).await,
             Err(error) => Err(error),
         };
@@ -514,7 +516,7 @@ mod tests {
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
         let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
-        let answered = lease.send(get(), false, Duration::from_secs(10));
+        let answered = lease.send(get(), None, false, Duration::from_secs(10));
         let node_side = async {
             let mut stream = streams.recv().await.unwrap();
             let mut head = [0u8; 1024];
@@ -537,7 +539,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let sent = tokio::time::timeout(
             Duration::from_secs(10),
-            lease.send(get(), true, Duration::from_secs(10)),
+            lease.send(get(), None, true, Duration::from_secs(10)),
         )
         .await;
         let failed = sent.expect("the request hung").unwrap_err();

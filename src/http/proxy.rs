@@ -112,19 +112,15 @@ pub fn is_https(headers: &HeaderMap, peer: Peer<'_>) -> bool {
 /// `request` as it goes to `upstream`: origin-form target, HTTP/1.1 whatever the
 /// student spoke (an HTTP/2 request's host is already in its Host header, its cookie
 /// crumbs are joined here), and the header hygiene of `prepare_request_headers`.
-pub fn prepare<B>(upstream: &Authority, request: &mut Request<B>, peer: Peer<'_>) {
+/// The gateway's own forwarding lines come back apart, for the node side to write
+/// after the request's ([`Forwarding::insert`] puts them in the map instead).
+#[must_use]
+pub fn prepare<B>(upstream: &Authority, request: &mut Request<B>, peer: Peer<'_>) -> Forwarding {
     if request.uri().authority().is_some() {
         *request.uri_mut() = origin_form(request.uri());
     }
     *request.version_mut() = http::Version::HTTP_11;
-    let headers = request.headers_mut();
-    if !headers.contains_key(header::HOST) {
-        // Only a request the edge let through without one (HTTP/1.0).
-        if let Ok(host) = HeaderValue::from_str(upstream.as_str()) {
-            headers.insert(header::HOST, host);
-        }
-    }
-    prepare_request_headers(headers, peer);
+    prepare_request_headers(request.headers_mut(), peer, upstream)
 }
 
 /// A request that failed, with the request itself when it may go again: none of it
@@ -251,9 +247,10 @@ pub fn forward<'a>(
         // the node and must never run twice.
         let replayable =
             matches!(*request.method(), Method::GET | Method::HEAD) && request.body().is_empty();
-        if let Hygiene::Due(peer) = hygiene {
-            prepare(authority, &mut request, peer);
-        }
+        let forwarding = match hygiene {
+            Hygiene::Due(peer) => Some(prepare(authority, &mut request, peer)),
+            Hygiene::Done => None,
+        };
         if let Some(len) = request.body().whole_len() {
             sized(request.headers_mut(), len);
         }
@@ -267,7 +264,10 @@ pub fn forward<'a>(
             error, sent_head, ..
         } = loop {
             let (lease, reused) = next;
-            match lease.send(request, reused, head_wait).await {
+            match lease
+                .send(request, forwarding.as_ref(), reused, head_wait)
+                .await
+            {
                 Ok(response) => return Ok(answered(name, response, bounds.body_idle)?),
                 // The node closed a kept connection as it was taken: nothing was
                 // sent, so another connection carries the request. Each failed
@@ -291,8 +291,12 @@ pub fn forward<'a>(
         // student's own upload fault).
         let seen = classify_error(name, &error);
         match sent_head.filter(|_| replayable && error.closed_without_answer()) {
-            Some(head) => {
+            Some(mut head) => {
                 tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
+                // As it was sent: the forwarding lines went apart from the map.
+                if let Some(forwarding) = &forwarding {
+                    forwarding.insert(&mut head.headers);
+                }
                 let unsent = Some(Request::from_parts(head, Upload::empty()));
                 Err(Failed {
                     error: seen,
@@ -481,35 +485,109 @@ fn strip_listed_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Whether `name` is hop-by-hop whatever `Connection` says.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    if HOP_BY_HOP.contains(name) {
-        return true;
-    }
-    let name = name.as_str();
+    HOP_BY_HOP.contains(name) || is_hop_by_hop_spelt(name.as_str())
+}
+
+/// The hop-by-hop names [`HOP_BY_HOP`] does not list.
+fn is_hop_by_hop_spelt(name: &str) -> bool {
     name == "keep-alive" || name.starts_with("proxy-")
 }
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const FOR: &str = "x-forwarded-for";
+const PROTO: &str = "x-forwarded-proto";
+const HOST: &str = "x-forwarded-host";
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static(FOR);
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static(PROTO);
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static(HOST);
 const CLIENT_IP: HeaderName = HeaderName::from_static("client-ip");
 
+/// The `X-Forwarded-*` lines the gateway adds to a request, kept apart from its
+/// header map: the node side writes them after the request's own lines. Inserted
+/// into the map, the three cost some 1,500 instructions a request (hashing, the
+/// map growing, its buckets dropped), for lines that are only ever written out.
+#[derive(Debug, Clone)]
+pub struct Forwarding {
+    /// `X-Forwarded-For`: the student's address, after a trusted proxy's chain.
+    pub(crate) for_: HeaderValue,
+    /// `X-Forwarded-Proto`, unless a trusted proxy's is kept in the map.
+    pub(crate) proto: Option<&'static str>,
+    /// `X-Forwarded-Host` is the request's `Host`, unless a trusted proxy's is
+    /// kept in the map (or the request has no `Host`).
+    pub(crate) host: bool,
+}
+
+impl Forwarding {
+    /// Each line (name, value) as it is written, after the request's own lines.
+    pub(crate) fn lines<'a>(
+        &'a self,
+        headers: &'a HeaderMap,
+    ) -> impl Iterator<Item = (&'static str, &'a [u8])> + 'a {
+        let host = (self.host.then(|| headers.get(header::HOST)).flatten())
+            .map(|host| (HOST, host.as_bytes()));
+        let proto = (self.proto).map(|proto| (PROTO, proto.as_bytes()));
+        std::iter::once((FOR, self.for_.as_bytes()))
+            .chain(proto)
+            .chain(host)
+    }
+
+    /// Puts the lines into `headers`: for a request that leaves through hyper's
+    /// client (a WebSocket's), or goes again as it was sent.
+    pub fn insert(&self, headers: &mut HeaderMap) {
+        let lines: Vec<(HeaderName, HeaderValue)> = self
+            .lines(headers)
+            .map(|(name, value)| {
+                let value = HeaderValue::from_bytes(value).expect("copied from a header value");
+                (HeaderName::from_static(name), value)
+            })
+            .collect();
+        for (name, value) in lines {
+            headers.insert(name, value);
+        }
+    }
+}
+
 /// Header hygiene for the upstream request. `Host` is left exactly as the browser sent
-/// it, because Moodle compares it with `$CFG->wwwroot`. The client address travels in
-/// `X-Forwarded-For`; a value the client made up is replaced unless the peer is a
-/// trusted proxy (so is `Forwarded`, dropped), and `Client-IP` is always dropped
-/// because Moodle's `getremoteaddr()` would believe it.
-fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>) {
-    // One pass over the names instead of a hashed lookup for each header that is
+/// it, because Moodle compares it with `$CFG->wwwroot` (only a request without one,
+/// HTTP/1.0, gets `upstream`'s). The client address travels in `X-Forwarded-For`; a
+/// value the client made up is replaced unless the peer is a trusted proxy (so is
+/// `Forwarded`, dropped), and `Client-IP` is always dropped because Moodle's
+/// `getremoteaddr()` would believe it.
+fn prepare_request_headers(
+    headers: &mut HeaderMap,
+    peer: Peer<'_>,
+    upstream: &Authority,
+) -> Forwarding {
+    // One pass over the lines instead of a hashed lookup for each header that is
     // usually absent.
     let (mut client_ip, mut underscored, mut accel) = (false, false, false);
-    let (mut forwarded, mut hop_by_hop) = (false, false);
-    for name in headers.keys() {
-        hop_by_hop |= is_hop_by_hop(name);
-        client_ip |= name == CLIENT_IP;
-        forwarded |= name == header::FORWARDED;
-        // A byte loop: names are short, and `memchr`'s set-up costs more.
-        underscored |= name.as_str().bytes().any(|b| b == b'_');
-        accel |= offload::is_accel(name);
+    let (mut forwarded, mut hop_by_hop, mut cookies, mut host) = (false, false, 0, false);
+    let (mut has_for, mut has_proto, mut has_host) = (false, false, false);
+    for (name, _) in headers.iter() {
+        match *name {
+            header::COOKIE => cookies += 1,
+            header::HOST => host = true,
+            header::FORWARDED => forwarded = true,
+            _ => {
+                let spelt = name.as_str();
+                hop_by_hop |= HOP_BY_HOP.contains(name) || is_hop_by_hop_spelt(spelt);
+                // A byte loop: names are short, and `memchr`'s set-up costs more.
+                underscored |= spelt.bytes().any(|b| b == b'_');
+                if spelt.starts_with("x-") {
+                    accel |= offload::is_accel(name);
+                    has_for |= name == X_FORWARDED_FOR;
+                    has_proto |= name == X_FORWARDED_PROTO;
+                    has_host |= name == X_FORWARDED_HOST;
+                } else {
+                    client_ip |= name == CLIENT_IP;
+                }
+            }
+        }
+    }
+    if !host {
+        if let Ok(value) = HeaderValue::from_str(upstream.as_str()) {
+            headers.insert(header::HOST, value);
+            host = true;
+        }
     }
     if hop_by_hop {
         strip_listed_hop_by_hop(headers);
@@ -531,30 +609,38 @@ fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>) {
     if underscored {
         drop_underscored(headers);
     }
-    join_cookie_lines(headers);
-    let chain = if peer.trusted {
-        headers.get(&X_FORWARDED_FOR).and_then(|chain| {
+    if cookies > 1 {
+        join_cookie_lines(headers);
+    }
+    let chain = (peer.trusted && has_for)
+        .then(|| headers.get(&X_FORWARDED_FOR))
+        .flatten()
+        .and_then(|chain| {
             let mut joined = chain.as_bytes().to_vec();
             joined.extend_from_slice(b", ");
             joined.extend_from_slice(peer.forwarded_for.as_bytes());
             HeaderValue::from_bytes(&joined).ok()
-        })
-    } else {
-        None
-    };
-    let forwarded_for = chain.unwrap_or_else(|| peer.forwarded_for.clone());
-    // `insert` replaces every earlier line, so a client cannot smuggle a second one.
-    headers.insert(X_FORWARDED_FOR, forwarded_for);
-    if peer.tls {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
-    } else if !(peer.trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        });
+    // Every earlier line goes, so a client cannot smuggle a second one.
+    if has_for {
+        headers.remove(X_FORWARDED_FOR);
     }
-    if !(peer.trusted && headers.contains_key(&X_FORWARDED_HOST)) {
-        match headers.get(header::HOST).cloned() {
-            Some(host) => headers.insert(X_FORWARDED_HOST, host),
-            None => headers.remove(X_FORWARDED_HOST),
-        };
+    let keep_proto = !peer.tls && peer.trusted && has_proto;
+    if has_proto && !keep_proto {
+        headers.remove(X_FORWARDED_PROTO);
+    }
+    let keep_host = peer.trusted && has_host;
+    if has_host && !keep_host {
+        headers.remove(X_FORWARDED_HOST);
+    }
+    Forwarding {
+        for_: chain.unwrap_or_else(|| peer.forwarded_for.clone()),
+        proto: match (peer.tls, keep_proto) {
+            (true, _) => Some("https"),
+            (false, true) => None,
+            (false, false) => Some("http"),
+        },
+        host: host && !keep_host,
     }
 }
 
@@ -625,10 +711,6 @@ impl Withheld {
 /// joins repeated headers with `", "`, which PHP does not split, so PHP would read a
 /// different session than the one the gateway routed on.
 fn join_cookie_lines(headers: &mut HeaderMap) {
-    let mut lines = headers.get_all(header::COOKIE).iter();
-    if lines.next().is_none() || lines.next().is_none() {
-        return;
-    }
     let mut joined = Vec::new();
     for line in headers.get_all(header::COOKIE) {
         if !joined.is_empty() {
@@ -681,6 +763,12 @@ mod tests {
     fn peer(trusted: bool) -> Peer<'static> {
         let client = Box::leak(Box::new(Client::new("203.0.113.9".parse().unwrap(), false)));
         client.peer(trusted)
+    }
+
+    /// The hygiene, with the forwarding lines put in the map as the node reads them.
+    fn prepared(map: &mut HeaderMap, trusted: bool) {
+        let upstream = Authority::from_static("10.0.0.11:80");
+        prepare_request_headers(map, peer(trusted), &upstream).insert(map);
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -755,7 +843,7 @@ mod tests {
             ("client-ip", "1.2.3.4"),
             ("forwarded", "for=1.2.3.4;proto=https;host=evil.example"),
         ]);
-        prepare_request_headers(&mut map, peer(false));
+        prepared(&mut map, false);
         assert!(!map.contains_key(header::FORWARDED));
         assert_eq!(map.get_all(&X_FORWARDED_FOR).iter().count(), 1);
         assert_eq!(map[&X_FORWARDED_FOR], "203.0.113.9");
@@ -772,7 +860,7 @@ mod tests {
             ("x-forwarded-proto", "https"),
             ("forwarded", "for=198.51.100.1;proto=https"),
         ]);
-        prepare_request_headers(&mut map, peer(true));
+        prepared(&mut map, true);
         assert_eq!(map[header::FORWARDED], "for=198.51.100.1;proto=https");
         assert_eq!(map[&X_FORWARDED_FOR], "198.51.100.1, 203.0.113.9");
         assert_eq!(map[&X_FORWARDED_PROTO], "https");
@@ -785,16 +873,24 @@ mod tests {
             ("client_ip", "1.2.3.4"),
             ("x-real", "kept"),
         ]);
-        prepare_request_headers(&mut map, peer(false));
+        prepared(&mut map, false);
         assert!(map.keys().all(|name| !name.as_str().contains('_')));
         assert_eq!(map["x-real"], "kept");
         assert_eq!(map[&X_FORWARDED_FOR], "203.0.113.9");
     }
 
     #[test]
+    fn a_request_without_a_host_names_its_node_in_both_host_lines() {
+        let mut map = headers(&[("cookie", "MoodleSession=abc")]);
+        prepared(&mut map, false);
+        assert_eq!(map[header::HOST], "10.0.0.11:80");
+        assert_eq!(map[&X_FORWARDED_HOST], "10.0.0.11:80");
+    }
+
+    #[test]
     fn several_cookie_lines_reach_php_as_one() {
         let mut map = headers(&[("cookie", "MOODLEID1_=x"), ("cookie", "MoodleSession=abc")]);
-        prepare_request_headers(&mut map, peer(false));
+        prepared(&mut map, false);
         let lines: Vec<_> = map.get_all(header::COOKIE).iter().collect();
         assert_eq!(lines, ["MOODLEID1_=x; MoodleSession=abc"]);
     }

@@ -149,6 +149,7 @@ async fn forwarding_headers_replace_what_the_client_claims() {
             ("host", "moodle.example.edu"),
             ("x-forwarded-for", "6.6.6.6"),
             ("x-forwarded-host", "evil.example"),
+            ("x-forwarded-proto", "https"),
             ("client-ip", "6.6.6.6"),
         ],
         Body::empty(),
@@ -173,8 +174,10 @@ async fn a_trusted_front_proxy_keeps_its_forwarding_chain() {
         &gateway.url("/"),
         "GET",
         &[
+            ("host", "node.internal"),
             ("x-forwarded-for", "198.51.100.7"),
             ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "moodle.example.edu"),
         ],
         Body::empty(),
     )
@@ -184,6 +187,11 @@ async fn a_trusted_front_proxy_keeps_its_forwarding_chain() {
         ["198.51.100.7, 127.0.0.1"]
     );
     assert_eq!(received(&seen, "x-forwarded-proto"), ["https"]);
+    assert_eq!(
+        received(&seen, "x-forwarded-host"),
+        ["moodle.example.edu"],
+        "the host the student asked the front proxy for"
+    );
 }
 
 #[tokio::test]

@@ -119,7 +119,7 @@ async fn exchange_with(
     let stream = TcpStream::connect(addr).await.unwrap();
     let mut conn = Connection::new(WriteStall::new(stream, Duration::from_secs(10)));
     let outcome = async {
-        conn.start(request, Duration::from_secs(10))?;
+        conn.start(request, None, Duration::from_secs(10))?;
         let head = poll_fn(|cx| conn.poll_head(cx)).await?;
         let mut body = Vec::new();
         while let Some(piece) = poll_fn(|cx| conn.poll_data(cx)).await {
