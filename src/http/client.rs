@@ -32,7 +32,9 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{
+    self, HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING,
+};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
@@ -315,15 +317,18 @@ impl Connection {
         // The framing is the one chosen above, whatever the map says: a length
         // that disagreed with the body would let the node read the next request
         // on the connection as the rest of this one.
-        let mut declared = false;
+        let (mut declared, mut host) = (false, None);
         for (name, value) in headers {
             if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
                 declared |= name == CONTENT_LENGTH;
                 continue;
             }
+            if name == HOST {
+                host = Some(value);
+            }
             line(head, name, value);
         }
-        for (name, value) in forwarding.iter().flat_map(|f| f.lines(headers)) {
+        for (name, value) in forwarding.iter().flat_map(|f| f.lines(host)) {
             for part in [name.as_bytes(), b": ", value, b"\r\n"] {
                 head.extend_from_slice(part);
             }

@@ -517,13 +517,13 @@ pub struct Forwarding {
 }
 
 impl Forwarding {
-    /// Each line (name, value) as it is written, after the request's own lines.
+    /// Each line (name, value) as it is written after the request's own lines,
+    /// `host` being the request's `Host` (its writer has just passed it).
     pub(crate) fn lines<'a>(
         &'a self,
-        headers: &'a HeaderMap,
+        host: Option<&'a HeaderValue>,
     ) -> impl Iterator<Item = (&'static str, &'a [u8])> + 'a {
-        let host = (self.host.then(|| headers.get(header::HOST)).flatten())
-            .map(|host| (HOST, host.as_bytes()));
+        let host = (host.filter(|_| self.host)).map(|host| (HOST, host.as_bytes()));
         let proto = (self.proto).map(|proto| (PROTO, proto.as_bytes()));
         std::iter::once((FOR, self.for_.as_bytes()))
             .chain(proto)
@@ -534,7 +534,7 @@ impl Forwarding {
     /// client (a WebSocket's), or goes again as it was sent.
     pub fn insert(&self, headers: &mut HeaderMap) {
         let lines: Vec<(HeaderName, HeaderValue)> = self
-            .lines(headers)
+            .lines(headers.get(header::HOST))
             .map(|(name, value)| {
                 let value = HeaderValue::from_bytes(value).expect("copied from a header value");
                 (HeaderName::from_static(name), value)

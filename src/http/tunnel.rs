@@ -36,9 +36,21 @@ use crate::http::pool::NodeBody;
 use crate::http::proxy::{self, Bounds, Peer, Target};
 use crate::http::upload::{RequestBody, Upload};
 
+/// Whether the request asks to switch to WebSocket and its connection can. Only
+/// hyper's server can switch one, and it leaves an `OnUpgrade` in each request that
+/// asks (the gateway's own HTTP/1.1 hands any request with `Upgrade` to it): looked
+/// for first, it spares every other request two header lookups.
+pub fn is_upgrade<B>(request: &Request<B>) -> bool {
+    request
+        .extensions()
+        .get::<hyper::upgrade::OnUpgrade>()
+        .is_some()
+        && asks_for_websocket(request)
+}
+
 /// Whether the request asks to switch to WebSocket: `Connection: upgrade` (as one
 /// token of the list) and `websocket` among the `Upgrade` tokens, on HTTP/1.1.
-pub fn is_upgrade<B>(request: &Request<B>) -> bool {
+fn asks_for_websocket<B>(request: &Request<B>) -> bool {
     request.version() == http::Version::HTTP_11
         && request
             .headers()
@@ -205,12 +217,18 @@ mod tests {
 
     #[test]
     fn only_websocket_is_an_upgrade() {
-        assert!(is_upgrade(&request("websocket", "Upgrade")));
-        assert!(is_upgrade(&request("WebSocket", "keep-alive, upgrade")));
-        assert!(is_upgrade(&request("foo/1, websocket", "upgrade")));
+        let asks = |upgrade, connection| asks_for_websocket(&request(upgrade, connection));
+        assert!(asks("websocket", "Upgrade"));
+        assert!(asks("WebSocket", "keep-alive, upgrade"));
+        assert!(asks("foo/1, websocket", "upgrade"));
         for other in ["h2c", "HTTP/2.0", "TLS/1.2", "echo", "websocketx", ""] {
-            assert!(!is_upgrade(&request(other, "Upgrade")), "{other}");
+            assert!(!asks(other, "Upgrade"), "{other}");
         }
-        assert!(!is_upgrade(&request("websocket", "keep-alive")));
+        assert!(!asks("websocket", "keep-alive"));
+    }
+
+    #[test]
+    fn a_request_whose_connection_cannot_switch_is_no_upgrade() {
+        assert!(!is_upgrade(&request("websocket", "Upgrade")));
     }
 }
