@@ -24,7 +24,6 @@ use crate::http::server::StudentBody;
 use axum::extract::ConnectInfo;
 use axum::Router;
 use http::{Request, Response};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
@@ -338,7 +337,7 @@ impl App {
         let redirect_task = redirect.map(|listener| {
             let https_port = public.local_addr().map_or(443, |a| a.port());
             let serving = serve_connections(listener, listening.clone(), drain(), move |_, _| {
-                hyper::service::service_fn(move |request: Request<StudentBody>| async move {
+                tower::service_fn(move |request: Request<StudentBody>| async move {
                     Ok::<_, Infallible>(crate::http::tls::redirect_to_https(&request, https_port))
                 })
             });
@@ -356,7 +355,7 @@ impl App {
                 let (gateway, log, withheld) =
                     (gateway.clone(), access_log.clone(), withheld.clone());
                 let client = Client::new(peer.ip(), tls);
-                TowerToHyperService::new(gateway::stack::students(gateway, log, withheld, client))
+                gateway::stack::students(gateway, log, withheld, client)
             },
         ));
         shutdown.await;
@@ -486,14 +485,14 @@ fn probe_targets(
 fn admin_service(
     router: Router,
     peer: SocketAddr,
-) -> impl hyper::service::Service<
+) -> impl tower::Service<
     Request<StudentBody>,
     Response = Response<axum::body::Body>,
     Error = Infallible,
     Future = impl Future<Output = Result<Response<axum::body::Body>, Infallible>> + Send,
 > + Clone
        + Send {
-    hyper::service::service_fn(move |mut request: Request<StudentBody>| {
+    tower::service_fn(move |mut request: Request<StudentBody>| {
         request.extensions_mut().insert(ConnectInfo(peer));
         let router = router.clone();
         async move { Ok(router.oneshot(request).await.unwrap_or_else(|e| match e {})) }

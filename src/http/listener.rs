@@ -35,10 +35,12 @@ use crate::http::streams::Streams;
 /// A failing `accept` repeats every 50 ms while its cause lasts (`EMFILE`).
 static ACCEPT_FAILED: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(10));
 
-/// What answers a connection's requests: a service over the students' bodies, one
-/// clone per connection (hyper's server gets it through [`FromHyper`]).
+/// What answers a connection's requests: a tower service over the students'
+/// bodies, one clone per connection. The gateway's own HTTP/1.1 calls it through
+/// `&mut`, request after request; hyper's server gets it through [`FromHyper`],
+/// which clones it per request as hyper calls through `&self`.
 pub(crate) trait Serves<B>:
-    hyper::service::Service<
+    tower::Service<
         Request<StudentBody>,
         Response = Response<B>,
         Error = Infallible,
@@ -51,7 +53,7 @@ pub(crate) trait Serves<B>:
 }
 
 impl<S, B> Serves<B> for S where
-    S: hyper::service::Service<
+    S: tower::Service<
             Request<StudentBody>,
             Response = Response<B>,
             Error = Infallible,
@@ -507,7 +509,7 @@ impl Connection {
 async fn http1<S, B>(
     io: StudentIo,
     serving: &Serving,
-    service: S,
+    mut service: S,
     backlog: Arc<Backlog>,
     stopping: &mut Stopping<'_>,
     peer: SocketAddr,
@@ -515,7 +517,8 @@ async fn http1<S, B>(
     S: Serves<B>,
     B: ResponseBody,
 {
-    let Ended::HandOver(io) = server::serve(io, &service, &serving.limits, stopping).await else {
+    let Ended::HandOver(io) = server::serve(io, &mut service, &serving.limits, stopping).await
+    else {
         return;
     };
     let io = TokioIo::new(io);

@@ -301,34 +301,37 @@ impl AsyncWrite for Replayed {
 }
 
 /// A service for this side as a service for hyper's server, which hands it
-/// hyper's bodies.
+/// hyper's bodies and calls through `&self`: a clone of the service per request,
+/// made ready and called (as `hyper_util`'s glue does).
 #[derive(Clone)]
 pub(crate) struct FromHyper<S>(pub S);
 
 impl<S> hyper::service::Service<Request<Incoming>> for FromHyper<S>
 where
-    S: hyper::service::Service<Request<StudentBody>>,
+    S: tower::Service<Request<StudentBody>> + Clone,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = tower::util::Oneshot<S, Request<StudentBody>>;
 
-    fn call(&self, request: Request<Incoming>) -> S::Future {
-        self.0.call(request.map(StudentBody::hyper))
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        tower::util::Oneshot::new(self.0.clone(), request.map(StudentBody::hyper))
     }
 }
 
 /// Serves `io`'s requests with `service` until the connection closes or a request
 /// this side does not take comes; `stopping` says when the listener closes (the
-/// request in flight is finished and answered with `Connection: close`).
+/// request in flight is finished and answered with `Connection: close`). The
+/// service is called through `&mut`: no clone of the stack and no `Oneshot` per
+/// request, as hyper's `&self` calls need.
 pub(crate) async fn serve<S, B>(
     io: StudentIo,
-    service: &S,
+    service: &mut S,
     limits: &Limits,
     stopping: &mut Stopping<'_>,
 ) -> Ended
 where
-    S: hyper::service::Service<Request<StudentBody>, Response = Response<B>, Error = Infallible>,
+    S: tower::Service<Request<StudentBody>, Response = Response<B>, Error = Infallible>,
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
@@ -374,6 +377,7 @@ where
         };
         // Boxed: an idle connection's task keeps room for whatever it awaits, and
         // the stack's future is some 4 KB that only a request in flight needs.
+        let Ok(()) = poll_fn(|cx| service.poll_ready(cx)).await;
         let mut answer = Box::pin(service.call(request.map(|()| body)));
         let Ok(response) = poll_fn(|cx| {
             if keep_alive && stopping.poll_stopped(cx) {

@@ -33,13 +33,13 @@ where
     let addr = listener.local_addr().unwrap();
     let served = tokio::spawn(async move {
         let (stream, _) = listener.accept().await.unwrap();
-        let service = hyper::service::service_fn(move |request| {
+        let mut service = tower::service_fn(move |request| {
             let answer = answer.clone();
             async move { Ok::<_, Infallible>(answer(request).await) }
         });
         let mut stop = std::pin::pin!(std::future::pending::<()>());
         let mut stopping = Stopping::new(stop.as_mut());
-        match serve(Box::new(stream), &service, &limits(), &mut stopping).await {
+        match serve(Box::new(stream), &mut service, &limits(), &mut stopping).await {
             Ended::Closed => false,
             Ended::HandOver(io) => {
                 let io = hyper_util::rt::TokioIo::new(io);
@@ -280,7 +280,7 @@ async fn a_chunked_answer_is_written_whole_whatever_each_write_takes() {
                 per_write,
                 written: written.clone(),
             };
-            let service = hyper::service::service_fn(move |_: Request<StudentBody>| async move {
+            let mut service = tower::service_fn(move |_: Request<StudentBody>| async move {
                 Ok::<_, Infallible>(Response::new(Pieces { left: pieces }))
             });
             let mut stop = std::pin::pin!(std::future::pending::<()>());
@@ -288,7 +288,7 @@ async fn a_chunked_answer_is_written_whole_whatever_each_write_takes() {
             let limits = limits();
             let ended = tokio::time::timeout(
                 PATIENCE,
-                serve(Box::new(io), &service, &limits, &mut stopping),
+                serve(Box::new(io), &mut service, &limits, &mut stopping),
             );
             assert!(matches!(ended.await, Ok(Ended::Closed)));
             let written = written.lock().unwrap();
