@@ -385,12 +385,18 @@ impl Connection {
                     Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
                 }
             }
-            // An upload still going out is timed by its own rules, not this one.
-            if self.sent() && self.head_overdue(cx) {
-                self.keep_alive = false;
-                return Poll::Ready(Err(ClientError::HeadTimeout(self.head_wait)));
-            }
-            match ready!(self.poll_fill(cx)) {
+            // The clock is asked only when there is nothing to read: a node's
+            // answer that is already here costs no timer poll.
+            let filled = match self.poll_fill(cx) {
+                Poll::Ready(filled) => filled,
+                // An upload still going out is timed by its own rules, not this one.
+                Poll::Pending if self.sent() && self.head_overdue(cx) => {
+                    self.keep_alive = false;
+                    return Poll::Ready(Err(ClientError::HeadTimeout(self.head_wait)));
+                }
+                Poll::Pending => return Poll::Pending,
+            };
+            match filled {
                 Ok(0) => {
                     self.keep_alive = false;
                     let error = match self.write_failed.take() {
