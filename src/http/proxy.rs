@@ -591,6 +591,10 @@ fn prepare_request_headers(
     }
     if hop_by_hop {
         strip_listed_hop_by_hop(headers);
+        // `Connection` may have listed a trusted proxy's own forwarding lines: gone
+        // now, so the gateway's go instead.
+        has_proto &= headers.contains_key(&X_FORWARDED_PROTO);
+        has_host &= headers.contains_key(&X_FORWARDED_HOST);
     }
     if client_ip {
         headers.remove(CLIENT_IP);
@@ -877,6 +881,21 @@ mod tests {
         assert!(map.keys().all(|name| !name.as_str().contains('_')));
         assert_eq!(map["x-real"], "kept");
         assert_eq!(map[&X_FORWARDED_FOR], "203.0.113.9");
+    }
+
+    #[test]
+    fn forwarding_lines_a_trusted_proxy_named_hop_by_hop_are_the_gateways() {
+        let mut map = headers(&[
+            ("host", "moodle.example.edu"),
+            ("connection", "x-forwarded-proto, x-forwarded-host"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "elsewhere.example"),
+        ]);
+        prepared(&mut map, true);
+        let proto: Vec<_> = map.get_all(&X_FORWARDED_PROTO).iter().collect();
+        let host: Vec<_> = map.get_all(&X_FORWARDED_HOST).iter().collect();
+        assert_eq!(proto, ["http"]);
+        assert_eq!(host, ["moodle.example.edu"]);
     }
 
     #[test]

@@ -375,9 +375,12 @@ where
                 back: connection.back.clone(),
             }))),
         };
-        // Boxed: an idle connection's task keeps room for whatever it awaits, and
-        // the stack's future is some 4 KB that only a request in flight needs.
+        // Ready at once: no layer of the students' stack makes a request wait
+        // for readiness (past `max_in_flight` a student gets a quick 503), so
+        // nothing waits here that the listener's closing would have to cut short.
         let Ok(()) = poll_fn(|cx| service.poll_ready(cx)).await;
+        // Boxed: an idle connection's task keeps room for whatever it awaits, and
+        // the stack's future is some 4.6 KB that only a request in flight needs.
         let mut answer = Box::pin(service.call(request.map(|()| body)));
         let Ok(response) = poll_fn(|cx| {
             if keep_alive && stopping.poll_stopped(cx) {

@@ -189,8 +189,12 @@ impl Dying {
                 if let Some(value) = lower.strip_prefix("content-length:") {
                     length = value.trim().parse().unwrap();
                 }
-                if let Some(value) = lower.strip_prefix("x-forwarded-for:") {
-                    value.trim().clone_into(&mut chain);
+                // Every line kept: a second one would show as ` | ` in the chain.
+                if let Some(value) = lower.strip_prefix("x-forwarded-") {
+                    if !chain.is_empty() {
+                        chain.push_str(" | ");
+                    }
+                    chain.push_str(value.trim());
                 }
             }
             let mut body = vec![0; length];
@@ -310,11 +314,12 @@ async fn a_get_sent_again_behind_a_trusted_proxy_names_the_student_once() {
         .unwrap();
     let page = crate::support::client().request(request).await.unwrap();
     assert_eq!(page.status(), 200, "the GET went again and got its page");
-    let chain = "198.51.100.23, 127.0.0.1";
+    let host = gateway.addr.to_string();
+    let chain = format!("for: 198.51.100.23, 127.0.0.1 | proto: http | host: {host}");
     assert_eq!(
         node.chains(),
-        [chain, chain],
-        "both tries name the student once"
+        [chain.clone(), chain],
+        "both tries name the student once, with one of each forwarding line"
     );
 }
 

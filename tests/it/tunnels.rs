@@ -89,10 +89,11 @@ const UPGRADE: &str = "GET /chat HTTP/1.1\r\nHost: moodle.example.edu\r\nConnect
 
 #[tokio::test]
 async fn an_upgrade_becomes_a_tunnel_once_the_node_says_101() {
-    let (node, _, _) = echo_node().await;
+    let (node, _, heads) = echo_node().await;
     let gateway = gateway(node, None).await;
     let mut client = TcpStream::connect(gateway.addr).await.unwrap();
-    client.write_all(UPGRADE.as_bytes()).await.unwrap();
+    let claimed = UPGRADE.replace("\r\n\r\n", "\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n");
+    client.write_all(claimed.as_bytes()).await.unwrap();
     let head = read_head(&mut client).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(
@@ -105,6 +106,21 @@ async fn an_upgrade_becomes_a_tunnel_once_the_node_says_101() {
         client.read_exact(&mut echoed).await.unwrap();
         assert_eq!(echoed, message.as_bytes());
     }
+    // The node learns who asked, once, as for any request.
+    let head = heads.lock().unwrap()[0].clone();
+    let forwarding: Vec<&str> = head
+        .lines()
+        .filter(|line| line.starts_with("x-forwarded-"))
+        .collect();
+    assert_eq!(
+        forwarding,
+        [
+            "x-forwarded-for: 127.0.0.1",
+            "x-forwarded-proto: http",
+            "x-forwarded-host: moodle.example.edu"
+        ],
+        "{head}"
+    );
 }
 
 #[tokio::test]

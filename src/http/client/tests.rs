@@ -107,6 +107,15 @@ async fn exchange_with(
     script: Script,
     request: Request<RequestBody>,
 ) -> (Result<Exchange, ClientError>, Vec<u8>) {
+    exchange_forwarded(script, request, None).await
+}
+
+/// An exchange whose request carries the gateway's forwarding lines.
+async fn exchange_forwarded(
+    script: Script,
+    request: Request<RequestBody>,
+    forwarding: Option<&Forwarding>,
+) -> (Result<Exchange, ClientError>, Vec<u8>) {
     let body_len = match request.body().is_end_stream() {
         true => 0,
         false => request.headers()[CONTENT_LENGTH]
@@ -119,7 +128,7 @@ async fn exchange_with(
     let stream = TcpStream::connect(addr).await.unwrap();
     let mut conn = Connection::new(WriteStall::new(stream, Duration::from_secs(10)));
     let outcome = async {
-        conn.start(request, None, Duration::from_secs(10))?;
+        conn.start(request, forwarding, Duration::from_secs(10))?;
         let head = poll_fn(|cx| conn.poll_head(cx)).await?;
         let mut body = Vec::new();
         while let Some(piece) = poll_fn(|cx| conn.poll_data(cx)).await {
@@ -176,6 +185,25 @@ async fn a_post_read_whole_leaves_with_its_length_and_its_body() {
     assert_eq!(answer.head.status(), StatusCode::SEE_OTHER);
     assert!(answer.body.is_empty());
     assert!(answer.kept);
+}
+
+#[tokio::test]
+async fn the_forwarding_lines_follow_the_requests_own_and_precede_its_framing() {
+    let script = answers(b"HTTP/1.1 303 See Other\r\nLocation: /my/\r\nContent-Length: 0\r\n\r\n");
+    let forwarding = Forwarding {
+        for_: HeaderValue::from_static("192.0.2.9"),
+        proto: Some("https"),
+        host: true,
+    };
+    let request = request(Method::POST, Some(b"a=b"));
+    let (outcome, sent) = exchange_forwarded(script, request, Some(&forwarding)).await;
+    outcome.unwrap();
+    assert_eq!(
+        String::from_utf8(sent).unwrap(),
+        "POST /mod/scorm/player.php?id=7 HTTP/1.1\r\nhost: moodle.example\r\n\
+         x-forwarded-for: 192.0.2.9\r\nx-forwarded-proto: https\r\n\
+         x-forwarded-host: moodle.example\r\ncontent-length: 3\r\n\r\na=b"
+    );
 }
 
 #[tokio::test]
