@@ -848,7 +848,6 @@ const X_POWERED_BY: HeaderName = HeaderName::from_static("x-powered-by");
 const CONTENT_SCRIPT_TYPE: HeaderName = HeaderName::from_static("content-script-type");
 const CONTENT_STYLE_TYPE: HeaderName = HeaderName::from_static("content-style-type");
 
-/// The request head's exact length, so that it is written from one allocation.
 /// A chunk-size line's size: hexadecimal digits, then perhaps whitespace and
 /// extensions after `;` (ignored), nothing else.
 fn chunk_size(line: &[u8]) -> Result<u64, ClientError> {
