@@ -10,7 +10,7 @@
 //! client learns what was wrong, and the connection is closed after framing errors
 //! because what follows on it cannot be trusted.
 //!
-//! No Moodle knowledge and no allocation on the way through: a few passes over the
+//! No Moodle knowledge and no allocation on the way through: one pass over the
 //! header map the request already has.
 
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
