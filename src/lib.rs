@@ -5,8 +5,8 @@
 //! except where their `mod.rs` says, and the modules where they meet.
 //!
 //! Imports only point down. From the bottom: [`node_id`], [`moodle`], [`logs`] and
-//! [`error`] import nothing of the crate; then [`config`]; [`http`] and
-//! [`access_log`]; [`cluster`] and [`open_files`]; [`metrics`] and [`sessions`];
+//! [`error`] import nothing of the crate; then [`config`]; [`http`]; [`access_log`],
+//! [`cluster`] and [`open_files`]; [`metrics`] and [`sessions`];
 //! [`store`]; [`gateway`]; [`admin`] and [`doctor`]; [`app`]; [`demo`]. A module
 //! uses only modules of the layers below its own (`tests/it/layers.rs` fails on any
 //! other import), so no two modules import each other, and each can be read

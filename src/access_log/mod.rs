@@ -36,6 +36,8 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::config::{AccessLogConfig, AccessLogFormat};
+use crate::http::body::BoxError;
+use crate::http::splice::{Pipe, Splice};
 use format::{combined, header, json, masked_referer, request_line};
 use writer::{Message, SendOrDrop};
 
@@ -242,6 +244,27 @@ impl<B: Body + Unpin> Body for Logged<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+impl<B: Splice + Unpin> Splice for Logged<B> {
+    fn can_splice(&self) -> bool {
+        self.body.can_splice()
+    }
+
+    /// Spliced bytes count as sent, as a frame's do.
+    fn poll_splice(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &mut Pipe,
+        max: usize,
+    ) -> Poll<Result<usize, BoxError>> {
+        let this = &mut *self;
+        let moved = Pin::new(&mut this.body).poll_splice(cx, pipe, max);
+        if let (Poll::Ready(Ok(moved)), Some(pending)) = (&moved, &mut this.pending) {
+            pending.bytes += *moved as u64;
+        }
+        moved
     }
 }
 

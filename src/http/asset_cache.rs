@@ -33,6 +33,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use tokio::sync::watch;
 
+use crate::http::body::BoxError;
+use crate::http::splice::{Pipe, Splice};
+
 /// The headers an entry keeps, as the node sent them.
 const KEPT: [HeaderName; 8] = [
     header::CONTENT_TYPE,
@@ -530,6 +533,28 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl<B> Splice for Teed<B>
+where
+    B: Splice + Unpin,
+{
+    /// Not while the body is being copied into the cache: the copy needs its bytes.
+    fn can_splice(&self) -> bool {
+        self.filling.is_none() && self.inner.can_splice()
+    }
+
+    fn poll_splice(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &mut Pipe,
+        max: usize,
+    ) -> Poll<Result<usize, BoxError>> {
+        if self.filling.is_some() {
+            return Poll::Ready(Err("a body filling the cache does not splice".into()));
+        }
+        Pin::new(&mut self.inner).poll_splice(cx, pipe, max)
     }
 }
 

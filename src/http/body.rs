@@ -15,6 +15,8 @@ use std::time::Duration;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use crate::http::splice::{Pipe, Splice};
+
 /// A body error as hyper wants it.
 pub type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -180,6 +182,34 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl<B> Splice for IdleLimited<B>
+where
+    B: Splice + Unpin,
+{
+    fn can_splice(&self) -> bool {
+        self.inner.can_splice()
+    }
+
+    /// A splice waits for the node like a frame does, under the same limit.
+    fn poll_splice(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &mut Pipe,
+        max: usize,
+    ) -> Poll<Result<usize, BoxError>> {
+        match Pin::new(&mut self.inner).poll_splice(cx, pipe, max) {
+            Poll::Ready(moved) => {
+                self.waiting = false;
+                Poll::Ready(moved)
+            }
+            Poll::Pending => match self.poll_idle(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(BodyIdle.into())),
+                Poll::Pending => Poll::Pending,
+            },
+        }
     }
 }
 

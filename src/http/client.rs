@@ -44,6 +44,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::http::body::BoxError;
 use crate::http::proxy::Forwarding;
+use crate::http::splice::Pipe;
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
 use crate::http::wire::{
@@ -445,6 +446,41 @@ impl Connection {
                 Err(error) => return Poll::Ready(Some(Err(ClientError::Io(error)))),
             }
         }
+    }
+
+    /// Whether the body's next bytes can be spliced straight off the socket: a
+    /// `Content-Length` body with none of it read into the buffer yet, and the
+    /// request all sent (an upload the node answered early is sent by
+    /// [`Self::poll_data`]).
+    pub fn can_splice(&self) -> bool {
+        matches!(self.reading, Reading::Body(Decoder::Length(left)) if left > 0)
+            && self.buf.is_empty()
+            && self.sent()
+    }
+
+    /// Moves up to `max` of the body's next bytes from the socket into `pipe`
+    /// (see [`Self::can_splice`]); never past the body's end, so the connection
+    /// stays fit for the next exchange.
+    pub fn poll_splice(
+        &mut self,
+        cx: &mut Context<'_>,
+        pipe: &mut Pipe,
+        max: usize,
+    ) -> Poll<Result<usize, ClientError>> {
+        let Reading::Body(Decoder::Length(left)) = self.reading else {
+            return Poll::Ready(Ok(0));
+        };
+        let max = usize::try_from(left).map_or(max, |left| left.min(max));
+        let moved = ready!(pipe.poll_fill(cx, self.io.get_ref(), max)).map_err(ClientError::Io)?;
+        if moved == 0 && max > 0 {
+            self.keep_alive = false;
+            return Poll::Ready(Err(ClientError::ClosedMidBody));
+        }
+        self.reading = match left - moved as u64 {
+            0 => Reading::Done,
+            left => Reading::Body(Decoder::Length(left)),
+        };
+        Poll::Ready(Ok(moved))
     }
 
     /// Whether the answer has been read in full (or has no body).

@@ -29,6 +29,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::{LimitsConfig, Timeouts};
 use crate::http::server::{self, Ended, FromHyper, StudentBody, StudentIo};
+use crate::http::splice::Splice;
 use crate::http::stall::{Backlog, SocketPacedService, WriteStall};
 use crate::http::streams::Streams;
 
@@ -66,8 +67,10 @@ impl<S, B> Serves<B> for S where
 }
 
 /// A response body both HTTP/1.1 sides and HTTP/2 can write to a connection.
+/// The gateway's own HTTP/1.1 side may splice it ([`Splice`]).
 pub(crate) trait ResponseBody:
     http_body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+    + Splice
     + Send
     + 'static
 {
@@ -75,6 +78,7 @@ pub(crate) trait ResponseBody:
 
 impl<B> ResponseBody for B where
     B: http_body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Splice
         + Send
         + 'static
 {

@@ -18,6 +18,7 @@ pub mod offload;
 pub mod pool;
 pub mod proxy;
 pub(crate) mod server;
+pub(crate) mod splice;
 pub mod spool;
 pub mod stall;
 pub(crate) mod streams;

@@ -19,7 +19,7 @@ use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -35,6 +35,7 @@ use crate::http::body::BoxError;
 use crate::http::client::{ClientError, Connection};
 use crate::http::fault::ConnectFault;
 use crate::http::proxy::Forwarding;
+use crate::http::splice::{Pipe, Splice};
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
 
@@ -446,6 +447,40 @@ impl Body for NodeBody {
     }
 }
 
+impl Splice for NodeBody {
+    fn can_splice(&self) -> bool {
+        matches!(&self.source, Source::Leased(Some(lease), None) if lease.conn.can_splice())
+    }
+
+    fn poll_splice(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &mut Pipe,
+        max: usize,
+    ) -> Poll<Result<usize, BoxError>> {
+        let this = &mut *self;
+        let Source::Leased(Some(lease), None) = &mut this.source else {
+            return Poll::Ready(Err("the node's body cannot splice now".into()));
+        };
+        match ready!(lease.conn.poll_splice(cx, pipe, max)) {
+            Ok(moved) => {
+                // As a frame's: the last byte frees the node's connection and slot.
+                if this.release_if_done() {
+                    this.let_go();
+                }
+                Poll::Ready(Ok(moved))
+            }
+            Err(error) => {
+                // Nothing is left unsent: the pipe was empty when this fill began.
+                if let Source::Leased(lease, _) = &mut this.source {
+                    drop(lease.take());
+                }
+                Poll::Ready(Err(Box::new(error)))
+            }
+        }
+    }
+}
+
 impl Drop for NodeBody {
     fn drop(&mut self) {
         self.let_go();
@@ -544,6 +579,91 @@ mod tests {
         .await;
         let failed = sent.expect("the request hung").unwrap_err();
         assert!(failed.unsent.is_some(), "the request was not handed back");
+    }
+
+    /// Counts its releases, as a node's slot would.
+    #[derive(Default)]
+    struct Slot(std::sync::atomic::AtomicUsize);
+
+    impl Held for Slot {
+        fn release(&self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// A node's large answer, read as the students' side reads it: what came with
+    /// the head in frames, the rest by splice. At its last byte the connection goes
+    /// back to the pool, clean for the next exchange, and the node's slot is let go.
+    #[tokio::test]
+    async fn a_spliced_body_gives_its_connection_and_slot_back_at_its_last_byte() {
+        use crate::http::splice::{Pipe, Splice, PIPE_FILL};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const LENGTH: usize = 300_000;
+        let file: Vec<u8> = (0..LENGTH as u32).map(|i| (i % 251) as u8).collect();
+        let (authority, mut streams) = node().await;
+        let conns = Arc::new(Conns::default());
+        let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
+        let answered = lease.send(get(), None, false, Duration::from_secs(10));
+        let node_side = async {
+            let mut stream = streams.recv().await.unwrap();
+            let mut head = [0u8; 1024];
+            let _ = stream.read(&mut head).await.unwrap();
+            let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {LENGTH}\r\n\r\n");
+            stream.write_all(answer.as_bytes()).await.unwrap();
+            stream.write_all(&file).await.unwrap();
+            stream
+        };
+        let (response, mut node_stream) = tokio::join!(answered, node_side);
+        let mut body = response.unwrap().into_body();
+        let slot = Arc::new(Slot::default());
+        body.hold(slot.clone());
+
+        let student = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut to = TcpStream::connect(student.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut from, _) = student.accept().await.unwrap();
+        let reading = tokio::spawn(async move {
+            let mut got = Vec::new();
+            from.read_to_end(&mut got).await.map(|_| got)
+        });
+        let mut pipe = Pipe::new().unwrap();
+        let mut spliced = 0;
+        while !body.is_end_stream() {
+            if body.can_splice() {
+                let moved = poll_fn(|cx| Pin::new(&mut body).poll_splice(cx, &mut pipe, PIPE_FILL));
+                spliced += moved.await.unwrap();
+                while pipe.held() > 0 {
+                    poll_fn(|cx| pipe.poll_drain(cx, &to)).await.unwrap();
+                }
+            } else {
+                let frame = http_body_util::BodyExt::frame(&mut body).await;
+                let data = frame.unwrap().unwrap().into_data().unwrap();
+                to.write_all(&data).await.unwrap();
+            }
+        }
+        assert!(spliced > 0, "nothing went by splice");
+        assert_eq!(slot.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(conns.len(), 1, "the connection was not kept");
+        drop(to);
+        assert!(
+            reading.await.unwrap().unwrap() == file,
+            "the file arrived changed"
+        );
+
+        // The kept connection carries the next exchange from its first byte.
+        let (lease, reused) = pool().lease(&authority, &conns).await.unwrap();
+        assert!(reused);
+        let answered = lease.send(get(), None, true, Duration::from_secs(10));
+        let node_side = async {
+            let mut head = [0u8; 1024];
+            let _ = node_stream.read(&mut head).await.unwrap();
+            let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext";
+            node_stream.write_all(answer).await.unwrap();
+        };
+        let (response, ()) = tokio::join!(answered, node_side);
+        let next = http_body_util::BodyExt::collect(response.unwrap().into_body());
+        assert_eq!(&next.await.unwrap().to_bytes()[..], b"next");
     }
 
     #[tokio::test]

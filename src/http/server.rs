@@ -39,16 +39,18 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use crate::http::body::BoxError;
 use crate::http::client::NODE_BUFFER;
 use crate::http::listener::Stopping;
+use crate::http::splice::{Pipe, Splice, PIPE_FILL};
 use crate::http::stall::PROVEN;
 use crate::http::wire::{
     chunk_line, ends_chunked, has_token, itoa, known_names, line, parse_length, Outgoing,
 };
+use halves::{ReadHalf, WriteHalf};
 
 /// A student's connection as this side holds it: plain TCP or TLS, behind one
 /// pointer so that a request body can carry the connection's read side without
@@ -56,7 +58,7 @@ use crate::http::wire::{
 pub(crate) type StudentIo = Box<dyn Io>;
 
 /// What a student's connection is: bytes both ways.
-pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static {}
+pub(crate) trait Io: std::any::Any + AsyncRead + AsyncWrite + Send + Sync + Unpin {}
 
 impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static> Io for T {}
 
@@ -77,6 +79,11 @@ const BATCH: usize = 2 * NODE_BUFFER + 1;
 /// What a read for a request head makes room for: most heads are well under a
 /// KiB, and an idle connection keeps this buffer.
 const HEAD_READ: usize = 4096;
+
+/// The smallest answer whose body goes by splice when it can: a pipe costs three
+/// system calls (made, then its two ends closed), more than copying a few node
+/// buffers' worth costs.
+const SPLICE_FROM: u64 = PIPE_FILL as u64;
 
 /// Three chunks with their framing (size line, data, CRLF) and the last chunk.
 const BODY_PARTS: usize = 10;
@@ -172,7 +179,7 @@ impl Body for StudentBody {
 /// The read side of a student's connection: the socket's half, and what was read
 /// from it and not yet taken.
 struct Reading {
-    half: ReadHalf<StudentIo>,
+    half: ReadHalf,
     buf: BytesMut,
 }
 
@@ -332,10 +339,10 @@ pub(crate) async fn serve<S, B>(
 ) -> Ended
 where
     S: tower::Service<Request<StudentBody>, Response = Response<B>, Error = Infallible>,
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Splice,
     B::Error: Into<BoxError>,
 {
-    let (half, writer) = tokio::io::split(io);
+    let (half, writer) = halves::split(io);
     let mut connection = Connection {
         reading: Some(Reading {
             half,
@@ -409,7 +416,7 @@ where
 struct Connection {
     /// `None` while a request body holds it.
     reading: Option<Reading>,
-    writer: WriteHalf<StudentIo>,
+    writer: WriteHalf,
     out: Outgoing<BODY_PARTS>,
     /// The request-head deadline, one timer for the connection's life: moved later
     /// for each head, which costs a compare-and-swap while it is in tokio's wheel.
@@ -461,6 +468,26 @@ enum BodyLength {
     None,
     Known(u64),
     Unknown,
+}
+
+/// Whether a response's body may go by splice, with its pipe once it has one.
+enum Splicing {
+    Off,
+    Wanted(Option<Pipe>),
+}
+
+impl Splicing {
+    fn is_wanted(&self) -> bool {
+        matches!(self, Splicing::Wanted(_))
+    }
+}
+
+/// Where a splice stopped.
+enum Spliced {
+    /// The body is all out.
+    End,
+    /// The body's next bytes come as frames.
+    Frames,
 }
 
 /// A response the connection cannot finish: it is closed at once.
@@ -561,7 +588,7 @@ impl Connection {
         keep_alive: &mut bool,
     ) -> Result<(), Cut>
     where
-        B: Body<Data = Bytes>,
+        B: Body<Data = Bytes> + Splice,
         B::Error: Into<BoxError>,
     {
         let (parts, body) = response.into_parts();
@@ -591,7 +618,15 @@ impl Connection {
         if body.is_none() && framing == Framing::Chunked {
             self.out.push(Bytes::from_static(b"0\r\n\r\n"));
         }
-        poll_fn(|cx| self.poll_send(cx, &mut body, &mut framing)).await
+        let mut splicing = match framing {
+            Framing::Length(length)
+                if length >= SPLICE_FROM && self.writer.with_tcp(|_| ()).is_some() =>
+            {
+                Splicing::Wanted(None)
+            }
+            _ => Splicing::Off,
+        };
+        poll_fn(|cx| self.poll_send(cx, &mut body, &mut framing, &mut splicing)).await
     }
 
     /// Writes what is queued and feeds the body's frames to the socket until the
@@ -601,9 +636,10 @@ impl Connection {
         cx: &mut Context<'_>,
         body: &mut Option<Pin<&mut B>>,
         framing: &mut Framing,
+        splicing: &mut Splicing,
     ) -> Poll<Result<(), Cut>>
     where
-        B: Body<Data = Bytes>,
+        B: Body<Data = Bytes> + Splice,
         B::Error: Into<BoxError>,
     {
         loop {
@@ -615,6 +651,19 @@ impl Connection {
                 let Some(live) = body.as_mut() else {
                     break;
                 };
+                if splicing.is_wanted() && live.can_splice() {
+                    if !self.out.is_empty() {
+                        // What is queued goes first; the pipe takes over after it.
+                        break;
+                    }
+                    match ready!(self.poll_splice(cx, live.as_mut(), splicing, framing))? {
+                        Spliced::End => {
+                            *body = None;
+                            break;
+                        }
+                        Spliced::Frames => {}
+                    }
+                }
                 let frame = match live.as_mut().poll_frame(cx) {
                     Poll::Pending => break,
                     Poll::Ready(frame) => frame,
@@ -679,6 +728,77 @@ impl Connection {
         }
     }
 
+    /// Moves the body from the node's socket into the student's through a pipe for
+    /// as long as the body lets it (see [`crate::http::splice`]), keeping the rules
+    /// of the frames' way: one node buffer at a time until the socket has shown it
+    /// keeps up, the write stall, the body's own limits.
+    fn poll_splice<B: Splice>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut body: Pin<&mut B>,
+        splicing: &mut Splicing,
+        framing: &mut Framing,
+    ) -> Poll<Result<Spliced, Cut>> {
+        let Framing::Length(left) = framing else {
+            return Poll::Ready(Ok(Spliced::Frames));
+        };
+        let pipe = match splicing {
+            Splicing::Off => return Poll::Ready(Ok(Spliced::Frames)),
+            Splicing::Wanted(Some(pipe)) => pipe,
+            Splicing::Wanted(pipe @ None) => match Pipe::new() {
+                Ok(new) => pipe.insert(new),
+                Err(error) => {
+                    // Out of file descriptors, say: the frames' way still works.
+                    tracing::debug!("no pipe for a splice: {error}");
+                    *splicing = Splicing::Off;
+                    return Poll::Ready(Ok(Spliced::Frames));
+                }
+            },
+        };
+        loop {
+            if pipe.held() > 0 {
+                let drained = self
+                    .writer
+                    .with_tcp(|socket| socket.poll_splice_from(cx, pipe))
+                    .ok_or(Cut)?;
+                let moved = match drained {
+                    Poll::Pending => {
+                        self.taken = 0;
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Err(error)) => {
+                        tracing::debug!("splice to the student failed: {error}");
+                        return Poll::Ready(Err(Cut));
+                    }
+                    Poll::Ready(Ok(moved)) => moved,
+                };
+                *left -= moved as u64;
+                self.taken = match pipe.held() {
+                    // Took part of it: the socket is full, as with a write.
+                    0 => self.taken.saturating_add(moved),
+                    _ => 0,
+                };
+                continue;
+            }
+            if *left == 0 {
+                return Poll::Ready(Ok(Spliced::End));
+            }
+            if !body.can_splice() {
+                return Poll::Ready(Ok(Spliced::Frames));
+            }
+            let max = if self.proven() {
+                PIPE_FILL
+            } else {
+                NODE_BUFFER
+            };
+            let max = usize::try_from(*left).map_or(max, |left| left.min(max));
+            if let Err(error) = ready!(body.as_mut().poll_splice(cx, pipe, max)) {
+                tracing::debug!("response body failed: {error}");
+                return Poll::Ready(Err(Cut));
+            }
+        }
+    }
+
     /// Whether the socket has taken enough in a row to be given a batch.
     fn proven(&self) -> bool {
         self.taken >= PROVEN
@@ -723,12 +843,16 @@ impl Connection {
 
     /// The connection as one stream again, for hyper, with `read` in front.
     fn hand_over(mut self, read: BytesMut) -> Ended {
-        let Some(reading) = self.reading.take() else {
+        let Some(io) = self
+            .reading
+            .take()
+            .and_then(|reading| reading.half.unsplit(self.writer))
+        else {
             return Ended::Closed;
         };
         Ended::HandOver(Replayed {
             read: read.freeze(),
-            io: reading.half.unsplit(self.writer),
+            io,
         })
     }
 }
@@ -1131,5 +1255,6 @@ mod date {
     }
 }
 
+mod halves;
 #[cfg(test)]
 mod tests;

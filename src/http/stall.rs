@@ -35,7 +35,10 @@ use futures_util::task::AtomicWaker;
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
+
+use crate::http::splice::Pipe;
 
 /// `inner` with a limit on how long one write may stay blocked.
 #[derive(Debug)]
@@ -111,6 +114,20 @@ impl<S> WriteStall<S> {
             (Some(backlog), Poll::Pending) => backlog.refused(),
             _ => {}
         }
+    }
+}
+
+impl WriteStall<TcpStream> {
+    /// Moves what `pipe` holds into the socket, under the same limit as a write
+    /// (see [`crate::http::splice`]).
+    pub(crate) fn poll_splice_from(
+        &mut self,
+        cx: &mut Context<'_>,
+        pipe: &mut Pipe,
+    ) -> Poll<io::Result<usize>> {
+        let outcome = pipe.poll_drain(cx, &self.inner);
+        self.wrote(&outcome);
+        self.watch(cx, outcome)
     }
 }
 

@@ -129,15 +129,22 @@ async fn a_node_that_never_sends_headers_gives_504_after_response_headers() {
 }
 
 /// Promises 1000 bytes, sends 100, then does `then`.
-fn short_body(then: Then) -> (Vec<u8>, Then) {
-    let mut answer = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n".to_vec();
-    answer.extend_from_slice(&[b'x'; 100]);
+/// A 1000-byte answer of which 100 bytes come.
+const SHORT: (usize, usize) = (1000, 100);
+/// A 4 MiB answer of which 300 KiB come: past the first node buffer, so what comes
+/// after it goes by splice.
+const LARGE: (usize, usize) = (4 << 20, 300 << 10);
+
+/// An answer that says it is `length` bytes long and sends `sent` of them.
+fn cut_body((length, sent): (usize, usize), then: Then) -> (Vec<u8>, Then) {
+    let mut answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n\r\n").into_bytes();
+    answer.extend((0..sent).map(|i| (i % 251) as u8));
     (answer, then)
 }
 
-/// The client must see a body cut short and a closed connection, never a complete
-/// (shorter) response.
-async fn assert_cut_short(gateway: &TestGateway) {
+/// The client must see every byte that came, then a closed connection: never a
+/// complete (shorter) response.
+async fn assert_cut_short(gateway: &TestGateway, (length, sent): (usize, usize)) {
     let mut conn = RawConn::connect(gateway.addr).await;
     conn.send(&get("/pluginfile.php/1/mod_resource/content/1/notes.pdf"))
         .await
@@ -145,11 +152,12 @@ async fn assert_cut_short(gateway: &TestGateway) {
     let response = conn.response(WITHIN, false).await.expect("a response head");
     assert_eq!(response.status, 200);
     assert!(
-        !response.complete && response.body.len() < 1000,
+        !response.complete && response.body.len() < length,
         "the client was handed a complete body: {} bytes, head {:?}",
         response.body.len(),
         response.head
     );
+    assert_eq!(response.body.len(), sent, "not every byte that came");
     assert_eq!(
         conn.afterwards(Duration::from_secs(1)).await,
         AfterwardsRaw::Closed
@@ -158,16 +166,30 @@ async fn assert_cut_short(gateway: &TestGateway) {
 
 #[tokio::test]
 async fn a_node_that_stalls_mid_body_gets_the_client_connection_aborted() {
-    let (node, _) = scripted(|_| short_body(Then::Hold)).await;
+    let (node, _) = scripted(|_| cut_body(SHORT, Then::Hold)).await;
     let gateway = gateway_for(node, "timeouts.body_idle = \"500ms\"").await;
-    assert_cut_short(&gateway).await;
+    assert_cut_short(&gateway, SHORT).await;
 }
 
 #[tokio::test]
 async fn a_node_that_closes_mid_body_gets_the_client_connection_aborted() {
-    let (node, _) = scripted(|_| short_body(Then::Close)).await;
+    let (node, _) = scripted(|_| cut_body(SHORT, Then::Close)).await;
     let gateway = gateway_for(node, "").await;
-    assert_cut_short(&gateway).await;
+    assert_cut_short(&gateway, SHORT).await;
+}
+
+#[tokio::test]
+async fn a_node_that_stalls_mid_large_body_gets_the_client_connection_aborted() {
+    let (node, _) = scripted(|_| cut_body(LARGE, Then::Hold)).await;
+    let gateway = gateway_for(node, "timeouts.body_idle = \"500ms\"").await;
+    assert_cut_short(&gateway, LARGE).await;
+}
+
+#[tokio::test]
+async fn a_node_that_closes_mid_large_body_gets_the_client_connection_aborted() {
+    let (node, _) = scripted(|_| cut_body(LARGE, Then::Close)).await;
+    let gateway = gateway_for(node, "").await;
+    assert_cut_short(&gateway, LARGE).await;
 }
 
 #[tokio::test]

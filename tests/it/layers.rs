@@ -13,10 +13,11 @@ const LAYERS: &[&[&str]] = &[
     // Facts and words every other module shares, importing nothing of the crate.
     &["node_id", "moodle", "logs", "error"],
     &["config"],
-    // Bytes in and out, and the access log's thread.
-    &["http", "access_log"],
-    // The nodes (which own their keep-alive connections), and the file limit.
-    &["cluster", "open_files"],
+    // Bytes in and out.
+    &["http"],
+    // The access log's thread (its body passes a splice on, see `http::splice`), the
+    // nodes (which own their keep-alive connections), and the file limit.
+    &["access_log", "cluster", "open_files"],
     // What is counted, and the session table: each knows a node by its id only.
     &["metrics", "sessions"],
     // Several gateways, one truth.

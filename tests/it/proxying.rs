@@ -476,3 +476,105 @@ async fn an_upload_that_stops_arriving_is_answered_408() {
     assert_eq!(response.status(), 408);
     stalled.abort();
 }
+
+/// A file of `length` bytes no two stretches of which are alike for long.
+fn large_file(length: usize) -> Bytes {
+    (0..length as u32).map(|i| (i % 251) as u8).collect()
+}
+
+/// An upstream that answers every request with `file`, sized.
+async fn serving_file(file: Bytes) -> std::net::SocketAddr {
+    support::upstream(move |_request| {
+        let file = file.clone();
+        async move {
+            Response::builder()
+                .header("content-length", file.len())
+                .body(Body::from(file))
+                .unwrap()
+        }
+    })
+    .await
+}
+
+/// A large file takes the kernel's way from the upstream's socket to the student's (a
+/// pipe, see `http::splice`), past every layer a node's body passes: it arrives
+/// byte for byte, twice on one kept connection, and the access log counts every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_file_arrives_whole_twice_on_one_connection_and_the_log_counts_every_byte() {
+    const LENGTH: usize = 3 << 20;
+    let file = large_file(LENGTH);
+    let node = serving_file(file.clone()).await;
+    let data = serving_file(file.clone()).await;
+    let dir = std::env::temp_dir().join(format!("mg-splice-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _dir = support::TempDir(dir.clone());
+    let log = dir.join("access.log");
+    let extra = format!("[access_log]\nto = {:?}\n", log.display().to_string());
+    let gateway = TestGateway::start(&config_for(&[node], data, &extra)).await;
+    let mut conn = support::RawConn::connect(gateway.addr).await;
+    for _ in 0..2 {
+        conn.send(b"GET /pluginfile.php/42/mod_scorm/content/1/big.bin HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let response = conn.response(Duration::from_secs(10), false).await.unwrap();
+        assert_eq!(response.status, 200);
+        assert_eq!(response.header("content-length"), Some("3145728"));
+        assert!(response.complete, "cut after {} bytes", response.body.len());
+        assert!(response.body == file, "the file arrived changed");
+    }
+    let lines = support::lines_of(&log, 2).await;
+    for line in &lines {
+        assert!(line.contains("\" 200 3145728 \""), "{line}");
+    }
+}
+
+/// The pipes a process holds, read from `/proc`.
+fn pipes_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("pipe:"))
+        .count()
+}
+
+/// A student stalled halfway through a large file holds a pipe in the kernel, not
+/// the file's bytes in the gateway; the pipe is closed when the student leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_large_download_holds_a_pipe_until_the_student_leaves() {
+    let file = large_file(64 << 20);
+    let node = serving_file(file.clone()).await;
+    let data = serving_file(file).await;
+    let gateway = support::start_binary(&config_for(&[node], data, ""));
+    let pid = gateway.child.id();
+    let before = pipes_of(pid);
+    let mut conn = support::RawConn::connect(gateway.addr).await;
+    conn.send(
+        b"GET /pluginfile.php/42/mod_scorm/content/1/big.bin HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    // Never read: the student's socket fills, and the pipe holds what came after.
+    let mut during = before;
+    for _ in 0..100 {
+        during = pipes_of(pid);
+        if during > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        during,
+        before + 2,
+        "no pipe's two ends while the file streams"
+    );
+    drop(conn);
+    let mut after = during;
+    for _ in 0..100 {
+        after = pipes_of(pid);
+        if after == before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(after, before, "the pipe outlived the download");
+}

@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, StreamBody};
+use http_body_util::{BodyExt, Either, Full, StreamBody};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
+use crate::http::stall::WriteStall;
 
 /// What a test waits for at most before it calls the gateway stuck.
 const PATIENCE: Duration = Duration::from_secs(5);
@@ -26,20 +27,46 @@ async fn serve_one<F, Fut, B>(answer: F) -> (TcpStream, tokio::task::JoinHandle<
 where
     F: Fn(Request<StudentBody>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<B>> + Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
+    B: Body<Data = Bytes> + Splice + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    serve_one_over(answer, |stream| Box::new(stream)).await
+}
+
+/// [`serve_one`] over the socket as the listener hands over a plain connection
+/// (one a body can be spliced into).
+async fn serve_one_plain<F, Fut, B>(answer: F) -> (TcpStream, tokio::task::JoinHandle<bool>)
+where
+    F: Fn(Request<StudentBody>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Splice + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    serve_one_over(answer, |stream| Box::new(WriteStall::new(stream, PATIENCE))).await
+}
+
+async fn serve_one_over<F, Fut, B>(
+    answer: F,
+    io: fn(TcpStream) -> StudentIo,
+) -> (TcpStream, tokio::task::JoinHandle<bool>)
+where
+    F: Fn(Request<StudentBody>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Splice + Send + 'static,
     B::Error: Into<BoxError>,
 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let served = tokio::spawn(async move {
         let (stream, _) = listener.accept().await.unwrap();
+        let stream = io(stream);
         let mut service = tower::service_fn(move |request| {
             let answer = answer.clone();
             async move { Ok::<_, Infallible>(answer(request).await) }
         });
         let mut stop = std::pin::pin!(std::future::pending::<()>());
         let mut stopping = Stopping::new(stop.as_mut());
-        match serve(Box::new(stream), &mut service, &limits(), &mut stopping).await {
+        match serve(stream, &mut service, &limits(), &mut stopping).await {
             Ended::Closed => false,
             Ended::HandOver(io) => {
                 let io = hyper_util::rt::TokioIo::new(io);
@@ -220,6 +247,11 @@ impl Body for Pieces {
         self.left == 0
     }
 }
+
+impl Splice for Pieces {}
+
+/// The streamed answers here are the gateway's own, never a node's.
+impl<S> Splice for StreamBody<S> {}
 
 /// A student's socket that has one request to read and takes at most `per_write`
 /// bytes of each write, never refusing one: every write stops at a different place
@@ -409,4 +441,236 @@ fn the_names_browsers_spell_read_without_the_general_parse_are_the_names_it_give
     }
     assert_eq!(known_request_name(b"host"), None);
     assert_eq!(known_request_name(b"X-Node"), None);
+}
+
+/// A node's answer body read from a real socket, as [`crate::http::pool::NodeBody`]
+/// reads one: in frames, or into a pipe when asked, noting the largest fill asked
+/// for each time and how many bytes went by splice.
+struct FromNode {
+    socket: TcpStream,
+    left: u64,
+    fills: Fills,
+}
+
+impl FromNode {
+    /// The body of `length` bytes the node writes on `socket`.
+    fn new(socket: TcpStream, length: u64) -> (Self, Fills) {
+        let fills = Arc::new(Mutex::new(Vec::new()));
+        let body = Self {
+            socket,
+            left: length,
+            fills: fills.clone(),
+        };
+        (body, fills)
+    }
+}
+
+impl Body for FromNode {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let mut buf = vec![0; NODE_BUFFER.min(self.left as usize)];
+        let mut read = ReadBuf::new(&mut buf);
+        ready!(Pin::new(&mut self.socket).poll_read(cx, &mut read))?;
+        let n = read.filled().len();
+        if n == 0 {
+            return Poll::Ready(Some(Err("the node closed".into())));
+        }
+        self.left -= n as u64;
+        buf.truncate(n);
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(buf)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
+    }
+}
+
+impl Splice for FromNode {
+    fn can_splice(&self) -> bool {
+        self.left > 0
+    }
+
+    fn poll_splice(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &mut Pipe,
+        max: usize,
+    ) -> Poll<Result<usize, BoxError>> {
+        let this = &mut *self;
+        this.fills.lock().unwrap().push(max);
+        let max = max.min(this.left as usize);
+        let moved = ready!(pipe.poll_fill(cx, &this.socket, max))?;
+        if moved == 0 {
+            return Poll::Ready(Err("the node closed".into()));
+        }
+        this.left -= moved as u64;
+        Poll::Ready(Ok(moved))
+    }
+}
+
+/// A node's socket with `bytes` written into it by a task of its own (closed after),
+/// and the gateway's end of it.
+async fn node_sending(bytes: Vec<u8>) -> TcpStream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut node, _) = listener.accept().await.unwrap();
+        node.write_all(&bytes).await.unwrap();
+    });
+    TcpStream::connect(addr).await.unwrap()
+}
+
+/// A file's worth of bytes no two offsets of which are alike for long.
+fn file(length: usize) -> Vec<u8> {
+    (0..length as u32).map(|i| (i % 251) as u8).collect()
+}
+
+/// The largest fill asked of a [`FromNode`] each time it was spliced.
+type Fills = Arc<Mutex<Vec<usize>>>;
+
+/// What answers the first request with `length` bytes read from `node`, and every
+/// later one with a short page.
+type FirstFromNode = dyn Fn(Request<StudentBody>) -> std::future::Ready<Response<Either<FromNode, Full<Bytes>>>>
+    + Send
+    + Sync;
+
+fn first_from_node(node: TcpStream, length: u64) -> (Arc<FirstFromNode>, Fills) {
+    let (body, fills) = FromNode::new(node, length);
+    let body = Mutex::new(Some(body));
+    let answer = move |_: Request<StudentBody>| {
+        let response = match body.lock().unwrap().take() {
+            Some(body) => Response::new(Either::Left(body)),
+            None => Response::new(Either::Right(Full::new(Bytes::from("next page")))),
+        };
+        std::future::ready(response)
+    };
+    (Arc::new(answer), fills)
+}
+
+/// Reads an answer's head and then `length` bytes of its body.
+async fn read_answer(client: &mut TcpStream, length: usize) -> (String, Vec<u8>) {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let head_end = loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        let n = tokio::time::timeout(PATIENCE, client.read(&mut buf))
+            .await
+            .expect("the head arrives")
+            .unwrap();
+        assert!(n > 0, "closed before the head");
+        got.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).into_owned();
+    let mut body = got.split_off(head_end);
+    while body.len() < length {
+        let n = tokio::time::timeout(PATIENCE, client.read(&mut buf))
+            .await
+            .expect("the body arrives")
+            .unwrap();
+        assert!(n > 0, "closed after {} of {length} bytes", body.len());
+        body.extend_from_slice(&buf[..n]);
+    }
+    (head, body)
+}
+
+#[tokio::test]
+async fn a_large_answer_from_a_node_goes_by_splice_byte_for_byte_and_the_connection_goes_on() {
+    const LENGTH: usize = 1 << 20;
+    let sent = file(LENGTH);
+    let (answer, fills) = first_from_node(node_sending(sent.clone()).await, LENGTH as u64);
+    let (mut client, _) = serve_one_plain(move |request| answer(request)).await;
+    client
+        .write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, body) = read_answer(&mut client, LENGTH).await;
+    assert!(head.contains("content-length: 1048576\r\n"), "{head}");
+    assert!(body == sent, "the file arrived changed");
+    let spliced: usize = fills.lock().unwrap().len();
+    assert!(spliced > 0, "the body came in frames");
+    client
+        .write_all(b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let next = read_answers(&mut client, "next page", 1).await;
+    assert!(next.starts_with("HTTP/1.1 200 OK\r\n"), "{next}");
+}
+
+#[tokio::test]
+async fn a_student_who_has_not_kept_up_yet_gets_one_node_buffer_in_the_pipe_at_a_time() {
+    const LENGTH: usize = 1 << 20;
+    let (answer, fills) = first_from_node(node_sending(file(LENGTH)).await, LENGTH as u64);
+    let (mut client, _) = serve_one_plain(move |request| answer(request)).await;
+    client
+        .write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    read_answer(&mut client, LENGTH).await;
+    let fills = fills.lock().unwrap();
+    assert_eq!(fills.first(), Some(&NODE_BUFFER), "{fills:?}");
+    // Once the socket took four node buffers in a row, the pipe's whole capacity.
+    assert!(fills.contains(&PIPE_FILL), "{fills:?}");
+}
+
+#[tokio::test]
+async fn a_small_answer_and_one_over_tls_come_in_frames() {
+    const SMALL: usize = 2048;
+    let (answer, fills) = first_from_node(node_sending(file(SMALL)).await, SMALL as u64);
+    let (mut client, _) = serve_one_plain(move |request| answer(request)).await;
+    client
+        .write_all(b"GET /small HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (_, body) = read_answer(&mut client, SMALL).await;
+    assert_eq!(body, file(SMALL));
+    assert!(
+        fills.lock().unwrap().is_empty(),
+        "a 2 KiB answer was spliced"
+    );
+
+    // `serve_one` hands the server a stream that is not a plain socket, as TLS is.
+    const LARGE: usize = 1 << 20;
+    let (answer, fills) = first_from_node(node_sending(file(LARGE)).await, LARGE as u64);
+    let (mut client, _) = serve_one(move |request| answer(request)).await;
+    client
+        .write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (_, body) = read_answer(&mut client, LARGE).await;
+    assert!(body == file(LARGE), "the file arrived changed");
+    assert!(fills.lock().unwrap().is_empty(), "spliced into a stream");
+}
+
+#[tokio::test]
+async fn a_node_that_closes_mid_splice_cuts_the_student_connection_after_what_came() {
+    const CAME: usize = 100 * 1024;
+    let (answer, fills) = first_from_node(node_sending(file(CAME)).await, 1 << 20);
+    let (mut client, _) = serve_one_plain(move |request| answer(request)).await;
+    client
+        .write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, mut body) = read_answer(&mut client, 0).await;
+    assert!(head.contains("content-length: 1048576\r\n"), "{head}");
+    tokio::time::timeout(PATIENCE, client.read_to_end(&mut body))
+        .await
+        .expect("the connection is cut")
+        .unwrap();
+    // Every byte that came, and then the end of the connection: never a whole answer.
+    assert!(body == file(CAME), "got {} bytes", body.len());
+    assert!(!fills.lock().unwrap().is_empty(), "the body came in frames");
 }

@@ -1,0 +1,241 @@
+//! A large answer's body moved from the node's socket to the student's inside the
+//! kernel, through a pipe (`splice(2)`), instead of read into the gateway's memory
+//! and written out again.
+//!
+//! Why: on a 1 MiB SCORM file nearly all of the gateway's work is those two copies
+//! of every byte and the calls that make them. Spliced, the bytes are never
+//! copied to user space: on loopback a relay loop moved 1 MiB for about half the
+//! CPU of reading and writing it 16 KiB at a time. It pays only for a body the
+//! gateway does not look at: a node's answer sized by `Content-Length`, going to a
+//! student on plain HTTP/1.1 (TLS encrypts in user space), not being copied into
+//! the asset cache. Every other body keeps its frames.
+//!
+//! What a body's frames do on their way, a splice does too: each layer that wraps
+//! a node's body implements [`Splice`] the way it implements `poll_frame` (the
+//! node's idle limit, the access log's byte count, the node slot given back at the
+//! body's last byte), and the student's side keeps its own rules (the write stall,
+//! one node buffer at a time for a reader who has not shown they keep up).
+//!
+//! The pipe is filled only when it is empty and emptied before it is filled again,
+//! so an `EAGAIN` always belongs to the socket it was waited for: the pipe itself
+//! never waits, and needs no registration with the runtime.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::{Either, Full};
+use rustix::pipe::{PipeFlags, SpliceFlags};
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+use crate::http::body::BoxError;
+
+/// The most a pipe takes in one fill: its default capacity (16 pages).
+pub const PIPE_FILL: usize = 64 * 1024;
+
+/// A pipe between two sockets, and how many bytes it holds.
+#[derive(Debug)]
+pub struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+    held: usize,
+}
+
+impl Pipe {
+    /// A new, empty pipe (two file descriptors, closed when it drops).
+    pub fn new() -> io::Result<Self> {
+        let (read, write) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+        Ok(Self {
+            read,
+            write,
+            held: 0,
+        })
+    }
+
+    /// Bytes in the pipe, not yet moved out.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Moves up to `max` bytes that `from` has to read into the (empty) pipe,
+    /// waiting until it has some: `Ok(0)` when its peer closed.
+    pub fn poll_fill(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &TcpStream,
+        max: usize,
+    ) -> Poll<io::Result<usize>> {
+        debug_assert_eq!(self.held, 0, "a pipe is filled only when empty");
+        let moved = ready!(poll_splice(cx, from, Interest::READABLE, || {
+            rustix::pipe::splice(from, None, &self.write, None, max, SpliceFlags::NONBLOCK)
+        }))?;
+        self.held += moved;
+        Poll::Ready(Ok(moved))
+    }
+
+    /// Moves what the pipe holds into `to`, as much as its send buffer takes,
+    /// waiting until it takes some.
+    pub fn poll_drain(&mut self, cx: &mut Context<'_>, to: &TcpStream) -> Poll<io::Result<usize>> {
+        let held = self.held;
+        let moved = ready!(poll_splice(cx, to, Interest::WRITABLE, || {
+            rustix::pipe::splice(&self.read, None, to, None, held, SpliceFlags::NONBLOCK)
+        }))?;
+        if moved == 0 && held > 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        self.held -= moved;
+        Poll::Ready(Ok(moved))
+    }
+}
+
+/// Runs `splice` once `socket` is ready for `interest`; an `EAGAIN` clears the
+/// readiness and waits again.
+fn poll_splice(
+    cx: &mut Context<'_>,
+    socket: &TcpStream,
+    interest: Interest,
+    mut splice: impl FnMut() -> rustix::io::Result<usize>,
+) -> Poll<io::Result<usize>> {
+    loop {
+        if interest.is_readable() {
+            ready!(socket.poll_read_ready(cx))?;
+        } else {
+            ready!(socket.poll_write_ready(cx))?;
+        }
+        match socket.try_io(interest, || splice().map_err(io::Error::from)) {
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+            outcome => return Poll::Ready(outcome),
+        }
+    }
+}
+
+/// A response body whose next bytes can go from a node's socket into a [`Pipe`]
+/// instead of coming as frames. Every body the students' side writes implements
+/// it; only a node's body (and the layers around it) ever says yes.
+pub trait Splice {
+    /// Whether the body's next bytes can come by [`Splice::poll_splice`] now.
+    fn can_splice(&self) -> bool {
+        false
+    }
+
+    /// Moves up to `max` of the body's next bytes into the empty `pipe`; called
+    /// only when [`Splice::can_splice`] said yes. `Ok(0)` only when `max` is.
+    fn poll_splice(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &mut Pipe,
+        max: usize,
+    ) -> Poll<Result<usize, BoxError>> {
+        let _ = (cx, pipe, max);
+        Poll::Ready(Err("this body does not splice".into()))
+    }
+}
+
+impl Splice for Full<Bytes> {}
+
+/// The admin listener's answers.
+impl Splice for axum::body::Body {}
+
+impl<L, R> Splice for Either<L, R>
+where
+    L: Splice + Unpin,
+    R: Splice + Unpin,
+{
+    fn can_splice(&self) -> bool {
+        match self {
+            Either::Left(left) => left.can_splice(),
+            Either::Right(right) => right.can_splice(),
+        }
+    }
+
+    fn poll_splice(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &mut Pipe,
+        max: usize,
+    ) -> Poll<Result<usize, BoxError>> {
+        match self.get_mut() {
+            Either::Left(left) => Pin::new(left).poll_splice(cx, pipe, max),
+            Either::Right(right) => Pin::new(right).poll_splice(cx, pipe, max),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// Two connected sockets on loopback.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let near = TcpStream::connect(listener.local_addr().unwrap());
+        let (near, far) = tokio::join!(near, listener.accept());
+        (near.unwrap(), far.unwrap().0)
+    }
+
+    #[tokio::test]
+    async fn a_body_goes_from_one_socket_to_the_other_byte_for_byte() {
+        let (mut node, from) = pair().await;
+        let (to, mut student) = pair().await;
+        let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let sent = body.clone();
+        let sending = tokio::spawn(async move { node.write_all(&sent).await });
+        let reading = tokio::spawn(async move {
+            let mut got = vec![0; 1_000_000];
+            student.read_exact(&mut got).await.map(|_| got)
+        });
+        let mut pipe = Pipe::new().unwrap();
+        let mut moved = 0;
+        while moved < body.len() {
+            let filled = poll_fn(|cx| pipe.poll_fill(cx, &from, PIPE_FILL.min(body.len() - moved)))
+                .await
+                .unwrap();
+            assert!(filled > 0, "the node's bytes end early");
+            while pipe.held() > 0 {
+                moved += poll_fn(|cx| pipe.poll_drain(cx, &to)).await.unwrap();
+            }
+        }
+        sending.await.unwrap().unwrap();
+        assert_eq!(reading.await.unwrap().unwrap(), body);
+    }
+
+    #[tokio::test]
+    async fn a_node_that_closes_fills_nothing() {
+        let (node, from) = pair().await;
+        drop(node);
+        let mut pipe = Pipe::new().unwrap();
+        let filled = poll_fn(|cx| pipe.poll_fill(cx, &from, PIPE_FILL)).await;
+        assert_eq!(filled.unwrap(), 0);
+        assert_eq!(pipe.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_fill_never_takes_more_than_asked() {
+        let (mut node, mut from) = pair().await;
+        node.write_all(b"first part|the next answer").await.unwrap();
+        let (to, mut student) = pair().await;
+        let mut pipe = Pipe::new().unwrap();
+        let mut moved = 0;
+        while moved < 11 {
+            poll_fn(|cx| pipe.poll_fill(cx, &from, 11 - moved))
+                .await
+                .unwrap();
+            while pipe.held() > 0 {
+                moved += poll_fn(|cx| pipe.poll_drain(cx, &to)).await.unwrap();
+            }
+        }
+        drop(to);
+        let mut got = Vec::new();
+        student.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"first part|");
+        let mut rest = [0u8; 15];
+        from.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"the next answer");
+    }
+}
