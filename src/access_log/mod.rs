@@ -252,7 +252,9 @@ impl<B: Splice + Unpin> Splice for Logged<B> {
         self.body.can_splice()
     }
 
-    /// Spliced bytes count as sent, as a frame's do.
+    /// Spliced bytes count when they leave the node, as a frame's do when the
+    /// students' side takes it: a student who leaves mid-file is logged with up to
+    /// one pipe's worth more than reached them.
     fn poll_splice(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

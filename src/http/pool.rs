@@ -604,17 +604,22 @@ mod tests {
         let conns = Arc::new(Conns::default());
         let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
         let answered = lease.send(get(), None, false, Duration::from_secs(10));
-        let node_side = async {
-            let mut stream = streams.recv().await.unwrap();
-            let mut head = [0u8; 1024];
-            let _ = stream.read(&mut head).await.unwrap();
-            let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {LENGTH}\r\n\r\n");
-            stream.write_all(answer.as_bytes()).await.unwrap();
-            stream.write_all(&file).await.unwrap();
-            stream
+        let mut node_stream = streams.recv().await.unwrap();
+        let mut head = [0u8; 1024];
+        // The node answers while the body is read, as a node does: its writes may
+        // wait for the reader.
+        let answering = {
+            let file = file.clone();
+            tokio::spawn(async move {
+                let _ = node_stream.read(&mut head).await.unwrap();
+                let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {LENGTH}\r\n\r\n");
+                node_stream.write_all(answer.as_bytes()).await.unwrap();
+                node_stream.write_all(&file).await.unwrap();
+                node_stream
+            })
         };
-        let (response, mut node_stream) = tokio::join!(answered, node_side);
-        let mut body = response.unwrap().into_body();
+        let response = tokio::time::timeout(Duration::from_secs(10), answered).await;
+        let mut body = response.expect("the head came").unwrap().into_body();
         let slot = Arc::new(Slot::default());
         body.hold(slot.clone());
 
@@ -629,19 +634,26 @@ mod tests {
         });
         let mut pipe = Pipe::new().unwrap();
         let mut spliced = 0;
-        while !body.is_end_stream() {
-            if body.can_splice() {
-                let moved = poll_fn(|cx| Pin::new(&mut body).poll_splice(cx, &mut pipe, PIPE_FILL));
-                spliced += moved.await.unwrap();
-                while pipe.held() > 0 {
-                    poll_fn(|cx| pipe.poll_drain(cx, &to)).await.unwrap();
+        let read_out = async {
+            while !body.is_end_stream() {
+                if body.can_splice() {
+                    let moved =
+                        poll_fn(|cx| Pin::new(&mut body).poll_splice(cx, &mut pipe, PIPE_FILL));
+                    spliced += moved.await.unwrap();
+                    while pipe.held() > 0 {
+                        poll_fn(|cx| pipe.poll_drain(cx, &to)).await.unwrap();
+                    }
+                } else {
+                    let frame = http_body_util::BodyExt::frame(&mut body).await;
+                    let data = frame.unwrap().unwrap().into_data().unwrap();
+                    to.write_all(&data).await.unwrap();
                 }
-            } else {
-                let frame = http_body_util::BodyExt::frame(&mut body).await;
-                let data = frame.unwrap().unwrap().into_data().unwrap();
-                to.write_all(&data).await.unwrap();
             }
-        }
+        };
+        tokio::time::timeout(Duration::from_secs(10), read_out)
+            .await
+            .expect("the body was read out");
+        let mut node_stream = answering.await.unwrap();
         assert!(spliced > 0, "nothing went by splice");
         assert_eq!(slot.0.load(std::sync::atomic::Ordering::Relaxed), 1);
         assert_eq!(conns.len(), 1, "the connection was not kept");

@@ -480,6 +480,11 @@ impl Splicing {
     fn is_wanted(&self) -> bool {
         matches!(self, Splicing::Wanted(_))
     }
+
+    /// The pipe holds bytes not yet written to the student.
+    fn holds(&self) -> bool {
+        matches!(self, Splicing::Wanted(Some(pipe)) if pipe.held() > 0)
+    }
 }
 
 /// Where a splice stopped.
@@ -651,7 +656,9 @@ impl Connection {
                 let Some(live) = body.as_mut() else {
                     break;
                 };
-                if splicing.is_wanted() && live.can_splice() {
+                // A pipe that holds bytes is emptied first, whatever the body says
+                // now: its last fill has already ended it.
+                if splicing.holds() || (splicing.is_wanted() && live.can_splice()) {
                     if !self.out.is_empty() {
                         // What is queued goes first; the pipe takes over after it.
                         break;
@@ -774,8 +781,8 @@ impl Connection {
                 };
                 *left -= moved as u64;
                 self.taken = match pipe.held() {
-                    // Took part of it: the socket is full, as with a write.
                     0 => self.taken.saturating_add(moved),
+                    // Took part of it: the socket is full, as after a partial write.
                     _ => 0,
                 };
                 continue;

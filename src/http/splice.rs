@@ -33,7 +33,8 @@ use tokio::net::TcpStream;
 
 use crate::http::body::BoxError;
 
-/// The most a pipe takes in one fill: its default capacity (16 pages).
+/// The most one fill moves: a pipe's default capacity (16 pages of 4 KiB). A pipe
+/// made smaller (past `/proc/sys/fs/pipe-user-pages-soft`) only moves less a call.
 pub const PIPE_FILL: usize = 64 * 1024;
 
 /// A pipe between two sockets, and how many bytes it holds.
@@ -68,7 +69,10 @@ impl Pipe {
         from: &TcpStream,
         max: usize,
     ) -> Poll<io::Result<usize>> {
-        debug_assert_eq!(self.held, 0, "a pipe is filled only when empty");
+        if self.held > 0 {
+            // Its EAGAIN could be the pipe's, and would be taken for the socket's.
+            return Poll::Ready(Err(io::Error::other("a pipe is filled only when empty")));
+        }
         let moved = ready!(poll_splice(cx, from, Interest::READABLE, || {
             rustix::pipe::splice(from, None, &self.write, None, max, SpliceFlags::NONBLOCK)
         }))?;
@@ -122,7 +126,8 @@ pub trait Splice {
     }
 
     /// Moves up to `max` of the body's next bytes into the empty `pipe`; called
-    /// only when [`Splice::can_splice`] said yes. `Ok(0)` only when `max` is.
+    /// only when [`Splice::can_splice`] said yes, with `max` above 0. A body that
+    /// ends before its length fails rather than moving nothing.
     fn poll_splice(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -128,7 +128,6 @@ async fn a_node_that_never_sends_headers_gives_504_after_response_headers() {
     );
 }
 
-/// Promises 1000 bytes, sends 100, then does `then`.
 /// A 1000-byte answer of which 100 bytes come.
 const SHORT: (usize, usize) = (1000, 100);
 /// A 4 MiB answer of which 300 KiB come: past the first node buffer, so what comes

@@ -557,24 +557,26 @@ async fn a_stalled_large_download_holds_a_pipe_until_the_student_leaves() {
     let mut during = before;
     for _ in 0..100 {
         during = pipes_of(pid);
-        if during > before {
+        if during >= before + 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        during,
-        before + 2,
+    assert!(
+        during >= before + 2,
         "no pipe's two ends while the file streams"
     );
     drop(conn);
     let mut after = during;
     for _ in 0..100 {
         after = pipes_of(pid);
-        if after == before {
+        if after <= before {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(after, before, "the pipe outlived the download");
+    assert!(
+        after <= before,
+        "the pipe outlived the download: {after} > {before}"
+    );
 }

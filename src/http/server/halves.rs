@@ -1,8 +1,9 @@
 //! A student's connection in two halves: the read side travels with a request's
 //! body into the stack, the write side stays to answer. tokio's `split` does the
-//! same (one mutex, locked for each call, never contended: a connection's task
-//! drives both); these halves also let the answer reach the socket itself, to
-//! splice a large body into it ([`crate::http::splice`]).
+//! same, with one mutex locked for each call (contended only if a request's body
+//! were read from another task while its answer is written); these halves also let
+//! the answer reach the socket itself, to splice a large body into it
+//! ([`crate::http::splice`]).
 
 use std::io;
 use std::pin::Pin;

@@ -610,9 +610,52 @@ async fn a_large_answer_from_a_node_goes_by_splice_byte_for_byte_and_the_connect
     assert!(next.starts_with("HTTP/1.1 200 OK\r\n"), "{next}");
 }
 
+/// The last pipe-load ends the node's body while it still waits in the pipe for a
+/// slow student's socket: it must reach them all the same.
+#[tokio::test]
+async fn a_slow_student_gets_the_last_pipe_load_of_a_spliced_file() {
+    const LENGTH: usize = 32 << 20;
+    let sent = file(LENGTH);
+    let (answer, fills) = first_from_node(node_sending(sent.clone()).await, LENGTH as u64);
+    let (mut client, _) = serve_one_plain(move |request| answer(request)).await;
+    client
+        .write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // The socket buffers fill, and the student reads slowly to the end.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut got = Vec::with_capacity(LENGTH + 1024);
+    let mut buf = vec![0u8; 64 * 1024];
+    while got.len() < LENGTH {
+        let n = tokio::time::timeout(PATIENCE, client.read(&mut buf))
+            .await
+            .expect("the file keeps coming")
+            .unwrap();
+        assert!(n > 0, "cut after {} bytes", got.len());
+        got.extend_from_slice(&buf[..n]);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let head_end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    while got.len() < head_end + LENGTH {
+        let n = tokio::time::timeout(PATIENCE, client.read(&mut buf))
+            .await
+            .expect("the file's end comes")
+            .unwrap();
+        assert!(
+            n > 0,
+            "cut {} bytes before the end",
+            head_end + LENGTH - got.len()
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got[head_end..] == sent[..], "the file arrived changed");
+    assert!(!fills.lock().unwrap().is_empty(), "the body came in frames");
+}
+
 #[tokio::test]
 async fn a_student_who_has_not_kept_up_yet_gets_one_node_buffer_in_the_pipe_at_a_time() {
-    const LENGTH: usize = 1 << 20;
+    // Long enough for a busy machine's reader to keep up for four buffers in a row.
+    const LENGTH: usize = 8 << 20;
     let (answer, fills) = first_from_node(node_sending(file(LENGTH)).await, LENGTH as u64);
     let (mut client, _) = serve_one_plain(move |request| answer(request)).await;
     client
