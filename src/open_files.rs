@@ -11,6 +11,7 @@
 
 use crate::config::Config;
 use crate::http::pool::MAX_IDLE;
+use crate::http::splice::MAX_PIPES;
 
 /// Descriptors beyond the connections: stdio, the listeners (public, admin,
 /// redirect), the runtime's epoll and wake-up descriptors, the signal pipe, the
@@ -25,6 +26,8 @@ pub const RESERVE: u64 = 64;
 ///                                it may hold (a request being answered, or a tunnel)
 /// + (MAX_IDLE + 1) × upstreams   the idle keep-alive connections kept per node and
 ///                                data server (256 each), and one health probe each
+/// + 2 × MAX_PIPES                the pipes large answers are spliced through (1024,
+///                                two descriptors each)
 /// + RESERVE                      listeners, runtime, signals, state file, admin, slack
 /// ```
 ///
@@ -38,7 +41,7 @@ pub const RESERVE: u64 = 64;
 pub fn needed(config: &Config) -> u64 {
     let connections = config.limits.max_connections as u64;
     let upstreams = config.nodes.len() as u64 + 1;
-    2 * connections + (MAX_IDLE as u64 + 1) * upstreams + RESERVE
+    2 * connections + (MAX_IDLE as u64 + 1) * upstreams + 2 * MAX_PIPES as u64 + RESERVE
 }
 
 /// The limit before and after raising it, against what is needed.
@@ -158,10 +161,10 @@ mod tests {
     }
 
     #[test]
-    fn each_connection_may_hold_a_node_connection_plus_the_pools_probes_and_a_reserve() {
+    fn each_connection_may_hold_a_node_connection_plus_the_pools_probes_pipes_and_a_reserve() {
         // Two nodes and the data server: 3 × (256 idle + 1 probe).
-        assert_eq!(needed(&config(10_000)), 20_000 + 3 * 257 + 64);
-        assert_eq!(needed(&config(1)), 2 + 3 * 257 + 64);
+        assert_eq!(needed(&config(10_000)), 20_000 + 3 * 257 + 2048 + 64);
+        assert_eq!(needed(&config(1)), 2 + 3 * 257 + 2048 + 64);
     }
 
     #[test]

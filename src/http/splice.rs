@@ -23,6 +23,7 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
@@ -37,6 +38,15 @@ use crate::http::body::BoxError;
 /// made smaller (past `/proc/sys/fs/pipe-user-pages-soft`) only moves less a call.
 pub const PIPE_FILL: usize = 64 * 1024;
 
+/// The most pipes open at once, process-wide: a pipe is two file descriptors, and
+/// the open-file limit counts them ([`crate::open_files`] reserves `2 × MAX_PIPES`),
+/// so that no student is ever refused a connection for a pipe's sake. Past it, a
+/// large answer is copied as a small one is.
+pub const MAX_PIPES: usize = 1024;
+
+/// Pipes open now.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
 /// A pipe between two sockets, and how many bytes it holds.
 #[derive(Debug)]
 pub struct Pipe {
@@ -46,14 +56,23 @@ pub struct Pipe {
 }
 
 impl Pipe {
-    /// A new, empty pipe (two file descriptors, closed when it drops).
+    /// A new, empty pipe (two file descriptors, closed when it drops); an error
+    /// past [`MAX_PIPES`] or when the process has no descriptor left.
     pub fn new() -> io::Result<Self> {
-        let (read, write) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
-        Ok(Self {
-            read,
-            write,
-            held: 0,
-        })
+        if !take_place(&OPEN, MAX_PIPES) {
+            return Err(io::Error::other("MAX_PIPES pipes are open"));
+        }
+        match rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK) {
+            Ok((read, write)) => Ok(Self {
+                read,
+                write,
+                held: 0,
+            }),
+            Err(error) => {
+                OPEN.fetch_sub(1, Ordering::Relaxed);
+                Err(error.into())
+            }
+        }
     }
 
     /// Bytes in the pipe, not yet moved out.
@@ -92,6 +111,20 @@ impl Pipe {
         }
         self.held -= moved;
         Poll::Ready(Ok(moved))
+    }
+}
+
+/// Counts one more in `open` if that keeps it at most `max`.
+fn take_place(open: &AtomicUsize, max: usize) -> bool {
+    open.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+        (now < max).then_some(now + 1)
+    })
+    .is_ok()
+}
+
+impl Drop for Pipe {
+    fn drop(&mut self) {
+        OPEN.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -208,6 +241,17 @@ mod tests {
         }
         sending.await.unwrap().unwrap();
         assert_eq!(reading.await.unwrap().unwrap(), body);
+    }
+
+    #[test]
+    fn past_the_most_pipes_no_place_is_taken_until_one_is_given_back() {
+        let open = AtomicUsize::new(0);
+        assert!(take_place(&open, 2));
+        assert!(take_place(&open, 2));
+        assert!(!take_place(&open, 2));
+        assert_eq!(open.load(Ordering::Relaxed), 2);
+        open.fetch_sub(1, Ordering::Relaxed);
+        assert!(take_place(&open, 2));
     }
 
     #[tokio::test]

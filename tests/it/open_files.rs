@@ -165,12 +165,12 @@ async fn a_reload_that_adds_nodes_raises_the_open_file_limit_again() {
         let soft = line.and_then(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok());
         soft.unwrap_or(0)
     };
-    // 2 × 100 connections + 257 × (1 node + the data server) + 64.
-    assert_eq!(soft(), 778, "raised at start");
+    // 2 × 100 connections + 257 × (1 node + the data server) + 2 × 1024 pipes + 64.
+    assert_eq!(soft(), 2826, "raised at start");
     cluster.add_node("web2").unwrap();
     cluster.add_node("web3").unwrap();
     let bigger = cluster.config_toml("127.0.0.1:0", Some(("127.0.0.1:0", TOKEN)), extra);
     std::fs::write(gateway.dir().join("config.toml"), bigger).unwrap();
     gateway.signal("HUP");
-    until("the limit raised for four upstreams", || soft() == 1292).await;
+    until("the limit raised for four upstreams", || soft() == 3340).await;
 }
