@@ -32,6 +32,8 @@
 //!     or the node.
 //!   - [`http::body`]: the streaming bodies: when an upload is sent, how long a body may pause.
 //!   - [`http::stall`]: a student who stops reading is cut after `body_idle`, freeing the node.
+//!   - `http::splice`: a large answer's body moved from the node's socket to the student's
+//!     inside the kernel, through a pipe.
 //!   - `http::streams`: an HTTP/2 connection without streams closes after `request_headers`;
 //!     a stream that gets no window for `body_idle` frees its node.
 //!   - [`http::offload`]: a node's `X-Accel-Redirect` answered with the bytes of the data
