@@ -631,7 +631,11 @@ impl Connection {
             }
             _ => Splicing::Off,
         };
-        poll_fn(|cx| self.poll_send(cx, &mut body, &mut framing, &mut splicing)).await
+        let sent = poll_fn(|cx| self.poll_send(cx, &mut body, &mut framing, &mut splicing)).await;
+        if let Splicing::Wanted(Some(pipe)) = splicing {
+            pipe.give_back();
+        }
+        sent
     }
 
     /// Writes what is queued and feeds the body's frames to the socket until the
@@ -752,7 +756,7 @@ impl Connection {
         let pipe = match splicing {
             Splicing::Off => return Poll::Ready(Ok(Spliced::Frames)),
             Splicing::Wanted(Some(pipe)) => pipe,
-            Splicing::Wanted(pipe @ None) => match Pipe::new() {
+            Splicing::Wanted(pipe @ None) => match Pipe::take() {
                 Ok(new) => pipe.insert(new),
                 Err(error) => {
                     // Out of file descriptors, say: the frames' way still works.
