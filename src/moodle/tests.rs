@@ -6,7 +6,7 @@ use cookie::time::OffsetDateTime;
 use http::header::{COOKIE, SET_COOKIE};
 use http::HeaderMap;
 
-use super::paths::normalise_path;
+use super::paths::{normalise_path, split_slashes};
 use super::*;
 use http::HeaderValue;
 use IssuedSession::{Cleared, Id};
@@ -382,4 +382,22 @@ fn a_get_that_carries_sesskey_may_have_changed_something_and_is_not_repeated() {
     assert!(super::may_repeat(Some("id=2&notsesskey=1")));
     assert!(!super::may_repeat(Some("sesskey=Xy12")));
     assert!(!super::may_repeat(Some("d=5&sesskey=Xy12&return=1")));
+}
+
+#[test]
+fn segments_split_byte_by_byte_are_the_segments_str_split_gives() {
+    for path in [
+        "",
+        "/",
+        "//",
+        "a",
+        "/a/b",
+        "a//b/",
+        "/42/mod_scorm/content/1/é.html",
+        "ü/",
+    ] {
+        let ours: Vec<&str> = split_slashes(path).collect();
+        let std: Vec<&str> = path.split('/').collect();
+        assert_eq!(ours, std, "{path:?}");
+    }
 }
