@@ -36,8 +36,8 @@ pub const RESERVE: u64 = 64;
 /// at once; the formula assumes one on average. Past the limit the gateway answers
 /// 503 itself and marks no node. Admin and redirect connections share the reserve:
 /// under a flood of them the accept loop pauses instead of failing. The nodes are
-/// counted as the config names them at start; a reload that adds nodes does not
-/// raise the limit again.
+/// counted as the config in force names them: a reload that adds nodes raises the
+/// limit again (see [`crate::app`]).
 pub fn needed(config: &Config) -> u64 {
     let connections = config.limits.max_connections as u64;
     let upstreams = config.nodes.len() as u64 + 1;

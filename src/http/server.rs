@@ -80,9 +80,10 @@ const BATCH: usize = 2 * NODE_BUFFER + 1;
 /// KiB, and an idle connection keeps this buffer.
 const HEAD_READ: usize = 4096;
 
-/// The smallest answer whose body goes by splice when it can: a pipe costs three
-/// system calls (made, then its two ends closed), more than copying a few node
-/// buffers' worth costs.
+/// The smallest answer whose body goes by splice when it can. A smaller one comes
+/// in a read or two of the node's socket, the first shared with its head, and
+/// leaves in one `writev` with it: a splice moves each piece with two calls
+/// instead, which pays only over many pieces (not measured below this size).
 const SPLICE_FROM: u64 = PIPE_FILL as u64;
 
 /// Three chunks with their framing (size line, data, CRLF) and the last chunk.

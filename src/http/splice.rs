@@ -19,8 +19,8 @@
 //! The pipe is filled only when it is empty and emptied before it is filled again,
 //! so an `EAGAIN` always belongs to the socket it was waited for: the pipe itself
 //! never waits, and needs no registration with the runtime. A pipe an answer left
-//! empty is kept by its thread for the next one (a few each): made and closed per
-//! answer, it cost 5 % of a 1 MiB file's CPU.
+//! empty is kept by its thread for the next one (up to [`KEEP`] each, while pipes
+//! are plentiful): made and closed per answer, it cost 5 % of a 1 MiB file's CPU.
 
 use std::cell::RefCell;
 use std::io;
@@ -43,15 +43,16 @@ pub const PIPE_FILL: usize = 64 * 1024;
 
 /// The most pipes open at once, process-wide, the kept ones included: a pipe is two
 /// file descriptors, and the open-file limit counts them ([`crate::open_files`]
-/// reserves `2 × MAX_PIPES`), so that no student is ever refused a connection for a
-/// pipe's sake. Past it, a large answer is copied as a small one is.
+/// reserves `2 × MAX_PIPES`), so that, where the hard limit allows what the gateway
+/// asks for, no student is refused a connection for a pipe's sake. Past it, a large
+/// answer is copied as a small one is.
 pub const MAX_PIPES: usize = 1024;
 
 /// Pipes open now.
 static OPEN: AtomicUsize = AtomicUsize::new(0);
 
 /// Empty pipes a thread keeps for its next large answers, at most.
-const KEEP: usize = 8;
+pub const KEEP: usize = 8;
 
 thread_local! {
     /// Empty pipes kept for this thread's next large answers: making a pipe and
@@ -93,9 +94,11 @@ impl Pipe {
     }
 
     /// Done with: kept for the thread's next answer if it is empty, closed if not
-    /// (what it holds belongs to an answer that was cut).
+    /// (what it holds belongs to an answer that was cut). Kept only while fewer than
+    /// half of [`MAX_PIPES`] are open, so that the threads' idle pipes (eight on
+    /// each of many cores) never leave a streaming answer without one.
     pub fn give_back(self) {
-        if self.held == 0 {
+        if self.held == 0 && OPEN.load(Ordering::Relaxed) <= MAX_PIPES / 2 {
             KEPT.with_borrow_mut(|kept| {
                 if kept.len() < KEEP {
                     kept.push(self);

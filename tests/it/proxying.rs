@@ -566,6 +566,7 @@ async fn a_stalled_large_download_holds_a_pipe_until_the_student_leaves() {
         during >= before + 2,
         "no pipe's two ends while the file streams"
     );
+    // Full when the student leaves, so closed rather than kept for the next answer.
     drop(conn);
     let mut after = during;
     for _ in 0..100 {
