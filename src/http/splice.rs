@@ -7,7 +7,7 @@
 //! copied to user space: on loopback a relay loop moved 1 MiB for about half the
 //! CPU of reading and writing it 16 KiB at a time. It pays only for a body the
 //! gateway does not look at: a node's answer sized by `Content-Length`, going to a
-//! student on plain HTTP/1.1 (TLS encrypts in user space), not being copied into
+//! student on plain HTTP/1.x (TLS encrypts in user space), not being copied into
 //! the asset cache. Every other body keeps its frames.
 //!
 //! What a body's frames do on their way, a splice does too: each layer that wraps
