@@ -599,7 +599,7 @@ mod tests {
         use crate::http::splice::{Pipe, Splice, PIPE_FILL};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         const LENGTH: usize = 300_000;
-        let file: Vec<u8> = (0..LENGTH as u32).map(|i| (i % 251) as u8).collect();
+        let file = crate::http::splice::patterned(LENGTH);
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
         let (lease, _) = pool().lease(&authority, &conns).await.unwrap();

@@ -234,6 +234,13 @@ where
     }
 }
 
+/// `len` bytes, every one telling where it belongs: a byte out of place or missing
+/// shows in a comparison, where zeros would not.
+#[cfg(test)]
+pub(crate) fn patterned(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,7 +260,7 @@ mod tests {
     async fn a_body_goes_from_one_socket_to_the_other_byte_for_byte() {
         let (mut node, from) = pair().await;
         let (to, mut student) = pair().await;
-        let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let body = patterned(1_000_000);
         let sent = body.clone();
         let sending = tokio::spawn(async move { node.write_all(&sent).await });
         let reading = tokio::spawn(async move {

@@ -137,7 +137,7 @@ const LARGE: (usize, usize) = (4 << 20, 300 << 10);
 /// An answer that says it is `length` bytes long and sends `sent` of them.
 fn cut_body((length, sent): (usize, usize), then: Then) -> (Vec<u8>, Then) {
     let mut answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n\r\n").into_bytes();
-    answer.extend((0..sent).map(|i| (i % 251) as u8));
+    answer.extend(support::patterned(sent));
     (answer, then)
 }
 

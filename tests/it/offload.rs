@@ -21,7 +21,7 @@ const SCORM: &str = "/pluginfile.php/27/mod_scorm/content/1/shared/launchpage.ht
 
 /// The stored file's bytes: long enough to range, and never mistaken for a page.
 fn stored() -> Vec<u8> {
-    (0..5000u32).map(|i| (i % 251) as u8).collect()
+    support::patterned(5000)
 }
 
 /// What the export received: method, target and headers of each request.

@@ -477,9 +477,9 @@ async fn an_upload_that_stops_arriving_is_answered_408() {
     stalled.abort();
 }
 
-/// A file of `length` bytes no two stretches of which are alike for long.
+/// A file of `length` bytes (see [`support::patterned`]).
 fn large_file(length: usize) -> Bytes {
-    (0..length as u32).map(|i| (i % 251) as u8).collect()
+    Bytes::from(support::patterned(length))
 }
 
 /// An upstream that answers every request with `file`, sized.

@@ -881,3 +881,9 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
+
+/// `len` bytes, every one telling where it belongs (a file, an upload): a byte out
+/// of place or missing shows in a comparison, where zeros would not.
+pub fn patterned(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}

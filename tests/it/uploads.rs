@@ -79,7 +79,7 @@ async fn a_chunked_body_past_the_buffer_limit_streams_with_what_was_read_in_fron
     let (node, record) = support::recording_upstream().await;
     let limits = "[limits]\nbuffer_body_bytes = \"1KiB\"\nspool_body_bytes = 0\n";
     let gateway = gateway_for(node, limits).await;
-    let body: Vec<u8> = (0..5000).map(|i| (i % 251) as u8).collect();
+    let body = support::patterned(5000);
     let mut conn = RawConn::connect(gateway.addr).await;
     let head = "POST /repository/repository_ajax.php HTTP/1.1\r\nHost: moodle.example.edu\r\n\
                 transfer-encoding: chunked\r\n\r\n";
@@ -170,7 +170,7 @@ fn upload_head(framing: &str) -> String {
 
 /// An assignment-sized body, every byte telling where it belongs.
 fn assignment(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i % 251) as u8).collect()
+    support::patterned(len)
 }
 
 /// Sends `head`, then `body` in `piece`-byte pieces `gap` apart, asserting before

@@ -8,6 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
+use crate::http::splice::patterned as file;
 use crate::http::stall::WriteStall;
 
 /// What a test waits for at most before it calls the gateway stuck.
@@ -530,11 +531,6 @@ async fn node_sending(bytes: Vec<u8>) -> TcpStream {
         node.write_all(&bytes).await.unwrap();
     });
     TcpStream::connect(addr).await.unwrap()
-}
-
-/// A file's worth of bytes no two offsets of which are alike for long.
-fn file(length: usize) -> Vec<u8> {
-    (0..length as u32).map(|i| (i % 251) as u8).collect()
 }
 
 /// The largest fill asked of a [`FromNode`] each time it was spliced.
