@@ -38,6 +38,7 @@ use http_body::{Body, Frame, SizeHint};
 use crate::config::{AccessLogConfig, AccessLogFormat};
 use crate::http::body::BoxError;
 use crate::http::splice::{Pipe, Splice};
+use crate::http::wire::PassedLines;
 use format::{combined, header, json, masked_referer, request_line};
 use writer::{Message, SendOrDrop};
 
@@ -248,6 +249,10 @@ impl<B: Body + Unpin> Body for Logged<B> {
 }
 
 impl<B: Splice + Unpin> Splice for Logged<B> {
+    fn take_passed(&mut self) -> Option<PassedLines> {
+        self.body.take_passed()
+    }
+
     fn can_splice(&self) -> bool {
         self.body.can_splice()
     }

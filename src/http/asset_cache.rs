@@ -35,6 +35,7 @@ use tokio::sync::watch;
 
 use crate::http::body::BoxError;
 use crate::http::splice::{Pipe, Splice};
+use crate::http::wire::PassedLines;
 
 /// The headers an entry keeps, as the node sent them.
 const KEPT: [HeaderName; 8] = [
@@ -540,6 +541,11 @@ impl<B> Splice for Teed<B>
 where
     B: Splice + Unpin,
 {
+    /// The cache keeps only its own list of an answer's lines, none of them passed.
+    fn take_passed(&mut self) -> Option<PassedLines> {
+        self.inner.take_passed()
+    }
+
     /// Not while the body is being copied into the cache: the copy needs its bytes.
     fn can_splice(&self) -> bool {
         self.filling.is_none() && self.inner.can_splice()

@@ -48,7 +48,8 @@ use crate::http::splice::Pipe;
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
 use crate::http::wire::{
-    chunk_line, closed, ends_chunked, itoa, known_names, line, parse_length, Outgoing,
+    chunk_line, closed, ends_chunked, is_accel, itoa, known_names, line, parse_length, Outgoing,
+    PassedLines,
 };
 
 /// The node connection's read buffer, so also the largest response head a node may
@@ -65,6 +66,9 @@ const BODY_PARTS: usize = 3;
 /// Response header lines a node may send (hyper's limit, and far above Moodle's
 /// dozen or so).
 const MAX_HEADERS: usize = 100;
+
+// One bit each in `parse_head`'s `dropped`.
+const _: () = assert!(MAX_HEADERS <= 128);
 
 /// The longest chunk-size line accepted in a chunked body.
 const MAX_CHUNK_LINE: usize = 4096;
@@ -107,6 +111,11 @@ pub struct Connection {
     reading: Reading,
     /// The request was a `HEAD`: its answer has no body whatever it says.
     head_request: bool,
+    /// The answer's lines that go to the student as they came, until the side
+    /// that writes the head takes them ([`Self::take_passed`]). Kept here rather
+    /// than in the answer: the connection stays in its box, while an answer is
+    /// moved through every layer of the stack.
+    passed: PassedLines,
     /// The node lets the connection carry another exchange after this one.
     keep_alive: bool,
     /// How long the node may take to its answer's head once it has the request
@@ -261,6 +270,7 @@ impl Connection {
             write_failed: None,
             reading: Reading::Idle,
             head_request: false,
+            passed: PassedLines::default(),
             keep_alive: true,
             head_wait: Duration::MAX,
             head_timer: None,
@@ -360,8 +370,17 @@ impl Connection {
         self.request_head.take()
     }
 
+    /// The lines of the answer just read that go to the student as they came
+    /// (none for an answer without a body, whose map has them).
+    pub(crate) fn take_passed(&mut self) -> Option<PassedLines> {
+        (!self.passed.is_empty()).then(|| std::mem::take(&mut self.passed))
+    }
+
     /// Sends what is left of the request and waits for the answer's head.
-    pub fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<()>, ClientError>> {
+    pub(crate) fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<()>, ClientError>> {
         loop {
             // An answer already here comes first: a node that refused the upload
             // (`413`) is heard even if the student's body failed meanwhile.
@@ -509,6 +528,8 @@ impl Connection {
             && self.keep_alive
             && self.buf.is_empty();
         self.reading = Reading::Idle;
+        // Not taken (the answer went elsewhere): they hold the buffer's bytes.
+        self.passed = PassedLines::default();
         if self.buf.capacity() - self.buf.len() < MIN_READ {
             // Used up: renewed at the next read anyway, so not held meanwhile.
             self.buf = BytesMut::new();
@@ -698,26 +719,56 @@ impl Connection {
             // buffer once the parser lets go of it.
             let base = self.buf.as_ptr() as usize;
             let offset = |part: &[u8]| part.as_ptr() as usize - base;
-            let mut answer = AnswerHead::new(version);
-            let mut spans = [(0u16, 0u16, 0u16, 0u16); MAX_HEADERS];
-            debug_assert!(len <= NODE_BUFFER, "the offsets below are u16s");
-            let mut count = 0;
-            for line in parsed.headers.iter() {
+            // The head is at most NODE_BUFFER long (checked above): offsets fit.
+            let span = |line: &httparse::Header<'_>| {
                 let name = line.name.as_bytes();
-                if !answer.note(name, line.value) {
-                    continue;
-                }
-                let span = &mut spans[count];
-                count += 1;
-                // The head is at most NODE_BUFFER long (checked above): offsets fit.
-                *span = (
+                (
                     offset(name) as u16,
                     name.len() as u16,
                     offset(line.value) as u16,
                     line.value.len() as u16,
-                );
+                )
+            };
+            let mut answer = AnswerHead::new(version);
+            let mut spans = [(0u16, 0u16, 0u16, 0u16); MAX_HEADERS];
+            debug_assert!(len <= NODE_BUFFER, "the offsets below are u16s");
+            let mut count = 0;
+            // The lines about this connection alone, not passed on: one bit each.
+            let mut dropped = 0u128;
+            let mut passed = PassedLines::default();
+            // An upgrade is the tunnel's to read whole.
+            let mut whole = status == StatusCode::SWITCHING_PROTOCOLS;
+            for (at, line) in parsed.headers.iter().enumerate() {
+                let name = line.name.as_bytes();
+                if !answer.note(name, line.value) {
+                    dropped |= 1 << at;
+                    continue;
+                }
+                let (name_at, name_len, value_at, value_len) = span(line);
+                if PassedLines::passes(name) && value_len > 0 {
+                    let date = name.eq_ignore_ascii_case(b"date");
+                    whole |= !passed.push(name_at, value_at + value_len, date);
+                    continue;
+                }
+                whole |= is_accel(name);
+                spans[count] = (name_at, name_len, value_at, value_len);
+                count += 1;
+            }
+            if whole || answer.names_lines {
+                // Every line into the map, in the node's order.
+                passed = PassedLines::default();
+                count = 0;
+                for (at, line) in parsed.headers.iter().enumerate() {
+                    if dropped & 1 << at == 0 {
+                        spans[count] = span(line);
+                        count += 1;
+                    }
+                }
             }
             let raw = self.buf.split_to(len).freeze();
+            if !passed.is_empty() {
+                passed.set_head(raw.clone());
+            }
             let mut headers = self
                 .request_head
                 .take()
@@ -746,6 +797,12 @@ impl Connection {
                 Some(Decoder::Length(0)) => Reading::Done,
                 Some(decoder) => Reading::Body(decoder),
             };
+            if self.reading == Reading::Done {
+                // Nothing will hold the connection until the head is written.
+                passed.fold_into(&mut headers);
+            } else {
+                self.passed = passed;
+            }
             let mut response = Response::new(());
             *response.status_mut() = status;
             *response.version_mut() = version;
@@ -921,6 +978,8 @@ struct AnswerHead {
     chunked: Option<bool>,
     close: bool,
     keep_alive: bool,
+    /// A `Connection` line names other lines, which the proxy then removes.
+    names_lines: bool,
 }
 
 impl AnswerHead {
@@ -931,6 +990,7 @@ impl AnswerHead {
             chunked: None,
             close: false,
             keep_alive: false,
+            names_lines: false,
         }
     }
 
@@ -961,6 +1021,7 @@ impl AnswerHead {
                 self.keep_alive |= keep_alive;
                 lists_more |= !(close || keep_alive || token.is_empty());
             }
+            self.names_lines |= lists_more;
             return lists_more;
         } else if name.eq_ignore_ascii_case(b"keep-alive") {
             return false;

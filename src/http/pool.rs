@@ -38,6 +38,7 @@ use crate::http::proxy::Forwarding;
 use crate::http::splice::{Pipe, Splice};
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
+use crate::http::wire::PassedLines;
 
 /// Idle connections kept per upstream. More than this many concurrent requests to
 /// one node open connections that are closed after their exchange instead of kept:
@@ -448,6 +449,13 @@ impl Body for NodeBody {
 }
 
 impl Splice for NodeBody {
+    fn take_passed(&mut self) -> Option<PassedLines> {
+        match &mut self.source {
+            Source::Leased(Some(lease), _) => lease.conn.take_passed(),
+            _ => None,
+        }
+    }
+
     fn can_splice(&self) -> bool {
         matches!(&self.source, Source::Leased(Some(lease), None) if lease.conn.can_splice())
     }

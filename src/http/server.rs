@@ -49,6 +49,7 @@ use crate::http::splice::{Pipe, Splice, PIPE_FILL};
 use crate::http::stall::PROVEN;
 use crate::http::wire::{
     chunk_line, ends_chunked, has_token, itoa, known_names, line, parse_length, Outgoing,
+    PassedLines,
 };
 use halves::{ReadHalf, WriteHalf};
 
@@ -314,17 +315,32 @@ impl AsyncWrite for Replayed {
 #[derive(Clone)]
 pub(crate) struct FromHyper<S>(pub S);
 
-impl<S> hyper::service::Service<Request<Incoming>> for FromHyper<S>
+impl<S, B> hyper::service::Service<Request<Incoming>> for FromHyper<S>
 where
-    S: tower::Service<Request<StudentBody>> + Clone,
+    S: tower::Service<Request<StudentBody>, Response = Response<B>> + Clone,
+    B: Splice,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = tower::util::Oneshot<S, Request<StudentBody>>;
+    type Future = futures_util::future::MapOk<
+        tower::util::Oneshot<S, Request<StudentBody>>,
+        fn(Response<B>) -> Response<B>,
+    >;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        tower::util::Oneshot::new(self.0.clone(), request.map(StudentBody::hyper))
+        let answer = tower::util::Oneshot::new(self.0.clone(), request.map(StudentBody::hyper));
+        futures_util::TryFutureExt::map_ok(answer, with_passed_lines as fn(_) -> _)
     }
+}
+
+/// `response` with the node's passed lines in its map, for hyper, which writes
+/// only the map.
+fn with_passed_lines<B: Splice>(response: Response<B>) -> Response<B> {
+    let (mut parts, mut body) = response.into_parts();
+    if let Some(passed) = body.take_passed() {
+        passed.fold_into(&mut parts.headers);
+    }
+    Response::from_parts(parts, body)
 }
 
 /// Serves `io`'s requests with `service` until the connection closes or a request
@@ -597,7 +613,8 @@ impl Connection {
         B: Body<Data = Bytes> + Splice,
         B::Error: Into<BoxError>,
     {
-        let (parts, body) = response.into_parts();
+        let (parts, mut body) = response.into_parts();
+        let passed = body.take_passed();
         let length = if body.is_end_stream() {
             BodyLength::None
         } else {
@@ -608,6 +625,7 @@ impl Connection {
         let mut framing = write_head(
             &mut self.out.head,
             &parts,
+            passed.as_ref(),
             method,
             version,
             length,
@@ -1066,6 +1084,7 @@ fn can_have_length(status: StatusCode) -> bool {
 fn write_head(
     head: &mut Vec<u8>,
     parts: &http::response::Parts,
+    passed: Option<&PassedLines>,
     method: &Method,
     request_version: Version,
     length: BodyLength,
@@ -1073,12 +1092,14 @@ fn write_head(
 ) -> Result<Framing, Cut> {
     let mut status = parts.status;
     let mut headers = &parts.headers;
+    let mut passed = passed;
     let no_headers = HeaderMap::new();
     let mut length = length;
     if status.is_informational() {
         // A service cannot answer with one (hyper's rule: a 500 in its place).
         status = StatusCode::INTERNAL_SERVER_ERROR;
         headers = &no_headers;
+        passed = None;
         length = BodyLength::None;
         *keep_alive = false;
     }
@@ -1188,6 +1209,10 @@ fn write_head(
             continue;
         }
         line(head, name, value);
+    }
+    if let Some(passed) = passed {
+        passed.write(head);
+        wrote_date |= passed.has_date();
     }
     let framing = match framing {
         Some(framing) => framing,

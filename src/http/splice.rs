@@ -31,6 +31,8 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http_body_util::{Either, Full};
+
+use crate::http::wire::PassedLines;
 use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -185,6 +187,13 @@ fn poll_splice(
 /// instead of coming as frames. Every body the students' side writes implements
 /// it; only a node's body (and the layers around it) ever says yes.
 pub trait Splice {
+    /// The node's header lines that go to the student as they came, taken by the
+    /// side that writes the head ([`PassedLines`]): they belong with the body
+    /// because every layer that keeps a node's body keeps its head too.
+    fn take_passed(&mut self) -> Option<PassedLines> {
+        None
+    }
+
     /// Whether the body's next bytes can come by [`Splice::poll_splice`] now.
     fn can_splice(&self) -> bool {
         false
@@ -214,6 +223,13 @@ where
     L: Splice + Unpin,
     R: Splice + Unpin,
 {
+    fn take_passed(&mut self) -> Option<PassedLines> {
+        match self {
+            Either::Left(left) => left.take_passed(),
+            Either::Right(right) => right.take_passed(),
+        }
+    }
+
     fn can_splice(&self) -> bool {
         match self {
             Either::Left(left) => left.can_splice(),

@@ -10,7 +10,7 @@
 use std::io::{self, IoSlice};
 
 use bytes::{Buf, Bytes};
-use http::header::{HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// The bytes queued for a socket: a head, then up to `PARTS` body pieces, written
 /// together with one `writev`.
@@ -208,6 +208,135 @@ pub(crate) fn line(head: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
     head.extend_from_slice(b"\r\n");
 }
 
+/// How many of an answer's lines [`PassedLines`] holds; an answer with more keeps
+/// them all in its `HeaderMap`.
+const PASSED: usize = 12;
+
+/// The header lines of a node's answer that no part of the gateway reads or
+/// changes, written to the student as the node sent them.
+///
+/// Why: a line that goes through a `HeaderMap` is validated, hashed, inserted,
+/// written out again and dropped, about 500 instructions, where a small page's
+/// whole journey is some 28,000; `Server`, `Date` and Moodle's `X-*` lines are
+/// half of a page's lines. Which names pass is [`PassedLines::passes`]; an answer
+/// the gateway reads more closely (an upgrade, `X-Accel-*`, a `Connection` that
+/// names other lines) keeps every line in its map.
+#[derive(Clone, Default)]
+pub(crate) struct PassedLines {
+    /// The answer's head as it came; the lines are cut from it.
+    head: Bytes,
+    /// Where each line sits in `head`: from its name to the end of its value.
+    spans: [(u16, u16); PASSED],
+    count: u8,
+    date: bool,
+}
+
+impl std::fmt::Debug for PassedLines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.lines().map(String::from_utf8_lossy))
+            .finish()
+    }
+}
+
+impl PassedLines {
+    /// Whether a line named `name` (any case) passes. A name joins this list only
+    /// once nothing on an answer's way reads it: not the session learning
+    /// (`Set-Cookie`), the offload (`X-Accel-*`), the asset cache (its kept and
+    /// deciding names), the framing (`Content-Length`, `Transfer-Encoding`,
+    /// `Connection`), the tunnel (`Upgrade`) or a redirect (`Location`).
+    pub(crate) fn passes(name: &[u8]) -> bool {
+        if name.len() > 2 && name[..2].eq_ignore_ascii_case(b"x-") {
+            return !is_accel(name);
+        }
+        match name.len() {
+            4 => name.eq_ignore_ascii_case(b"date"),
+            6 => name.eq_ignore_ascii_case(b"server"),
+            13 => name.eq_ignore_ascii_case(b"accept-ranges"),
+            15 => name.eq_ignore_ascii_case(b"referrer-policy"),
+            16 => name.eq_ignore_ascii_case(b"content-language"),
+            18 => name.eq_ignore_ascii_case(b"content-style-type"),
+            19 => name.eq_ignore_ascii_case(b"content-script-type"),
+            _ => false,
+        }
+    }
+
+    /// Takes the line whose name starts at `start` and whose value ends at `end`
+    /// in the head; `false` (the line not taken) once the list is full.
+    pub(crate) fn push(&mut self, start: u16, end: u16, date: bool) -> bool {
+        let Some(span) = self.spans.get_mut(usize::from(self.count)) else {
+            return false;
+        };
+        *span = (start, end);
+        self.count += 1;
+        self.date |= date;
+        true
+    }
+
+    /// The head the spans point into, once it has been cut from the buffer.
+    pub(crate) fn set_head(&mut self, head: Bytes) {
+        self.head = head;
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Whether one of the lines is the answer's `Date`.
+    pub(crate) fn has_date(&self) -> bool {
+        self.date
+    }
+
+    /// Each line, from its name to the end of its value.
+    fn lines(&self) -> impl Iterator<Item = &[u8]> {
+        self.spans[..usize::from(self.count)]
+            .iter()
+            .map(|&(start, end)| &self.head[usize::from(start)..usize::from(end)])
+    }
+
+    /// Appends the lines to a head being written, each ended by CRLF.
+    pub(crate) fn write(&self, head: &mut Vec<u8>) {
+        for line in self.lines() {
+            head.extend_from_slice(line);
+            head.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// Puts the lines into `headers`, for a writer that knows only the map
+    /// (hyper's HTTP/2 and upgrade sides). The parser checked every name and
+    /// value, so none fails here.
+    pub(crate) fn fold_into(self, headers: &mut HeaderMap) {
+        for (start, end) in self.spans.into_iter().take(usize::from(self.count)) {
+            let line = self.head.slice(usize::from(start)..usize::from(end));
+            let Some(colon) = line.iter().position(|&b| b == b':') else {
+                continue;
+            };
+            let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(&line[..colon]),
+                HeaderValue::from_maybe_shared(trim_front(line.slice(colon + 1..))),
+            ) else {
+                continue;
+            };
+            headers.append(name, value);
+        }
+    }
+}
+
+/// Whether a line is one of the offload's `X-Accel-*` (any case), which the
+/// offload must find in the map.
+pub(crate) fn is_accel(name: &[u8]) -> bool {
+    name.len() >= 8 && name[..8].eq_ignore_ascii_case(b"x-accel-")
+}
+
+/// `value` without the spaces and tabs before it.
+fn trim_front(value: Bytes) -> Bytes {
+    let skip = value
+        .iter()
+        .position(|&b| b != b' ' && b != b'\t')
+        .unwrap_or(value.len());
+    value.slice(skip..)
+}
+
 /// Whether a comma-separated header value lists `token` (any case).
 pub(crate) fn has_token(value: &[u8], token: &[u8]) -> bool {
     value
@@ -264,6 +393,57 @@ mod tests {
         assert!(out.is_empty());
         assert_eq!(out.room(), 3);
         assert_eq!(out.queued(), 0);
+    }
+
+    #[test]
+    fn only_lines_nothing_reads_are_passed_as_they_came() {
+        for name in [
+            "Server",
+            "date",
+            "X-Powered-By",
+            "x-frame-options",
+            "X-UA-Compatible",
+            "Content-Language",
+            "content-script-type",
+            "Content-Style-Type",
+            "Referrer-Policy",
+            "accept-ranges",
+            "X-Node",
+        ] {
+            assert!(PassedLines::passes(name.as_bytes()), "{name}");
+        }
+        // Read on an answer's way: by the session learning, the offload, the
+        // framing, the tunnel, a redirect, a refusal, the asset cache.
+        for name in [
+            "set-cookie",
+            "Set-Cookie2",
+            "X-Accel-Redirect",
+            "x-accel-buffering",
+            "x-accel-",
+            "content-length",
+            "Transfer-Encoding",
+            "connection",
+            "keep-alive",
+            "upgrade",
+            "trailer",
+            "location",
+            "retry-after",
+            "www-authenticate",
+            "content-type",
+            "cache-control",
+            "expires",
+            "etag",
+            "last-modified",
+            "vary",
+            "age",
+            "pragma",
+            "content-encoding",
+            "content-range",
+            "content-disposition",
+            "x-",
+        ] {
+            assert!(!PassedLines::passes(name.as_bytes()), "{name}");
+        }
     }
 
     #[test]

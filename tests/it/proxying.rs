@@ -272,6 +272,44 @@ async fn every_set_cookie_line_reaches_the_browser_byte_for_byte() {
 }
 
 #[tokio::test]
+async fn a_nodes_own_lines_reach_the_student_once_whichever_side_writes_the_head() {
+    const LINES: [(&str, &str); 6] = [
+        ("server", "Apache/2.4"),
+        ("date", "Sat, 05 Dec 2026 10:00:00 GMT"),
+        ("x-frame-options", "sameorigin"),
+        ("x-powered-by", "PHP/8.3"),
+        ("content-language", "en"),
+        ("content-type", "text/html; charset=utf-8"),
+    ];
+    let node = support::upstream(|_request| async move {
+        let mut response = Response::builder();
+        for (name, value) in LINES {
+            response = response.header(name, value);
+        }
+        response.body(Body::from("ok")).unwrap()
+    })
+    .await;
+    let gateway = in_front_of(node, "").await;
+    // A plain GET's answer is written by the gateway's own HTTP/1.1 side, with the
+    // node's lines as they came; a chunked upload's by hyper's, from the map.
+    let plain = support::get(&gateway.url("/")).await;
+    let (mut sender, body) = Channel::<Bytes>::new(1);
+    let uploader = tokio::spawn(async move {
+        sender.send_data(Bytes::from_static(b"a=1")).await.unwrap();
+    });
+    let chunked = send(&gateway.url("/"), "POST", &[], Body::new(body)).await;
+    uploader.await.unwrap();
+    for (side, seen) in [("own", plain), ("hyper's", chunked)] {
+        assert_eq!(seen.status, 200, "{side}");
+        assert_eq!(seen.body, "ok", "{side}");
+        for (name, value) in LINES {
+            let got: Vec<_> = seen.headers.get_all(name).iter().collect();
+            assert_eq!(got, [value], "{name} on the {side} side");
+        }
+    }
+}
+
+#[tokio::test]
 async fn keep_alive_connections_to_a_node_are_reused() {
     let connections = Arc::new(AtomicUsize::new(0));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -13,7 +13,10 @@ use crate::http::upload::Upload;
 /// What one exchange came to, as the pool sees it.
 #[derive(Debug)]
 struct Exchange {
+    /// The answer's head, with the passed lines folded into its map.
     head: Response<()>,
+    /// The lines the connection kept aside for the student's side.
+    passed: Option<PassedLines>,
     body: Vec<u8>,
     /// The connection could carry another request.
     kept: bool,
@@ -129,13 +132,19 @@ async fn exchange_forwarded(
     let mut conn = Connection::new(WriteStall::new(stream, Duration::from_secs(10)));
     let outcome = async {
         conn.start(request, forwarding, Duration::from_secs(10))?;
-        let head = poll_fn(|cx| conn.poll_head(cx)).await?;
+        let mut head = poll_fn(|cx| conn.poll_head(cx)).await?;
+        // What the student gets: the map and the lines passed as they came.
+        let passed = conn.take_passed();
+        if let Some(passed) = passed.clone() {
+            passed.fold_into(head.headers_mut());
+        }
         let mut body = Vec::new();
         while let Some(piece) = poll_fn(|cx| conn.poll_data(cx)).await {
             body.extend_from_slice(&piece?);
         }
         Ok(Exchange {
             head,
+            passed,
             body,
             kept: conn.finish(),
         })
@@ -443,4 +452,86 @@ fn the_names_read_without_the_general_parse_are_the_names_it_gives() {
     // Any other spelling, or any other name, goes through the general parse.
     assert_eq!(known_name(b"date"), None);
     assert_eq!(known_name(b"X-Node"), None);
+}
+
+/// The passed lines as the student's side writes them.
+fn written(passed: &Option<PassedLines>) -> String {
+    let mut head = Vec::new();
+    if let Some(passed) = passed {
+        passed.write(&mut head);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+#[tokio::test]
+async fn the_lines_no_part_of_the_gateway_reads_go_to_the_student_as_they_came() {
+    let script = answers(
+        b"HTTP/1.1 200 OK\r\nServer: Apache\r\nDate: Sat, 05 Dec 2026 10:00:00 GMT\r\n\
+          Set-Cookie: MoodleSession=abc; path=/\r\nX-Frame-Options:sameorigin\r\n\
+          Content-Type: text/html\r\nCache-Control: private\r\nContent-Length: 2\r\n\r\nok",
+    );
+    let answer = exchange(script).await.unwrap();
+    assert_eq!(
+        written(&answer.passed),
+        "Server: Apache\r\nDate: Sat, 05 Dec 2026 10:00:00 GMT\r\nX-Frame-Options:sameorigin\r\n",
+        "as the node spelt them, in its order"
+    );
+    assert!(answer.passed.as_ref().unwrap().has_date());
+    // The lines something reads are in the map, and only once in all.
+    let headers = answer.head.headers();
+    assert_eq!(headers["set-cookie"], "MoodleSession=abc; path=/");
+    assert_eq!(headers["content-type"], "text/html");
+    assert_eq!(headers["cache-control"], "private");
+    assert_eq!(headers["x-frame-options"], "sameorigin");
+    assert_eq!(headers.get_all("server").iter().count(), 1);
+    assert_eq!(headers.len(), 7);
+    assert!(answer.kept);
+}
+
+#[tokio::test]
+async fn an_answer_the_gateway_reads_closely_keeps_every_line_in_its_map() {
+    let all_in_map = |answer: &Exchange| {
+        assert!(answer.passed.is_none(), "passed: {:?}", answer.passed);
+        assert_eq!(answer.head.headers()["server"], "nginx");
+    };
+    // The offload finds its X-Accel-Redirect, and keeps the node's lines.
+    let script = answers(
+        b"HTTP/1.1 200 OK\r\nServer: nginx\r\nX-Accel-Redirect: /dataroot/a\r\n\
+          Content-Length: 0\r\n\r\n",
+    );
+    all_in_map(&exchange(script).await.unwrap());
+    let script = answers(
+        b"HTTP/1.1 200 OK\r\nServer: nginx\r\nX-Accel-Redirect: /dataroot/a\r\n\
+          Content-Length: 2\r\n\r\nok",
+    );
+    all_in_map(&exchange(script).await.unwrap());
+    // A Connection line names another, which the proxy strips from the map.
+    let script = answers(
+        b"HTTP/1.1 200 OK\r\nX-Secret: 1\r\nServer: nginx\r\nConnection: x-secret\r\n\
+          Content-Length: 2\r\n\r\nok",
+    );
+    let answer = exchange(script).await.unwrap();
+    all_in_map(&answer);
+    assert_eq!(answer.head.headers()["x-secret"], "1");
+    // Without a body, nothing holds the connection until the head is written.
+    let script = answers(b"HTTP/1.1 304 Not Modified\r\nServer: nginx\r\n\r\n");
+    all_in_map(&exchange(script).await.unwrap());
+}
+
+#[tokio::test]
+async fn more_lines_than_are_passed_all_stay_in_the_map_in_their_order() {
+    let mut head = b"HTTP/1.1 200 OK\r\nServer: nginx\r\n".to_vec();
+    for n in 0..20 {
+        head.extend_from_slice(format!("X-Line: {n}\r\n").as_bytes());
+    }
+    head.extend_from_slice(b"Content-Length: 2\r\n\r\nok");
+    let answer = exchange(answers(Box::leak(head.into_boxed_slice())))
+        .await
+        .unwrap();
+    assert!(answer.passed.is_none());
+    let lines: Vec<&str> = (answer.head.headers().get_all("x-line").iter())
+        .map(|value| value.to_str().unwrap())
+        .collect();
+    let expected: Vec<String> = (0..20).map(|n| n.to_string()).collect();
+    assert_eq!(lines, expected);
 }
