@@ -44,4 +44,4 @@ echo "$(basename "$BIN") $WLD: $requests requests, $(( total / requests )) user-
 # AFTER_RUN: a command run while the gateway still serves (bench/store.sh reads its metrics).
 [ -n "${AFTER_RUN:-}" ] && GATEWAY_ADMIN_PORT=$GATEWAY_ADMIN_PORT bash -c "$AFTER_RUN"
 [ -n "${KEEP_PROFILE:-}" ] && cp "$counts" "$KEEP_PROFILE" && echo "profile: $KEEP_PROFILE (callgrind_annotate it)"
-kill $PID
+kill $PID; cp "$d/log" /tmp/instructions-gateway.log 2>/dev/null
