@@ -64,6 +64,7 @@
 //!   path, and the Prometheus families.
 //! - [`access_log`]: one line per request, written by a thread of its own.
 //! - [`logs`]: log lines that repeat under load, said at most once per interval.
+//! - [`clock`]: the kernel's coarse clock, for the timestamps every request takes.
 //! - [`error`]: the failures a student can see, and their statuses.
 //! - [`open_files`]: the open-file limit the configured limits need, raised at start.
 //! - [`app`]: builds everything, serves the listeners, runs the background tasks (sweeper,
@@ -76,6 +77,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod app;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod demo;

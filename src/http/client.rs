@@ -24,7 +24,6 @@
 //! past; a `101` is returned for the caller to refuse.
 
 use std::fmt;
-use std::future::Future;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
@@ -40,8 +39,8 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::time::{Instant, Sleep};
 
+use crate::clock::Deadline;
 use crate::http::body::BoxError;
 use crate::http::proxy::Forwarding;
 use crate::http::splice::Pipe;
@@ -122,14 +121,14 @@ pub struct Connection {
     /// (`timeouts.response_headers`).
     head_wait: Duration,
     /// The deadline for the answer's head, one timer for all the connection's
-    /// exchanges: setting it later again only moves the deadline (tokio's wheel is
-    /// left alone until the old one passes), where a timer of each answer's own was
-    /// put into the wheel and taken out again every time. Set once the request is
+    /// exchanges: setting it later again is a read of the coarse clock (the timer
+    /// is armed again only if it fires early, see [`Deadline`]), where a timer of
+    /// each answer's own was put into the wheel and taken out again every time. Set once the request is
     /// out; `head_due` says whether it is for this exchange. Between exchanges it
     /// keeps the waker of the last request it timed, until its deadline passes or
     /// the next request polls it: a finished student connection's task is freed up
     /// to `response_headers` later than it would be.
-    head_timer: Option<Pin<Box<Sleep>>>,
+    head_timer: Option<Deadline>,
     head_due: bool,
 }
 
@@ -550,18 +549,14 @@ impl Connection {
     fn head_overdue(&mut self, cx: &mut Context<'_>) -> bool {
         if !std::mem::replace(&mut self.head_due, true) {
             // A wait too long for the clock (a config's "no limit") never ends.
-            let Some(deadline) = Instant::now().checked_add(self.head_wait) else {
-                self.head_timer = None;
-                return false;
-            };
             match &mut self.head_timer {
-                Some(timer) => timer.as_mut().reset(deadline),
-                None => self.head_timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+                Some(timer) => timer.set(self.head_wait),
+                None => self.head_timer = Some(Deadline::after(self.head_wait)),
             }
         }
         self.head_timer
             .as_mut()
-            .is_some_and(|timer| timer.as_mut().poll(cx).is_ready())
+            .is_some_and(|timer| timer.poll_passed(cx))
     }
 
     /// Everything of the request has been handed to the socket (or given up).

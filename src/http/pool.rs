@@ -29,7 +29,6 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 use crate::http::body::BoxError;
 use crate::http::client::{ClientError, Connection};
@@ -147,7 +146,15 @@ type Conn = Box<Connection>;
 
 struct Idle {
     conn: Conn,
-    since: Instant,
+    /// When it was put back, on the coarse clock ([`crate::clock`]): every request
+    /// puts one back and takes one, and the idle limit is seconds.
+    since: Duration,
+}
+
+impl Idle {
+    fn idle_for(&self) -> Duration {
+        crate::clock::coarse().saturating_sub(self.since)
+    }
 }
 
 impl Conns {
@@ -171,7 +178,7 @@ impl Conns {
         let mut noop = Context::from_waker(Waker::noop());
         loop {
             let mut idle = self.lock().pop_back()?;
-            if idle.since.elapsed() > limit {
+            if idle.idle_for() > limit {
                 // Everything older is older still.
                 let expired = std::mem::take(&mut *self.lock());
                 drop((idle, expired));
@@ -197,7 +204,7 @@ impl Conns {
             .into_iter()
             .filter_map(|mut idle| {
                 let open = !idle.conn.poll_unusable(&mut noop);
-                (open && idle.since.elapsed() <= limit).then_some(idle)
+                (open && idle.idle_for() <= limit).then_some(idle)
             })
             .collect();
         let mut list = self.lock();
@@ -210,7 +217,7 @@ impl Conns {
     fn put(&self, conn: Conn) {
         let idle = Idle {
             conn,
-            since: Instant::now(),
+            since: crate::clock::coarse(),
         };
         let mut list = self.lock();
         let evicted = (list.len() >= MAX_IDLE).then(|| list.pop_front());

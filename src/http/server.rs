@@ -40,8 +40,8 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::{Instant, Sleep};
 
+use crate::clock::Deadline;
 use crate::http::body::BoxError;
 use crate::http::client::NODE_BUFFER;
 use crate::http::listener::Stopping;
@@ -367,7 +367,7 @@ where
         }),
         writer,
         out: Outgoing::default(),
-        deadline: Box::pin(tokio::time::sleep(limits.request_headers)),
+        deadline: Deadline::after(limits.request_headers),
         waiting: false,
         back: Arc::new(Mutex::new(None)),
         taken: 0,
@@ -435,9 +435,9 @@ struct Connection {
     reading: Option<Reading>,
     writer: WriteHalf,
     out: Outgoing<BODY_PARTS>,
-    /// The request-head deadline, one timer for the connection's life: moved later
-    /// for each head, which costs a compare-and-swap while it is in tokio's wheel.
-    deadline: Pin<Box<Sleep>>,
+    /// The request-head deadline, one timer for the connection's life, moved later
+    /// for each head on the coarse clock.
+    deadline: Deadline,
     /// The deadline is set for the head being waited for.
     waiting: bool,
     back: Arc<Return>,
@@ -588,11 +588,9 @@ impl Connection {
             }
             if !self.waiting {
                 self.waiting = true;
-                self.deadline
-                    .as_mut()
-                    .reset(Instant::now() + limits.request_headers);
+                self.deadline.set(limits.request_headers);
             }
-            if self.deadline.as_mut().poll(cx).is_ready() {
+            if self.deadline.poll_passed(cx) {
                 tracing::debug!("request head not complete within timeouts.request_headers");
                 return Poll::Ready(Next::Close);
             }

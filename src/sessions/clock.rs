@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Table timestamps count seconds from 2020-01-01 UTC: wall-clock time, so a
 /// snapshot means the same to the next process, in 32 bits until 2156.
@@ -17,7 +17,9 @@ pub struct Clock(Arc<ClockInner>);
 
 #[derive(Debug)]
 struct ClockInner {
-    start: Instant,
+    /// The coarse clock ([`crate::clock`]) at start: a lookup reads the time of
+    /// every request, and needs its seconds only.
+    start: Duration,
     start_at: u64,
     skew: AtomicU64,
 }
@@ -28,7 +30,7 @@ impl Default for Clock {
             .duration_since(UNIX_EPOCH)
             .map_or(EPOCH, |d| d.as_secs());
         Self(Arc::new(ClockInner {
-            start: Instant::now(),
+            start: crate::clock::coarse(),
             start_at: unix.saturating_sub(EPOCH),
             skew: AtomicU64::new(0),
         }))
@@ -39,7 +41,9 @@ impl Clock {
     /// Table time now.
     pub fn now(&self) -> u32 {
         let secs = self.0.start_at
-            + self.0.start.elapsed().as_secs()
+            + crate::clock::coarse()
+                .saturating_sub(self.0.start)
+                .as_secs()
             + self.0.skew.load(Ordering::Relaxed);
         u32::try_from(secs).unwrap_or(u32::MAX)
     }

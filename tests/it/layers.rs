@@ -11,7 +11,7 @@ use std::path::Path;
 /// its own layer or above.
 const LAYERS: &[&[&str]] = &[
     // Facts and words every other module shares, importing nothing of the crate.
-    &["node_id", "moodle", "logs", "error"],
+    &["node_id", "moodle", "logs", "error", "clock"],
     &["config"],
     // Bytes in and out.
     &["http"],
