@@ -47,8 +47,8 @@ use crate::http::splice::Pipe;
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
 use crate::http::wire::{
-    chunk_line, closed, ends_chunked, is_accel, itoa, known_names, line, parse_length, Outgoing,
-    PassedLines,
+    chunk_line, closed, ends_chunked, is_accel, itoa, known_names, line, name_is, parse_length,
+    Outgoing, PassedLines,
 };
 
 /// The node connection's read buffer, so also the largest response head a node may
@@ -741,7 +741,7 @@ impl Connection {
                 }
                 let (name_at, name_len, value_at, value_len) = span(line);
                 if PassedLines::passes(name) && value_len > 0 {
-                    let date = name.eq_ignore_ascii_case(b"date");
+                    let date = name_is(name, b"date");
                     whole |= !passed.push(name_at, value_at + value_len, date);
                     continue;
                 }
@@ -996,18 +996,18 @@ impl AnswerHead {
     /// Apache's always does. One that lists other headers stays, for the proxy to
     /// remove those too.
     fn note(&mut self, name: &[u8], value: &[u8]) -> bool {
-        if name.eq_ignore_ascii_case(b"content-length") {
+        if name_is(name, b"content-length") {
             let this = parse_length(value).ok_or(());
             self.length = Some(match self.length {
                 None => this,
                 Some(Ok(seen)) if this == Ok(seen) => this,
                 Some(_) => Err(()),
             });
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+        } else if name_is(name, b"transfer-encoding") {
             // The last coding of the last line is the one that frames the body.
             self.chunked = Some(ends_chunked(value));
             return false;
-        } else if name.eq_ignore_ascii_case(b"connection") {
+        } else if name_is(name, b"connection") {
             let mut lists_more = false;
             for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
                 let close = token.eq_ignore_ascii_case(b"close");
@@ -1018,7 +1018,7 @@ impl AnswerHead {
             }
             self.names_lines |= lists_more;
             return lists_more;
-        } else if name.eq_ignore_ascii_case(b"keep-alive") {
+        } else if name_is(name, b"keep-alive") {
             return false;
         }
         true
