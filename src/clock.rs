@@ -33,6 +33,10 @@ pub fn coarse() -> Duration {
 /// it fires before the deadline the deadline now stands for, it is armed again for
 /// the rest. A deadline moved sooner than the timer (a shorter limit after a
 /// reload) re-arms it at once.
+///
+/// Its due time is on the real clock: under tokio's paused test clock the timer
+/// would fire and be armed again until real time caught up, so a test that pauses
+/// time must not wait on one (none does).
 #[derive(Debug)]
 pub struct Deadline {
     timer: Pin<Box<Sleep>>,

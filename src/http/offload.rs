@@ -31,6 +31,7 @@ use http::{Method, Request, Response, StatusCode};
 use super::body::IdleLimited;
 use super::pool::{Conns, Pool};
 use super::proxy::{self, Bounds, Failed, Hygiene, Peer, Target};
+use super::splice::Splice;
 use super::upload::Upload;
 use crate::error::GatewayError;
 
@@ -159,7 +160,10 @@ impl Offload {
             tracing::debug!(export = %self.authority, path, "file offload failed: {error}");
             error
         })?;
-        let (file, body) = file.into_parts();
+        let (file, mut body) = file.into_parts();
+        // The export's own lines (its `Date`, `Server`, …) would go out beside the
+        // node's: the node speaks for the file, as it always did.
+        drop(body.take_passed());
         match file.status {
             StatusCode::OK | StatusCode::PARTIAL_CONTENT | StatusCode::RANGE_NOT_SATISFIABLE => {}
             StatusCode::NOT_FOUND => {

@@ -629,6 +629,9 @@ impl Connection {
             length,
             keep_alive,
         )?;
+        // Written: they hold the node connection's read buffer, which it reuses
+        // once nothing else does.
+        drop(passed);
         let mut headers = parts.headers;
         headers.clear();
         self.cached = Some(headers);

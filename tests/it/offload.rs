@@ -182,6 +182,9 @@ async fn a_file_the_node_authorises_comes_from_the_export_under_the_nodes_header
     assert_eq!(h["accept-ranges"], "bytes");
     assert_eq!(h["x-upstream"], "web1", "the node that checked the student");
     assert!(no_accel_header(h), "{h:?}");
+    for name in ["date", "accept-ranges", "content-length"] {
+        assert_eq!(h.get_all(name).iter().count(), 1, "one {name}: {h:?}");
+    }
 
     let exported = exported.lock().unwrap();
     assert_eq!(exported.len(), 1);
