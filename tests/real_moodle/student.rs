@@ -108,6 +108,23 @@ pub async fn try_exchange(
         .map_err(|_| format!("{method} {url}: no answer within {limit:?}"))?
         .map_err(|e| format!("{method} {url}: {e}"))?;
     let target = url.splitn(4, '/').nth(3).unwrap_or("");
+    // Moodle's own lines the gateway passes as they came (and an offloaded file's,
+    // which the export also sends): every answer carries each of them once.
+    for name in [
+        "date",
+        "server",
+        "x-powered-by",
+        "x-frame-options",
+        "content-language",
+    ] {
+        let lines = parts.headers.get_all(name).iter().count();
+        if lines > 1 {
+            return Err(format!(
+                "{method} /{target}: {lines} {name} lines: {:?}",
+                parts.headers
+            ));
+        }
+    }
     Ok(Page {
         request: format!("{method} /{target}"),
         status: parts.status,
