@@ -183,9 +183,11 @@ fn poll_splice(
     }
 }
 
-/// A response body whose next bytes can go from a node's socket into a [`Pipe`]
-/// instead of coming as frames. Every body the students' side writes implements
-/// it; only a node's body (and the layers around it) ever says yes.
+/// What of a node's answer can reach the student without passing through the
+/// gateway's own structures: its next body bytes, from the node's socket into a
+/// [`Pipe`] instead of coming as frames, and the header lines it passes as they
+/// came. Every body the students' side writes implements it; only a node's body
+/// (and the layers around it) ever has either.
 pub trait Splice {
     /// The node's header lines that go to the student as they came, taken by the
     /// side that writes the head ([`PassedLines`]): they belong with the body
