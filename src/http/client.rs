@@ -291,7 +291,7 @@ impl Connection {
     }
 
     /// Starts `request`: its head is queued, its body framed. Nothing is written
-    /// until [`Self::poll_head`] drives the connection, which gives the node
+    /// until `poll_head` drives the connection, which gives the node
     /// `head_wait` from the end of the request to the end of its answer's head.
     pub fn start(
         &mut self,
