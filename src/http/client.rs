@@ -123,8 +123,8 @@ pub struct Connection {
     /// The deadline for the answer's head, one timer for all the connection's
     /// exchanges: setting it later again is a read of the coarse clock (the timer
     /// is armed again only if it fires early, see [`Deadline`]), where a timer of
-    /// each answer's own was put into the wheel and taken out again every time. Set once the request is
-    /// out; `head_due` says whether it is for this exchange. Between exchanges it
+    /// each answer's own was put into the wheel and taken out again every time.
+    /// Set once the request is out; `head_due` says whether it is for this exchange. Between exchanges it
     /// keeps the waker of the last request it timed, until its deadline passes or
     /// the next request polls it: a finished student connection's task is freed up
     /// to `response_headers` later than it would be.

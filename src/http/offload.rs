@@ -35,9 +35,6 @@ use super::splice::Splice;
 use super::upload::Upload;
 use crate::error::GatewayError;
 
-/// Every header of this family is nginx's internal protocol between an upstream and
-/// its proxy: it never crosses to a student, nor from a student to a node.
-const X_ACCEL: &str = "x-accel-";
 const X_ACCEL_REDIRECT: HeaderName = HeaderName::from_static("x-accel-redirect");
 
 /// The node's headers that describe its own (empty) body, replaced by the export's.
@@ -97,9 +94,13 @@ pub fn remove_accel(headers: &mut HeaderMap) {
     }
 }
 
-/// Whether `name` belongs to the `X-Accel-*` family.
+/// Whether `name` belongs to the `X-Accel-*` family: nginx's internal protocol
+/// between an upstream and its proxy, which never crosses to a student, nor from a
+/// student to a node. A map's names are lower case already, so a plain prefix
+/// compare does (the raw lines of an answer use [`super::wire::is_accel`]); it runs
+/// on every line of every request.
 pub fn is_accel(name: &HeaderName) -> bool {
-    name.as_str().starts_with(X_ACCEL)
+    name.as_str().starts_with("x-accel-")
 }
 
 impl Offload {
