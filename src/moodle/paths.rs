@@ -3,6 +3,7 @@
 //! docs/src/moodle.md, lists them all under "SCORM URL forms").
 
 use std::borrow::Cow;
+use std::cmp::Ordering;
 
 use percent_encoding::percent_decode_str;
 
@@ -35,11 +36,15 @@ pub(super) fn normalise_path(raw: &str) -> Result<Cow<'_, str>, AmbiguousPath> {
         return Err(AmbiguousPath);
     }
     // One pass over the bytes: refused bytes, escapes, `//`, `.` and `..` segments.
+    // Most bytes are none of the four that matter, and a table says so in one load
+    // where a `match` took some eleven instructions a byte.
     let bytes = raw.as_bytes();
     let mut plain = true;
     for (i, &b) in bytes.iter().enumerate() {
+        if !NOTABLE[usize::from(b)] {
+            continue;
+        }
         match b {
-            0 | b'\\' => return Err(AmbiguousPath),
             b'%' => plain = false,
             b'/' => {
                 if let [b'/', ..]
@@ -51,7 +56,8 @@ pub(super) fn normalise_path(raw: &str) -> Result<Cow<'_, str>, AmbiguousPath> {
                     plain = false;
                 }
             }
-            _ => {}
+            // NUL and `\`.
+            _ => return Err(AmbiguousPath),
         }
     }
     if plain {
@@ -63,6 +69,17 @@ pub(super) fn normalise_path(raw: &str) -> Result<Cow<'_, str>, AmbiguousPath> {
     }
     resolve_dots(&decoded).map(Cow::Owned)
 }
+
+/// The bytes `normalise_path` must look at: NUL and `\` (refused), `%` (an
+/// escape) and `/` (a segment that may be empty, `.` or `..`).
+static NOTABLE: [bool; 256] = {
+    let mut table = [false; 256];
+    table[0] = true;
+    table[b'\\' as usize] = true;
+    table[b'%' as usize] = true;
+    table[b'/' as usize] = true;
+    table
+};
 
 /// Percent-decodes a path. An encoded `/` is refused because servers disagree on whether it
 /// separates segments; a malformed escape because they answer it 400 or pass it through.
@@ -128,7 +145,7 @@ pub(super) fn serves_scorm(
         _ => None,
     };
     let relative = match &param {
-        Some(file) if file.chars().any(|c| !dropped_by_moodle(c)) => file.as_str(),
+        Some(file) if file.bytes().any(|b| !dropped_by_moodle(b)) => file.as_str(),
         _ => info,
     };
     let mut segs = moodle_segments(relative);
@@ -166,16 +183,28 @@ fn file_parameter(query: &str) -> Result<Option<String>, AmbiguousPath> {
 }
 
 /// Characters `PARAM_PATH` deletes from every segment of a file path (so `mod_s:corm` is
-/// `mod_scorm` to Moodle).
-fn dropped_by_moodle(c: char) -> bool {
-    c.is_ascii_control() || matches!(c, '&' | '<' | '>' | '"' | '`' | '|' | '\'' | ':')
+/// `mod_scorm` to Moodle). All are ASCII, so a path's bytes can be cleaned one by one:
+/// no byte of a multi-byte character is ever dropped.
+fn dropped_by_moodle(b: u8) -> bool {
+    b.is_ascii_control() || matches!(b, b'&' | b'<' | b'>' | b'"' | b'`' | b'|' | b'\'' | b':')
 }
 
+/// Whether `segment` is `name` once `PARAM_PATH` has cleaned it. Cleaning only
+/// shortens, so a segment as long as `name` must be it byte for byte, and only a
+/// longer one (rare: it holds a dropped character) is cleaned. Every request for a
+/// file asks this some ten times.
 fn cleaned_is(segment: &str, name: &str) -> bool {
-    segment
-        .chars()
-        .filter(|&c| !dropped_by_moodle(c))
-        .eq(name.chars())
+    debug_assert!(!name.bytes().any(dropped_by_moodle));
+    let (segment, name) = (segment.as_bytes(), name.as_bytes());
+    match segment.len().cmp(&name.len()) {
+        Ordering::Less => false,
+        Ordering::Equal => segment == name,
+        Ordering::Greater => segment
+            .iter()
+            .copied()
+            .filter(|&b| !dropped_by_moodle(b))
+            .eq(name.iter().copied()),
+    }
 }
 
 /// Whether `file_pluginfile()` reads the segment as a context (or course) id: it takes
@@ -183,15 +212,15 @@ fn cleaned_is(segment: &str, name: &str) -> bool {
 /// digits, so `1x`, ` 1`, `+1`, `1.5` and `1e1` all name context 1 (or 10); `0`, `-1`
 /// and `x1` name none, and Moodle answers them 404 from any node.
 fn is_number(segment: &str) -> bool {
-    let mut chars = segment
-        .chars()
-        .filter(|&c| !dropped_by_moodle(c))
-        .skip_while(|&c| c == ' ')
+    let mut bytes = segment
+        .bytes()
+        .filter(|&b| !dropped_by_moodle(b))
+        .skip_while(|&b| b == b' ')
         .peekable();
-    chars.next_if_eq(&'+');
-    chars
-        .take_while(char::is_ascii_digit)
-        .any(|digit| digit != '0')
+    bytes.next_if_eq(&b'+');
+    bytes
+        .take_while(u8::is_ascii_digit)
+        .any(|digit| digit != b'0')
 }
 
 /// The segments `file_pluginfile()` explodes, after `PARAM_PATH` has emptied and dropped some.
