@@ -44,7 +44,15 @@ pub struct Deadline {
     armed: Duration,
     /// The coarse time the deadline is; `None`: none (a limit too long to count).
     due: Option<Duration>,
+    /// Who the timer wakes, as far as known: the address and vtable of the waker it
+    /// took at its last poll (a clone would cost two reference counts a request on
+    /// a node connection, which each request polls from its own task).
+    registered: Option<(usize, usize)>,
 }
+
+/// More than the coarse clock can lag the precise one (a tick: 4 ms at `HZ=250`,
+/// 10 ms at `HZ=100`), with room to spare.
+const LAG: Duration = Duration::from_secs(1);
 
 impl Deadline {
     /// A deadline `limit` from now.
@@ -60,6 +68,7 @@ impl Deadline {
             timer: Box::pin(timer),
             armed: due.unwrap_or(Duration::MAX),
             due,
+            registered: None,
         }
     }
 
@@ -70,15 +79,37 @@ impl Deadline {
             if let Some(at) = Instant::now().checked_add(limit) {
                 self.timer.as_mut().reset(at);
                 self.armed = due;
+                self.registered = None;
             }
         }
     }
 
     /// Whether the deadline has passed; if not, `cx` is woken by the time it may.
+    ///
+    /// The timer is not polled while it cannot have fired and already holds this
+    /// waker: a poll of tokio's timer (its waker registered again, the task's budget
+    /// spent) cost some 90 instructions, on every wake of a connection waiting for a
+    /// head. It cannot have fired while the coarse clock is more than [`LAG`] short
+    /// of the time it is armed for, because it fires on the precise clock, at or
+    /// after that time; and a timer that has not fired keeps the waker it took, so
+    /// no other task can be at that address meanwhile.
     pub fn poll_passed(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(due) = self.due else {
             return false;
         };
+        let waker = cx.waker();
+        let waker = (waker.data() as usize, waker.vtable() as *const _ as usize);
+        if self.registered == Some(waker) && coarse().saturating_add(LAG) < self.armed {
+            return false;
+        }
+        let passed = self.poll_timer(cx, due);
+        // A task out of tokio's budget is told to yield, and the timer does not
+        // take its waker; with budget left after the poll, it did.
+        self.registered = (!passed && tokio::task::coop::has_budget_remaining()).then_some(waker);
+        passed
+    }
+
+    fn poll_timer(&mut self, cx: &mut Context<'_>, due: Duration) -> bool {
         while self.timer.as_mut().poll(cx).is_ready() {
             let now = coarse();
             if now >= due {
@@ -99,7 +130,7 @@ impl Deadline {
 mod tests {
     use super::*;
     use std::future::poll_fn;
-    use std::task::Poll;
+    use std::task::{Poll, Waker};
 
     #[test]
     fn the_coarse_clock_keeps_pace_with_the_monotonic_one_a_tick_behind() {
@@ -150,6 +181,39 @@ mod tests {
             "passed after {waited:?}"
         );
         assert!(waited < Duration::from_secs(5), "passed after {waited:?}");
+    }
+
+    #[tokio::test]
+    async fn a_deadline_polled_while_far_off_still_wakes_its_task_when_it_passes() {
+        let mut deadline = Deadline::after(LAG + Duration::from_millis(200));
+        // First polled from elsewhere (another waker), then repeatedly by the task
+        // that waits: each poll while the time is far off leaves the timer alone.
+        let mut elsewhere = Context::from_waker(Waker::noop());
+        assert!(!deadline.poll_passed(&mut elsewhere));
+        let polls = std::cell::Cell::new(0);
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            let start = std::time::Instant::now();
+            poll_fn(|cx| {
+                polls.set(polls.get() + 1);
+                match deadline.poll_passed(cx) {
+                    true => Poll::Ready(()),
+                    false => {
+                        // Polled again at once for the first few: as a busy task would.
+                        if polls.get() < 5 {
+                            cx.waker().wake_by_ref();
+                        }
+                        Poll::Pending
+                    }
+                }
+            })
+            .await;
+            start.elapsed()
+        });
+        // A task the timer never wakes is polled again only by the 10 s timeout.
+        let waited = waited.await.expect("the deadline's task was never woken");
+        assert!(waited >= LAG, "passed after {waited:?}");
+        assert!(waited < Duration::from_secs(5), "passed after {waited:?}");
+        assert!(polls.get() >= 5);
     }
 
     #[tokio::test]
