@@ -10,9 +10,12 @@
 //! node's `Set-Cookie` teaches, and the session-loss detector).
 //!
 //! Everything a reload may change (the upstreams, failover policy, forwarding
-//! settings) sits in one [`Settings`] behind an [`ArcSwap`]: a request loads it
+//! settings) sits in one [`Settings`] behind an [`ArcSwap`]: a request takes it
 //! once, without a lock, and a reload swaps in a new one without disturbing the
-//! requests still using the old.
+//! requests still using the old. A student connection keeps the generation it last
+//! used ([`SettingsCache`]) and takes it again with one compare of a pointer: a
+//! load of the swap (a debt slot taken and paid back) cost some 200 instructions,
+//! and each request made two.
 
 mod cached;
 mod export;
@@ -23,12 +26,13 @@ pub mod stack;
 mod surge;
 pub mod waiting_room;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::http::server::StudentBody;
-use arc_swap::{ArcSwap, Guard};
+use arc_swap::{ArcSwap, Cache, Guard};
 use bytes::Bytes;
 use http::header::{HeaderValue, SET_COOKIE};
 use http::{Method, Request, Response};
@@ -172,6 +176,13 @@ impl Settings {
     }
 }
 
+/// The settings in force, as a student connection keeps them: taken again with a
+/// compare of one pointer while no reload has swapped them. A connection holds the
+/// generation it last used until its next request or its end (at most the
+/// request-head timeout for an idle one), as an old nginx worker serves its
+/// connections after a reload.
+pub type SettingsCache = Cache<Arc<ArcSwap<Settings>>, Arc<Settings>>;
+
 /// The shared state of the public listener. Cheap to share behind an `Arc`; nothing
 /// in it is locked for longer than a table shard operation.
 #[derive(Debug)]
@@ -180,7 +191,7 @@ pub struct Gateway {
     table: Arc<AffinityTable>,
     pool: Pool,
     ids: NodeIds,
-    settings: ArcSwap<Settings>,
+    settings: Arc<ArcSwap<Settings>>,
     route_cookie: Option<RouteCookie>,
     /// Requests between admission and their response head.
     in_flight: AtomicUsize,
@@ -247,7 +258,7 @@ impl Gateway {
                 config.timeouts.body_idle,
             ),
             ids,
-            settings: ArcSwap::from_pointee(settings),
+            settings: Arc::new(ArcSwap::from_pointee(settings)),
             route_cookie,
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(config.limits.max_in_flight),
@@ -328,6 +339,11 @@ impl Gateway {
         self.settings.load()
     }
 
+    /// The current settings, for one student connection to take again and again.
+    pub fn settings_cache(&self) -> SettingsCache {
+        Cache::new(self.settings.clone())
+    }
+
     /// The affinity table, for the admin API, the sweeper and snapshots.
     pub fn table(&self) -> &Arc<AffinityTable> {
         &self.table
@@ -373,109 +389,115 @@ impl Gateway {
     /// One admitted request's journey (the layers of [`stack::students`] come
     /// first): classified, routed, forwarded, learnt from; the streaming response or
     /// an error page. Notes in `served` where it went, for the access log.
-    async fn journey(
-        &self,
+    ///
+    /// Not an `async fn`, which would keep the request twice (as it came and as a
+    /// local) in the future every request boxes; the block moves it once.
+    #[allow(clippy::manual_async_fn)]
+    fn journey<'a>(
+        &'a self,
         request: Request<StudentBody>,
-        client: &Client,
-        served: &mut Served,
-    ) -> Response<ProxyBody> {
-        let arrived = tokio::time::Instant::now();
-        let settings = self.settings.load();
-        let uri = request.uri();
-        let kind = match self.site.classify(uri.path(), uri.query()) {
-            Ok(kind) => kind,
-            Err(_) => return self.refused(GatewayError::AmbiguousPath, &request, client),
-        };
-        // A revisioned asset in memory needs no node, no slot, no deal and no session.
-        let fill = if kind == RequestKind::Sessionless && settings.cache_on {
-            match self.cached(&request).await {
-                Cached::Hit(answer) => {
-                    served.cached = true;
-                    return answer.map(Either::Right);
+        client: &'a Client,
+        served: &'a mut Served,
+        settings: &'a Settings,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send + 'a {
+        async move {
+            let arrived = tokio::time::Instant::now();
+            let uri = request.uri();
+            let kind = match self.site.classify(uri.path(), uri.query()) {
+                Ok(kind) => kind,
+                Err(_) => return self.refused(GatewayError::AmbiguousPath, &request, client),
+            };
+            // A revisioned asset in memory needs no node, no slot, no deal and no session.
+            let fill = if kind == RequestKind::Sessionless && settings.cache_on {
+                match self.cached(&request).await {
+                    Cached::Hit(answer) => {
+                        served.cached = true;
+                        return answer.map(Either::Right);
+                    }
+                    Cached::Fill(fill) => Some(fill),
+                    Cached::Node => None,
                 }
-                Cached::Fill(fill) => Some(fill),
-                Cached::Node => None,
-            }
-        } else {
-            None
-        };
-        let known = (self.known_session(request.headers(), &settings.upstreams)).await;
-        served.session = known.map(|k| k.key);
-        let asked_for = Sent {
-            kind,
-            is_post: request.method() == Method::POST,
-            // Only a logged-in student's request can be a loss worth a warning.
-            uri: known
-                .filter(|k| k.state == SessionState::LoggedIn)
-                .map(|_| request.uri().clone()),
-        };
-        let peer = client.peer(
-            settings
-                .trusted_proxies
-                .iter()
-                .any(|net| net.contains(&client.ip)),
-        );
-        let secure = self.route_cookie.is_some() && proxy::is_https(request.headers(), peer);
-        // The node will ignore how the student asked for a file; the export must not.
-        let asked = settings.offload.as_ref().map(|_| Asked::of(&request));
-        let mut ask = surge::ask(
-            &settings.surge,
-            surge::class_of(known),
-            asked_for.is_post,
-            arrived,
-        );
-        // In a surge a newcomer's page view may be shown the waiting room instead;
-        // one let in from it stands in line by its first arrival.
-        if known.is_none() && matches!(kind, RequestKind::Page(_)) {
-            let https = proxy::is_https(request.headers(), peer);
-            match self.waiting_room(&request, https, &settings) {
-                Entry::Go(Some(first_arrival)) => {
-                    ask.arrived = waiting_room::instant_of(first_arrival)
+            } else {
+                None
+            };
+            let known = (self.known_session(request.headers(), &settings.upstreams)).await;
+            served.session = known.map(|k| k.key);
+            let asked_for = Sent {
+                kind,
+                is_post: request.method() == Method::POST,
+                // Only a logged-in student's request can be a loss worth a warning.
+                uri: known
+                    .filter(|k| k.state == SessionState::LoggedIn)
+                    .map(|_| request.uri().clone()),
+            };
+            let peer = client.peer(
+                settings
+                    .trusted_proxies
+                    .iter()
+                    .any(|net| net.contains(&client.ip)),
+            );
+            let secure = self.route_cookie.is_some() && proxy::is_https(request.headers(), peer);
+            // The node will ignore how the student asked for a file; the export must not.
+            let asked = settings.offload.as_ref().map(|_| Asked::of(&request));
+            let mut ask = surge::ask(
+                &settings.surge,
+                surge::class_of(known),
+                asked_for.is_post,
+                arrived,
+            );
+            // In a surge a newcomer's page view may be shown the waiting room instead;
+            // one let in from it stands in line by its first arrival.
+            if known.is_none() && matches!(kind, RequestKind::Page(_)) {
+                let https = proxy::is_https(request.headers(), peer);
+                match self.waiting_room(&request, https, settings) {
+                    Entry::Go(Some(first_arrival)) => {
+                        ask.arrived = waiting_room::instant_of(first_arrival)
+                    }
+                    Entry::Go(None) => {}
+                    Entry::Wait(page) => return page.map(Either::Right),
                 }
-                Entry::Go(None) => {}
-                Entry::Wait(page) => return page.map(Either::Right),
             }
-        }
-        // The request's wait for its own node, if it has to: one for all its tries.
-        let mut hold = None;
-        let forwarded = match self.route(kind, known, &mut hold, &settings).await {
-            Ok(route) => {
-                let waited = &mut served.waited;
-                let forward =
-                    self.forward(route, known, request, peer, ask, waited, hold, &settings);
-                forward.await
-            }
-            Err(error) => Err(error),
-        };
-        let (route, mut response, took) = match forwarded {
-            Ok(forwarded) => forwarded,
-            Err(error) => return self.failed(error),
-        };
-        served.upstream = settings.upstream(route).map(|u| u.id);
-        served.upstream_time = took;
-        let route_cookie = match self.site.issued_session(response.headers()) {
-            Some(issued) => {
-                if let IssuedSession::Id(id) = issued {
-                    served.session.get_or_insert_with(|| self.table.key(id));
+            // The request's wait for its own node, if it has to: one for all its tries.
+            let mut hold = None;
+            let forwarded = match self.route(kind, known, &mut hold, settings).await {
+                Ok(route) => {
+                    let waited = &mut served.waited;
+                    let forward =
+                        self.forward(route, known, request, peer, ask, waited, hold, settings);
+                    forward.await
                 }
-                let bound = (self.learn(route, known, issued, &asked_for, &settings)).await;
-                self.route_cookie_line(bound, issued, secure, &settings)
+                Err(error) => Err(error),
+            };
+            let (route, mut response, took) = match forwarded {
+                Ok(forwarded) => forwarded,
+                Err(error) => return self.failed(error),
+            };
+            served.upstream = settings.upstream(route).map(|u| u.id);
+            served.upstream_time = took;
+            let route_cookie = match self.site.issued_session(response.headers()) {
+                Some(issued) => {
+                    if let IssuedSession::Id(id) = issued {
+                        served.session.get_or_insert_with(|| self.table.key(id));
+                    }
+                    let bound = (self.learn(route, known, issued, &asked_for, settings)).await;
+                    self.route_cookie_line(bound, issued, secure, settings)
+                }
+                None => None,
+            };
+            if let Some(line) = route_cookie {
+                response.headers_mut().append(SET_COOKIE, line);
             }
-            None => None,
-        };
-        if let Some(line) = route_cookie {
-            response.headers_mut().append(SET_COOKIE, line);
-        }
-        let Some(redirect) = offload::take_accel(response.headers_mut()) else {
-            return sent(response, fill);
-        };
-        // Boxed: the export's request is 3.6 KB of future, and the journey keeps
-        // room for its largest step in every request, offloaded or not.
-        let offloaded = self.offloaded(route, &redirect, response, asked, peer, &settings);
-        match Box::pin(offloaded).await {
-            // The bytes and headers the student gets are what the cache keeps.
-            Ok(file) => sent(file, fill),
-            Err(error) => self.failed(error),
+            let Some(redirect) = offload::take_accel(response.headers_mut()) else {
+                return sent(response, fill);
+            };
+            // Boxed: the export's request is 3.6 KB of future, and the journey keeps
+            // room for its largest step in every request, offloaded or not.
+            let offloaded = self.offloaded(route, &redirect, response, asked, peer, settings);
+            match Box::pin(offloaded).await {
+                // The bytes and headers the student gets are what the cache keeps.
+                Ok(file) => sent(file, fill),
+                Err(error) => self.failed(error),
+            }
         }
     }
 

@@ -29,7 +29,7 @@ use futures_util::future::Either;
 use http::{Request, Response};
 use tower::{Layer, Service, ServiceBuilder};
 
-use super::{Gateway, ProxyBody, Served};
+use super::{Gateway, ProxyBody, Served, Settings, SettingsCache};
 use crate::access_log::{AccessLog, AccessLogLayer, Logged, Trail};
 use crate::error::GatewayError;
 use crate::http::proxy::{Client, Withheld};
@@ -55,7 +55,11 @@ pub fn students(
     let noting = log.is_on();
     let journey = {
         let (gateway, client) = (gateway.clone(), client.clone());
-        move |request| journey(gateway.clone(), client.clone(), noting, request)
+        let mut settings = gateway.settings_cache();
+        move |request| {
+            let settings = settings.load().clone();
+            journey(gateway.clone(), client.clone(), noting, settings, request)
+        }
     };
     ServiceBuilder::new()
         // Outermost, so every request gets its line, the refusals below included,
@@ -72,20 +76,29 @@ pub fn students(
         .service_fn(journey)
 }
 
-/// The gateway's part: classify, route, forward, learn; with the log on, what it
-/// learnt of the request goes back in the response's extensions for the line.
-async fn journey(
+/// The gateway's part: classify, route, forward, learn, on the settings in force
+/// when the request came; with the log on, what it learnt of the request goes back
+/// in the response's extensions for the line.
+///
+/// Not an `async fn`, which would keep the request twice (as it came and as a
+/// local) in the future every request boxes; the block moves it once.
+#[allow(clippy::manual_async_fn)]
+fn journey(
     gateway: Arc<Gateway>,
     client: Arc<Client>,
     noting: bool,
+    settings: Arc<Settings>,
     request: Request<StudentBody>,
-) -> Result<Response<ProxyBody>, Infallible> {
-    let mut served = Served::default();
-    let mut response = gateway.journey(request, &client, &mut served).await;
-    if noting {
-        response.extensions_mut().insert(trail(&gateway, served));
+) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> {
+    async move {
+        let mut served = Served::default();
+        let journey = gateway.journey(request, &client, &mut served, &settings);
+        let mut response = journey.await;
+        if noting {
+            response.extensions_mut().insert(trail(&gateway, served));
+        }
+        Ok(response)
     }
-    Ok(response)
 }
 
 /// The gateway's part of an access log line, by name.
@@ -131,6 +144,7 @@ impl<S> Layer<S> for EdgeLayer {
         let (gateway, client) = (self.gateway.clone(), self.client.clone());
         Edge {
             inner,
+            settings: gateway.settings_cache(),
             gateway,
             client,
         }
@@ -141,6 +155,7 @@ impl<S> Layer<S> for EdgeLayer {
 #[derive(Debug, Clone)]
 pub struct Edge<S> {
     inner: S,
+    settings: SettingsCache,
     gateway: Arc<Gateway>,
     client: Arc<Client>,
 }
@@ -158,7 +173,7 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let admitted = self.gateway.settings.load().edge.admit(&mut request);
+        let admitted = self.settings.load().edge.admit(&mut request);
         match admitted {
             Ok(()) => Either::Right(self.inner.call(request)),
             Err(refused) => {

@@ -13,7 +13,7 @@ use moodle_gateway::demo::{Browser, Reply};
 use moodle_gateway::Config;
 use serde_json::Value;
 
-use crate::support::{self, logged_in, TestGateway};
+use crate::support::{self, logged_in, RawConn, TestGateway};
 
 const TOKEN: &str = "operations-admin-token-0123456789";
 /// Probes every 100 ms; two failures take a node down, two successes bring it back.
@@ -348,6 +348,37 @@ async fn reloads_add_and_remove_nodes_with_requests_in_flight_and_never_fail_one
         .map(|n| n["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["web2", "web3"]);
+}
+
+/// A student's connection keeps the settings it last used only until its next
+/// request: a reload that removes a node reaches the connections opened before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_open_across_a_reload_takes_the_new_settings_at_its_next_request() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let file = ConfigFile::new("reload-kept-connection");
+    let full = format!("state.file = \"\"\n{}", config(&cluster, ""));
+    let path = file.write(&full);
+    let gateway = TestGateway::start_with_source(Config::load(&path).unwrap(), &path).await;
+    let mut connection = RawConn::connect(gateway.addr).await;
+    let mut newcomer = async || {
+        let request = b"GET /login/index.php HTTP/1.1\r\nHost: moodle.example.edu\r\n\r\n";
+        connection.send(request).await.unwrap();
+        let answer = connection.response(Duration::from_secs(5), false).await;
+        answer.unwrap().header("x-upstream").unwrap().to_owned()
+    };
+    let mut before = vec![newcomer().await, newcomer().await];
+    before.sort();
+    assert_eq!(
+        before,
+        ["web1", "web2"],
+        "both nodes deal before the reload"
+    );
+    path_write(&path, &without(&cluster, &full, "web1"));
+    let (status, _) = admin(&gateway, "POST", "/reload").await;
+    assert_eq!(status, 200);
+    for _ in 0..4 {
+        assert_eq!(newcomer().await, "web2", "a removed node gets nothing");
+    }
 }
 
 fn path_write(path: &std::path::Path, text: &str) {
