@@ -218,17 +218,33 @@ fn only_chunked(lines: (usize, Option<&HeaderValue>)) -> bool {
 /// Whether the port of `host` (if it names one) is a usable TCP port, 1 to 65535:
 /// `host:` or `host:99999` reach PHP as `$_SERVER['HTTP_HOST']` and Moodle's idea
 /// of its own address, and no browser sends them.
+///
+/// Read from the end in one pass (the port's digits, its colon, then the name back
+/// to any `]`), byte by byte: a search for the literal's `]` and another for the
+/// colon took some 270 instructions a request, iterator chains 180.
 fn valid_port(host: &[u8]) -> bool {
-    let after_literal = host.iter().rposition(|&b| b == b']').map_or(0, |i| i + 1);
-    let Some(colon) = host[after_literal..].iter().position(|&b| b == b':') else {
-        return true;
-    };
-    let port = &host[after_literal + colon + 1..];
-    if port.is_empty() || port.len() > 5 || !port.iter().all(u8::is_ascii_digit) {
-        return false;
+    let mut name = host;
+    while let [rest @ .., b'0'..=b'9'] = name {
+        name = rest;
     }
-    let value = port.iter().fold(0u32, |n, &d| n * 10 + u32::from(d - b'0'));
-    (1..=65535).contains(&value)
+    let port = &host[name.len()..];
+    let ported = match name {
+        [rest @ .., b':'] => {
+            name = rest;
+            true
+        }
+        _ => false,
+    };
+    // Back to any IPv6 literal's `]`: a colon in between would start the port.
+    while let [rest @ .., last] = name {
+        match last {
+            b']' => break,
+            b':' => return false,
+            _ => name = rest,
+        }
+    }
+    let value = || port.iter().fold(0u32, |n, &d| n * 10 + u32::from(d - b'0'));
+    !ported || (port.len() <= 5 && (1..=65535).contains(&value()))
 }
 
 /// `host:port` → `host`; `[v6]:port` → `[v6]`; a host without a port unchanged.
@@ -408,6 +424,8 @@ mod tests {
             "m.example:65535",
             "[::1]:443",
             "[::1]",
+            "8080",
+            "[::1]:1",
         ] {
             assert_eq!(host(good), Ok(()), "{good}");
         }
@@ -417,7 +435,9 @@ mod tests {
             "m.example:0",
             "m.example:8o",
             "a:1:2",
+            "a:b80",
             "[::1]:",
+            "[::1]:080808",
         ] {
             assert_eq!(host(bad), Err(GatewayError::MalformedRequest), "{bad}");
         }
