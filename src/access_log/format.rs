@@ -5,9 +5,10 @@
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use http::{HeaderMap, Request};
+use http::Request;
 
 use super::Pending;
+use crate::http::wire::request_values;
 use crate::moodle;
 
 /// The combined log format, then the gateway's own fields as `key=value`:
@@ -84,8 +85,17 @@ pub(super) fn request_line<B>(request: &Request<B>) -> String {
     format!("{} {target} {version}", request.method())
 }
 
-pub(super) fn header(headers: &HeaderMap, name: http::header::HeaderName) -> Option<&str> {
-    headers.get(name)?.to_str().ok()
+/// The request's first line named `name`, as text, wherever the request keeps it
+/// (`User-Agent` and `Referer` may pass its map by on their way to the node).
+pub(super) fn header<'a, B>(
+    request: &'a Request<B>,
+    name: &'a http::header::HeaderName,
+) -> Option<&'a str> {
+    let value = request_values(request.headers(), request.extensions(), name).next()?;
+    std::str::from_utf8(value).ok().filter(|text| {
+        text.bytes()
+            .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    })
 }
 
 /// A `Referer` is a URL of the site, so it carries the same credentials.

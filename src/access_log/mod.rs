@@ -108,8 +108,8 @@ impl AccessLog {
             at: SystemTime::now(),
             client,
             request_line: request_line(request),
-            referer: header(request.headers(), REFERER).map(masked_referer),
-            user_agent: header(request.headers(), USER_AGENT).map(str::to_owned),
+            referer: header(request, &REFERER).map(masked_referer),
+            user_agent: header(request, &USER_AGENT).map(str::to_owned),
             abandoned: Some(sink.clone()),
         })
     }

@@ -15,6 +15,7 @@ use http_body_util::Full;
 
 use super::Gateway;
 use crate::http::asset_cache::{Fill, Lookup, Role, FILL_WAIT};
+use crate::http::wire::request_values;
 
 /// What the cache says of one request.
 pub(super) enum Cached {
@@ -51,9 +52,9 @@ impl Gateway {
                 .map(|c| c.to_ascii_lowercase()),
         );
         key.push_str(target);
-        let encoding = headers
-            .get(ACCEPT_ENCODING)
-            .map_or(&b""[..], |v| v.as_bytes());
+        let encoding = request_values(headers, request.extensions(), &ACCEPT_ENCODING)
+            .next()
+            .unwrap_or_default();
         let encoding = String::from_utf8_lossy(encoding);
         let role = if *method == Method::HEAD {
             Role::Head

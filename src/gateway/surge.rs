@@ -73,7 +73,7 @@ impl Gateway {
             .filter(|n| n.takes_new())
             .map(|n| n.slots.cap())
             .sum();
-        if capacity == 0 || !waiting_room::is_page_view(request.method(), request.headers()) {
+        if capacity == 0 || !waiting_room::is_page_view(request) {
             return Entry::Go(None);
         }
         let cookie = (self.site.cookie_path(), secure);

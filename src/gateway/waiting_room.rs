@@ -33,11 +33,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, ACCEPT};
-use http::{HeaderMap, Method, Response};
+use http::{HeaderMap, Method, Request, Response};
 use http_body_util::Full;
 
 use crate::cluster::slots::Load;
 use crate::config::RoomConfig;
+use crate::http::wire::request_values;
 use crate::metrics::{Metrics, RoomNow};
 
 use page::Figures;
@@ -81,11 +82,10 @@ struct Line {
 }
 
 /// Whether a request is a person's page view that a waiting page can stand in for.
-pub fn is_page_view(method: &Method, headers: &HeaderMap) -> bool {
-    let accepts_html = headers
-        .get_all(ACCEPT)
-        .iter()
-        .any(|v| memchr::memmem::find(v.as_bytes(), b"text/html").is_some());
+pub fn is_page_view<B>(request: &Request<B>) -> bool {
+    let method = request.method();
+    let accepts = request_values(request.headers(), request.extensions(), &ACCEPT);
+    let accepts_html = { accepts }.any(|v| memchr::memmem::find(v, b"text/html").is_some());
     (method == Method::GET || method == Method::HEAD) && accepts_html
 }
 

@@ -338,6 +338,10 @@ impl Connection {
             }
             line(head, name, value);
         }
+        // The student's lines that passed the map by, as the student sent them.
+        if let Some(passed) = parts.extensions.get::<PassedLines>() {
+            passed.write(head);
+        }
         for (name, value) in forwarding.iter().flat_map(|f| f.lines(host)) {
             for part in [name.as_bytes(), b": ", value, b"\r\n"] {
                 head.extend_from_slice(part);

@@ -18,6 +18,7 @@ use http::{Method, Request, Version};
 
 use crate::config::LimitsConfig;
 use crate::error::GatewayError;
+use crate::http::wire::PassedLines;
 
 /// The rules, from `[limits]` and `[site] hosts`.
 #[derive(Debug, Clone)]
@@ -71,7 +72,12 @@ impl EdgeRules {
         if target > self.max_uri_bytes {
             return Err(GatewayError::UriTooLong);
         }
-        let lines = Lines::of(request.headers());
+        let mut lines = Lines::of(request.headers());
+        // The lines that pass the map by count as much as those in it.
+        if let Some(passed) = request.extensions().get::<PassedLines>() {
+            lines.count += passed.len();
+            lines.bytes += passed.written_len();
+        }
         if lines.count > self.max_headers {
             return Err(GatewayError::HeadersTooLarge);
         }

@@ -101,6 +101,9 @@ pub(crate) struct Listening {
     tls: Option<TlsAcceptor>,
     /// Connections turned away at `max_connections`, and failed TLS handshakes.
     counters: Option<(IntCounter, IntCounter)>,
+    /// Requests' lines that nothing reads closely go to the node as they came
+    /// (the students' listener; see [`server::Limits::pass_lines`]).
+    pass_lines: bool,
 }
 
 impl Listening {
@@ -115,6 +118,7 @@ impl Listening {
             write_stall: timeouts.body_idle,
             tls: None,
             counters: None,
+            pass_lines: false,
         }
     }
 
@@ -122,6 +126,16 @@ impl Listening {
     pub(crate) fn counting(self, turned_away: IntCounter, tls_failed: IntCounter) -> Self {
         let counters = Some((turned_away, tls_failed));
         Self { counters, ..self }
+    }
+
+    /// The same, its requests' unread lines passed to the node as they came: the
+    /// students' listener, whose path reads such lines only through
+    /// [`crate::http::wire::request_values`].
+    pub(crate) fn passing_lines(self) -> Self {
+        Self {
+            pass_lines: true,
+            ..self
+        }
     }
 
     /// The same, over TLS when `tls` is set.
@@ -443,6 +457,7 @@ impl Serving {
             request_headers: how.request_headers,
             max_headers: how.max_headers,
             head_bytes: how.http1_buffer,
+            pass_lines: how.pass_lines,
         };
         Self {
             how,

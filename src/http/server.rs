@@ -48,8 +48,8 @@ use crate::http::listener::Stopping;
 use crate::http::splice::{Pipe, Splice, PIPE_FILL};
 use crate::http::stall::PROVEN;
 use crate::http::wire::{
-    chunk_line, ends_chunked, has_token, itoa, known_names, line, parse_length, Outgoing,
-    PassedLines,
+    chunk_line, ends_chunked, has_token, itoa, known_names, line, names_lines, parse_length,
+    Outgoing, PassedLines,
 };
 use halves::{ReadHalf, WriteHalf};
 
@@ -100,6 +100,9 @@ pub(crate) struct Limits {
     pub max_headers: usize,
     /// The most bytes a head may take before it is complete.
     pub head_bytes: usize,
+    /// A request's lines that nothing on the way reads closely go to its node as
+    /// they came ([`PassedLines::passes_request`]): the students' listener.
+    pub pass_lines: bool,
 }
 
 /// How a connection ended on this side.
@@ -553,6 +556,7 @@ impl Connection {
                 match parse(
                     &mut reading.buf,
                     limits.max_headers,
+                    limits.pass_lines,
                     &mut self.spans,
                     &mut self.cached,
                 ) {
@@ -948,6 +952,7 @@ const PRIORITY: HeaderName = HeaderName::from_static("priority");
 fn parse(
     buf: &mut BytesMut,
     max_headers: usize,
+    pass: bool,
     spans: &mut Vec<Span>,
     cached: &mut Option<HeaderMap>,
 ) -> Parsed {
@@ -987,8 +992,22 @@ fn parse(
     let mut body_len = None;
     let mut keep_alive = version == Version::HTTP_11;
     let mut close = false;
+    let mut passed = PassedLines::default();
+    // Every line into the map after all: more than `PassedLines` holds, or a
+    // `Connection` naming lines, which the proxy removes from the map.
+    let mut whole = !pass;
     for line in parsed.headers.iter() {
         let raw_name = line.name.as_bytes();
+        if !whole && !line.value.is_empty() && PassedLines::passes_request(raw_name) {
+            let end = offset(line.value) + line.value.len();
+            let span = u16::try_from(offset(raw_name))
+                .ok()
+                .zip(u16::try_from(end).ok());
+            match span {
+                Some((start, end)) if passed.push(start, end, false) => continue,
+                _ => whole = true,
+            }
+        }
         let Some(name) =
             known_request_name(raw_name).or_else(|| HeaderName::from_bytes(raw_name).ok())
         else {
@@ -1007,6 +1026,7 @@ fn parse(
             } else if !keep_alive {
                 keep_alive = has_token(line.value, b"keep-alive");
             }
+            whole |= names_lines(line.value);
         } else if name == header::TRANSFER_ENCODING
             || name == header::EXPECT
             || name == header::UPGRADE
@@ -1015,6 +1035,20 @@ fn parse(
         }
         // The head is at most a few tens of KiB: offsets fit.
         spans.push((name, offset(line.value) as u32, line.value.len() as u32));
+    }
+    if whole && !passed.is_empty() {
+        // Again from the start, every line into the map in the student's order.
+        passed = PassedLines::default();
+        spans.clear();
+        for line in parsed.headers.iter() {
+            let raw_name = line.name.as_bytes();
+            let Some(name) =
+                known_request_name(raw_name).or_else(|| HeaderName::from_bytes(raw_name).ok())
+            else {
+                return Parsed::ForHyper;
+            };
+            spans.push((name, offset(line.value) as u32, line.value.len() as u32));
+        }
     }
     let raw = buf.split_to(len).freeze();
     let Ok(uri) = http::Uri::from_maybe_shared(raw.slice(path_at.0..path_at.0 + path_at.1)) else {
@@ -1035,6 +1069,10 @@ fn parse(
     *request.uri_mut() = uri;
     *request.version_mut() = version;
     *request.headers_mut() = headers;
+    if !passed.is_empty() {
+        passed.set_head(raw);
+        request.extensions_mut().insert(passed);
+    }
     Parsed::Head(Head {
         request,
         body_len: body_len.unwrap_or(0),

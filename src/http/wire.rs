@@ -208,9 +208,9 @@ pub(crate) fn line(head: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
     head.extend_from_slice(b"\r\n");
 }
 
-/// How many of an answer's lines [`PassedLines`] holds; an answer with more keeps
-/// them all in its `HeaderMap`.
-const PASSED: usize = 12;
+/// How many lines [`PassedLines`] holds; a head with more keeps them all in its
+/// `HeaderMap`. A browser sends some fifteen lines of itself with each request.
+const PASSED: usize = 16;
 
 /// The header lines of a node's answer that no part of the gateway reads or
 /// changes, written to the student as the node sent them.
@@ -261,6 +261,57 @@ impl PassedLines {
             19 => name_is(name, b"content-script-type"),
             _ => false,
         }
+    }
+
+    /// Whether a line of a student's request named `name` (any case) passes to its
+    /// node as it came. The lines a browser sends of itself that no part of the
+    /// students' path changes, and that only a few parts read (the access log
+    /// `User-Agent` and `Referer`, the waiting room `Accept`, the asset cache
+    /// `Accept-Encoding`), through [`request_values`]. Only the students'
+    /// listener passes lines: the dashboard's reads its requests' maps.
+    pub(crate) fn passes_request(name: &[u8]) -> bool {
+        match name.len() {
+            3 => name_is(name, b"dnt"),
+            6 => name_is(name, b"accept"),
+            7 => name_is(name, b"referer"),
+            8 => name_is(name, b"priority"),
+            9 => name_is(name, b"sec-ch-ua"),
+            10 => name_is(name, b"user-agent"),
+            14 => [
+                b"sec-fetch-dest",
+                b"sec-fetch-mode",
+                b"sec-fetch-site",
+                b"sec-fetch-user",
+            ]
+            .iter()
+            .any(|known| name_is(name, *known)),
+            15 => name_is(name, b"accept-language") || name_is(name, b"accept-encoding"),
+            16 => name_is(name, b"sec-ch-ua-mobile"),
+            18 => name_is(name, b"sec-ch-ua-platform"),
+            25 => name_is(name, b"upgrade-insecure-requests"),
+            _ => false,
+        }
+    }
+
+    /// The values of the lines named `name` (lower case), in order.
+    pub(crate) fn values<'a>(&'a self, name: &'a [u8]) -> impl Iterator<Item = &'a [u8]> {
+        self.lines().filter_map(move |line| {
+            let value = match line.split_at_checked(name.len())? {
+                (named, [b':', value @ ..]) if name_is(named, name) => value,
+                _ => return None,
+            };
+            Some(value.trim_ascii_start())
+        })
+    }
+
+    /// How many lines there are.
+    pub(crate) fn len(&self) -> usize {
+        usize::from(self.count)
+    }
+
+    /// Their bytes as written, each line with its CRLF.
+    pub(crate) fn written_len(&self) -> usize {
+        self.lines().map(|line| line.len() + 2).sum()
     }
 
     /// Takes the line whose name starts at `start` and whose value ends at `end`
@@ -325,6 +376,25 @@ impl PassedLines {
     }
 }
 
+/// The values of a student request's lines named `name`: those in its map, then
+/// those it passes to its node as they came ([`PassedLines::passes_request`],
+/// kept in its extensions). What reads a passed name reads it through here.
+pub(crate) fn request_values<'a>(
+    headers: &'a HeaderMap,
+    extensions: &'a http::Extensions,
+    name: &'a HeaderName,
+) -> impl Iterator<Item = &'a [u8]> {
+    let passed = extensions.get::<PassedLines>();
+    let passed = passed
+        .into_iter()
+        .flat_map(|p| p.values(name.as_str().as_bytes()));
+    headers
+        .get_all(name)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .chain(passed)
+}
+
 /// Whether a line is one of nginx's `X-Accel-*` (any case), which the offload
 /// reads and strips from the map ([`crate::http::offload::is_accel`]).
 pub(crate) fn is_accel(name: &[u8]) -> bool {
@@ -347,6 +417,19 @@ pub(crate) fn has_token(value: &[u8], token: &[u8]) -> bool {
     value
         .split(|&b| b == b',')
         .any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// Whether a `Connection` value names other lines (anything but `close` and
+/// `keep-alive`), which a proxy removes along with it.
+pub(crate) fn names_lines(value: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .any(|token| {
+            !(token.is_empty()
+                || token.eq_ignore_ascii_case(b"close")
+                || token.eq_ignore_ascii_case(b"keep-alive"))
+        })
 }
 
 /// Whether a `Transfer-Encoding` value's last coding is `chunked` (any case): the
@@ -449,6 +532,79 @@ mod tests {
         ] {
             assert!(!PassedLines::passes(name.as_bytes()), "{name}");
         }
+    }
+
+    #[test]
+    fn only_a_browsers_own_request_lines_pass_the_map_by() {
+        for name in [
+            "User-Agent",
+            "accept",
+            "Accept-Language",
+            "accept-encoding",
+            "Referer",
+            "DNT",
+            "priority",
+            "Upgrade-Insecure-Requests",
+            "sec-fetch-dest",
+            "Sec-Fetch-Mode",
+            "sec-fetch-site",
+            "Sec-Fetch-User",
+            "Sec-CH-UA",
+            "sec-ch-ua-mobile",
+            "Sec-CH-UA-Platform",
+        ] {
+            assert!(PassedLines::passes_request(name.as_bytes()), "{name}");
+        }
+        // Read or changed on a request's way: by the edge, the session lookup, the
+        // forwarding hygiene, the framing, the offload, the asset cache's answers.
+        for name in [
+            "host",
+            "Cookie",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "keep-alive",
+            "te",
+            "upgrade",
+            "expect",
+            "x-forwarded-for",
+            "X-Forwarded-Proto",
+            "x-forwarded-host",
+            "forwarded",
+            "authorization",
+            "origin",
+            "range",
+            "if-range",
+            "if-none-match",
+            "if-modified-since",
+            "content-type",
+            "sec-ch-ua-arch",
+            "accept-charset",
+            "user-agent-x",
+        ] {
+            assert!(!PassedLines::passes_request(name.as_bytes()), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_requests_values_are_read_from_its_map_then_its_passed_lines() {
+        let head = Bytes::from_static(b"GET / HTTP/1.1\r\nAccept:  text/html\r\nACCEPT:*/*\r\n");
+        let mut passed = PassedLines::default();
+        assert!(passed.push(16, 34, false));
+        assert!(passed.push(36, 46, false));
+        passed.set_head(head);
+        let mut request = http::Request::new(());
+        let accept = http::header::ACCEPT;
+        request
+            .headers_mut()
+            .insert(&accept, HeaderValue::from_static("a/b"));
+        request.extensions_mut().insert(passed);
+        let values: Vec<&[u8]> =
+            request_values(request.headers(), request.extensions(), &accept).collect();
+        assert_eq!(values, [&b"a/b"[..], b"text/html", b"*/*"]);
+        let agent = http::header::USER_AGENT;
+        let none = request_values(request.headers(), request.extensions(), &agent);
+        assert_eq!(none.count(), 0);
     }
 
     #[test]

@@ -168,10 +168,67 @@ async fn the_access_log_says_which_answer_came_from_memory() {
     let hits = Arc::new(AtomicUsize::new(0));
     let extra = format!("[access_log]\nto = {:?}\n", file.display().to_string());
     let gateway = gateway(node(hits, "/never").await, &extra).await;
+    // The browser's lines pass the gateway's header map by; the log still reads them.
+    let browser = [
+        ("referer", "http://moodle.example.edu/my/"),
+        (
+            "user-agent",
+            "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Firefox/128.0",
+        ),
+    ];
     for _ in 0..2 {
-        send(&gateway.url(STYLES), "GET", &[], Body::empty()).await;
+        send(&gateway.url(STYLES), "GET", &browser, Body::empty()).await;
     }
     let lines = support::lines_of(&file, 2).await;
     assert!(lines[0].contains(" upstream=web1 "), "{}", lines[0]);
     assert!(lines[1].contains(" upstream=cache "), "{}", lines[1]);
+    let said = "\"http://moodle.example.edu/my/\" \"Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Firefox/128.0\"";
+    for line in &lines {
+        assert!(line.contains(said), "{line}");
+    }
+}
+
+/// A node whose theme script answers in the coding the browser accepts, and says
+/// its answer varies by it.
+async fn coding_node(hits: Arc<AtomicUsize>) -> std::net::SocketAddr {
+    support::upstream(move |request: Request<Incoming>| {
+        let hits = hits.clone();
+        async move {
+            hits.fetch_add(1, Ordering::SeqCst);
+            let accepted = request.headers().get("accept-encoding");
+            let gzip = accepted.is_some_and(|a| a.as_bytes().starts_with(b"gzip"));
+            let mut response = Response::builder()
+                .header("cache-control", "public, max-age=7776000, immutable")
+                .header("content-type", "text/css; charset=utf-8")
+                .header("vary", "Accept-Encoding");
+            if gzip {
+                response = response.header("content-encoding", "gzip");
+            }
+            let body = if gzip { "gzipped css" } else { CSS };
+            response.body(Body::from(body)).unwrap()
+        }
+    })
+    .await
+}
+
+/// `Accept-Encoding` passes the gateway's header map by on its way to the node; the
+/// cache still keeps one answer for each coding, and gives each browser its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_accepted_coding_gets_the_answer_kept_for_it() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let gateway = gateway(coding_node(hits.clone()).await, "").await;
+    let url = gateway.url(STYLES);
+    let asking = |coding: &'static str| {
+        let url = url.clone();
+        async move {
+            let seen = send(&url, "GET", &[("accept-encoding", coding)], Body::empty()).await;
+            String::from_utf8(seen.body.to_vec()).unwrap()
+        }
+    };
+    assert_eq!(asking("gzip").await, "gzipped css");
+    assert_eq!(asking("identity").await, CSS);
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "one fill for each coding");
+    assert_eq!(asking("gzip").await, "gzipped css");
+    assert_eq!(asking("identity").await, CSS);
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "both from memory");
 }

@@ -168,6 +168,8 @@ fn framing_cases() -> Vec<Case> {
 fn header_cases() -> Vec<Case> {
     let many: String = (0..101).map(|i| format!("X-H{i}: {i}\r\n")).collect();
     let huge = format!("X-Huge: {}\r\n", "a".repeat(33 * 1024));
+    // A line a browser sends of itself, which goes to the node around the map.
+    let huge_agent = format!("User-Agent: {}\r\n", "a".repeat(33 * 1024));
     vec![
         case(
             "no Host on HTTP/1.1",
@@ -223,6 +225,13 @@ fn header_cases() -> Vec<Case> {
         case(
             "one header making the head over 32 KiB",
             get("/course/view.php?id=1", &huge),
+        )
+        .answers(&[431])
+        .closed()
+        .node(0),
+        case(
+            "one User-Agent making the head over 32 KiB",
+            get("/course/view.php?id=1", &huge_agent),
         )
         .answers(&[431])
         .closed()

@@ -11,7 +11,7 @@ use http::Response;
 use http_body_util::channel::Channel;
 use http_body_util::BodyExt;
 
-use crate::support::{self, config_for, named_upstream, send, TestGateway};
+use crate::support::{self, config_for, named_upstream, send, RawConn, TestGateway};
 
 /// An upstream that reports the request headers it received, one `name: value` line
 /// each, in its body.
@@ -242,6 +242,94 @@ async fn hop_by_hop_headers_are_stripped_both_ways() {
             "{name} reached the student"
         );
     }
+}
+
+/// What a browser sends of itself, in its own spelling of the names.
+const BROWSER_LINES: [(&str, &str); 15] = [
+    (
+        "User-Agent",
+        "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Firefox/128.0",
+    ),
+    ("Accept", "text/html,application/xhtml+xml"),
+    ("Accept-Language", "pt-PT,pt;q=0.9,en;q=0.5"),
+    ("accept-encoding", "gzip, br"),
+    ("Referer", "http://moodle.example.edu/my/"),
+    ("DNT", "1"),
+    ("Priority", "u=0, i"),
+    ("Upgrade-Insecure-Requests", "1"),
+    ("Sec-Fetch-Dest", "document"),
+    ("Sec-Fetch-Mode", "navigate"),
+    ("Sec-Fetch-Site", "same-origin"),
+    ("SEC-FETCH-USER", "?1"),
+    ("Sec-CH-UA", "\"Chromium\";v=\"130\""),
+    ("Sec-CH-UA-Mobile", "?0"),
+    ("Sec-CH-UA-Platform", "\"Linux\""),
+];
+
+/// A request for `/` with a browser's lines and then `more`, as the student sends it.
+fn browser_head(more: &str) -> String {
+    let mut head = String::from("GET / HTTP/1.1\r\nHost: moodle.example.edu\r\n");
+    for (name, value) in BROWSER_LINES {
+        head.push_str(&format!("{name}:  {value}\r\n"));
+    }
+    head + more + "\r\n"
+}
+
+/// The lines the echoing node received for `head`, sent on a connection of its own.
+async fn echoed(gateway: &TestGateway, head: &str) -> Vec<String> {
+    let mut connection = RawConn::connect(gateway.addr).await;
+    connection.send(head.as_bytes()).await.unwrap();
+    let answer = connection.response(Duration::from_secs(5), false).await;
+    let answer = answer.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.head);
+    let lines = String::from_utf8(answer.body).unwrap();
+    lines.lines().map(str::to_owned).collect()
+}
+
+/// The values of the lines named `name` among `lines`, in order.
+fn named<'a>(lines: &'a [String], name: &str) -> Vec<&'a str> {
+    let prefix = format!("{}: ", name.to_ascii_lowercase());
+    lines
+        .iter()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .collect()
+}
+
+/// The lines a browser sends of itself go to the node as the student sent them,
+/// around the gateway's header map: each must arrive once, with its value, and
+/// lines of one name in their order; so too when there are more of them than pass
+/// the map by, and every line goes through it.
+#[tokio::test]
+async fn a_browsers_own_lines_reach_the_node_once_each() {
+    let gateway = in_front_of(echo_upstream().await, "").await;
+    let cookie = "Cookie: MoodleSession=abcdefghijklmnopqrstuvwxyz\r\n";
+    for accepts in [&["*/*"][..], &["*/*", "text/css", "image/png"]] {
+        let more: String = accepts.iter().map(|a| format!("Accept: {a}\r\n")).collect();
+        let lines = echoed(&gateway, &browser_head(&(more + cookie))).await;
+        for (name, value) in BROWSER_LINES.into_iter().skip(2) {
+            assert_eq!(named(&lines, name), [value], "{name} in {lines:?}");
+        }
+        let mut accept = vec!["text/html,application/xhtml+xml"];
+        accept.extend(accepts);
+        assert_eq!(named(&lines, "accept"), accept);
+        assert_eq!(named(&lines, "user-agent"), [BROWSER_LINES[0].1]);
+        assert_eq!(
+            named(&lines, "cookie"),
+            ["MoodleSession=abcdefghijklmnopqrstuvwxyz"]
+        );
+        assert_eq!(named(&lines, "host"), ["moodle.example.edu"]);
+    }
+}
+
+/// A `Connection` line naming one of a browser's lines takes it away, as it does
+/// any other: the line is the student's hop's alone.
+#[tokio::test]
+async fn a_browsers_line_named_by_connection_stays_with_the_hop() {
+    let gateway = in_front_of(echo_upstream().await, "").await;
+    let head = browser_head("Connection: keep-alive, DNT\r\n");
+    let lines = echoed(&gateway, &head).await;
+    assert!(named(&lines, "dnt").is_empty(), "{lines:?}");
+    assert_eq!(named(&lines, "sec-fetch-user"), ["?1"], "{lines:?}");
 }
 
 #[tokio::test]

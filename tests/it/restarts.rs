@@ -118,7 +118,8 @@ struct Dying {
     armed: Arc<AtomicUsize>,
     /// `METHOD path` of every request it read, in order (probes left out).
     seen: Arc<Mutex<Vec<String>>>,
-    /// The `X-Forwarded-For` of each request for `/course/view.php` (empty if none).
+    /// The `X-Forwarded-*`, `User-Agent` and `Accept-Language` lines of each request
+    /// for `/course/view.php`, in order (empty if none).
     chains: Arc<Mutex<Vec<String>>>,
 }
 
@@ -190,11 +191,12 @@ impl Dying {
                     length = value.trim().parse().unwrap();
                 }
                 // Every line kept: a second one would show as ` | ` in the chain.
-                if let Some(value) = lower.strip_prefix("x-forwarded-") {
+                let noted = ["x-forwarded-", "user-agent: ", "accept-language: "];
+                if noted.iter().any(|name| lower.starts_with(name)) {
                     if !chain.is_empty() {
                         chain.push_str(" | ");
                     }
-                    chain.push_str(value.trim());
+                    chain.push_str(lower.strip_prefix("x-forwarded-").unwrap_or(&lower).trim());
                 }
             }
             let mut body = vec![0; length];
@@ -321,6 +323,45 @@ async fn a_get_sent_again_behind_a_trusted_proxy_names_the_student_once() {
         [chain.clone(), chain],
         "both tries name the student once, with one of each forwarding line"
     );
+}
+
+/// A GET sent again carries the lines a browser sends of itself, which pass the
+/// gateway's header map by: once each, both times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_sent_again_carries_the_browsers_own_lines_each_time() {
+    let node = Dying::start().await;
+    let data = crate::support::named_upstream("data").await;
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n{PATIENT_HEALTH}\
+         [[nodes]]\nname = \"web1\"\nurl = \"http://{}\"\n[data]\nname = \"data\"\nurl = \"http://{data}\"\n",
+        node.addr
+    );
+    let gateway = TestGateway::start(&text).await;
+    let login = crate::support::get(&gateway.url("/login/index.php")).await;
+    assert_eq!(login.status, 200);
+    node.arm(1);
+    let request = Request::get(gateway.url("/course/view.php?id=2"))
+        .header("cookie", "MoodleSession=d1e2f3g4h5i6j7k8l9m0n1o2p3")
+        .header("user-agent", "Firefox/128.0")
+        .header("accept-language", "pt-PT")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let page = crate::support::client().request(request).await.unwrap();
+    assert_eq!(page.status(), 200, "the GET went again and got its page");
+    let host = format!("host: {}", gateway.addr);
+    let browser = ["accept-language: pt-pt", "user-agent: firefox/128.0"];
+    let mut lines = vec!["for: 127.0.0.1", "proto: http", &host];
+    lines.extend(browser);
+    lines.sort_unstable();
+    // Lines of different names may go in any order.
+    let tries: Vec<Vec<String>> = (node.chains().iter())
+        .map(|chain| {
+            let mut tried: Vec<String> = chain.split(" | ").map(str::to_owned).collect();
+            tried.sort_unstable();
+            tried
+        })
+        .collect();
+    assert_eq!(tries, [lines.clone(), lines], "both tries, once each");
 }
 
 /// The data server restarting its web server for a second (a refused connect while

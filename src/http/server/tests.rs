@@ -19,6 +19,7 @@ fn limits() -> Limits {
         request_headers: Duration::from_secs(2),
         max_headers: 100,
         head_bytes: 16 * 1024,
+        pass_lines: true,
     }
 }
 
