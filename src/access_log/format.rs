@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::Request;
 
 use super::Pending;
-use crate::http::wire::request_values;
+use crate::http::wire::{request_values, PassesLines};
 use crate::moodle;
 
 /// The combined log format, then the gateway's own fields as `key=value`:
@@ -87,11 +87,11 @@ pub(super) fn request_line<B>(request: &Request<B>) -> String {
 
 /// The request's first line named `name`, as text, wherever the request keeps it
 /// (`User-Agent` and `Referer` may pass its map by on their way to the node).
-pub(super) fn header<'a, B>(
+pub(super) fn header<'a, B: PassesLines>(
     request: &'a Request<B>,
     name: &'a http::header::HeaderName,
 ) -> Option<&'a str> {
-    let value = request_values(request.headers(), request.extensions(), name).next()?;
+    let value = request_values(request, name).next()?;
     std::str::from_utf8(value).ok().filter(|text| {
         text.bytes()
             .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))

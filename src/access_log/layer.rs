@@ -15,6 +15,7 @@ use std::task::{ready, Context, Poll};
 use http::{Request, Response};
 
 use super::{AccessLog, Begun, Logged, Trail};
+use crate::http::wire::PassesLines;
 
 /// Logs every request that passes through it, from the connection of `client`.
 #[derive(Debug, Clone)]
@@ -53,6 +54,7 @@ pub struct AccessLogged<S> {
 impl<S, B, R> tower::Service<Request<B>> for AccessLogged<S>
 where
     S: tower::Service<Request<B>, Response = Response<R>>,
+    B: PassesLines,
 {
     type Response = Response<Logged<R>>;
     type Error = S::Error;

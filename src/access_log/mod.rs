@@ -38,7 +38,7 @@ use http_body::{Body, Frame, SizeHint};
 use crate::config::{AccessLogConfig, AccessLogFormat};
 use crate::http::body::BoxError;
 use crate::http::splice::{Pipe, Splice};
-use crate::http::wire::PassedLines;
+use crate::http::wire::{PassedLines, PassesLines};
 use format::{combined, header, json, masked_referer, request_line};
 use writer::{Message, SendOrDrop};
 
@@ -101,7 +101,7 @@ impl AccessLog {
     }
 
     /// What to note of `request` before it is handed on; `None` when off.
-    fn begin<B>(&self, request: &Request<B>, client: IpAddr) -> Option<Begun> {
+    fn begin<B: PassesLines>(&self, request: &Request<B>, client: IpAddr) -> Option<Begun> {
         let sink = self.0.as_ref()?;
         Some(Begun {
             started: Instant::now(),

@@ -15,7 +15,7 @@ use http_body_util::Full;
 
 use super::Gateway;
 use crate::http::asset_cache::{Fill, Lookup, Role, FILL_WAIT};
-use crate::http::wire::request_values;
+use crate::http::wire::{request_values, PassesLines};
 
 /// What the cache says of one request.
 pub(super) enum Cached {
@@ -29,7 +29,7 @@ pub(super) enum Cached {
 
 impl Gateway {
     /// The cache's word on `request`, a sessionless one.
-    pub(super) async fn cached<B>(&self, request: &Request<B>) -> Cached {
+    pub(super) async fn cached<B: PassesLines>(&self, request: &Request<B>) -> Cached {
         let method = request.method();
         let (uri, headers) = (request.uri(), request.headers());
         let now = SystemTime::now()
@@ -52,7 +52,7 @@ impl Gateway {
                 .map(|c| c.to_ascii_lowercase()),
         );
         key.push_str(target);
-        let encoding = request_values(headers, request.extensions(), &ACCEPT_ENCODING)
+        let encoding = request_values(request, &ACCEPT_ENCODING)
             .next()
             .unwrap_or_default();
         let encoding = String::from_utf8_lossy(encoding);

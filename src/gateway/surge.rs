@@ -19,6 +19,7 @@ use crate::cluster::slots::{Ask, Class, Ended, Permit};
 use crate::cluster::upstreams::Upstream;
 use crate::config::SurgeConfig;
 use crate::error::GatewayError;
+use crate::http::wire::PassesLines;
 use crate::logs::Every;
 use crate::sessions::affinity::SessionState;
 
@@ -59,7 +60,7 @@ pub(super) fn ask(surge: &SurgeConfig, class: Class, is_post: bool, arrived: Ins
 impl Gateway {
     /// The waiting room's word on a newcomer's request: held only when the room is
     /// on, some node taking newcomers has a cap, and it is a page view.
-    pub(super) fn waiting_room<B>(
+    pub(super) fn waiting_room<B: PassesLines>(
         &self,
         request: &Request<B>,
         secure: bool,

@@ -38,7 +38,7 @@ use http_body_util::Full;
 
 use crate::cluster::slots::Load;
 use crate::config::RoomConfig;
-use crate::http::wire::request_values;
+use crate::http::wire::{request_values, PassesLines};
 use crate::metrics::{Metrics, RoomNow};
 
 use page::Figures;
@@ -82,9 +82,9 @@ struct Line {
 }
 
 /// Whether a request is a person's page view that a waiting page can stand in for.
-pub fn is_page_view<B>(request: &Request<B>) -> bool {
+pub fn is_page_view<B: PassesLines>(request: &Request<B>) -> bool {
     let method = request.method();
-    let accepts = request_values(request.headers(), request.extensions(), &ACCEPT);
+    let accepts = request_values(request, &ACCEPT);
     let accepts_html = { accepts }.any(|v| memchr::memmem::find(v, b"text/html").is_some());
     (method == Method::GET || method == Method::HEAD) && accepts_html
 }

@@ -297,6 +297,7 @@ impl Connection {
         &mut self,
         request: Request<RequestBody>,
         forwarding: Option<&Forwarding>,
+        passed: Option<&PassedLines>,
         head_wait: Duration,
     ) -> Result<(), ClientError> {
         debug_assert_eq!(self.reading, Reading::Idle);
@@ -339,7 +340,7 @@ impl Connection {
             line(head, name, value);
         }
         // The student's lines that passed the map by, as the student sent them.
-        if let Some(passed) = parts.extensions.get::<PassedLines>() {
+        if let Some(passed) = passed {
             passed.write(head);
         }
         for (name, value) in forwarding.iter().flat_map(|f| f.lines(host)) {

@@ -18,7 +18,7 @@ use http::{Method, Request, Version};
 
 use crate::config::LimitsConfig;
 use crate::error::GatewayError;
-use crate::http::wire::PassedLines;
+use crate::http::wire::PassesLines;
 
 /// The rules, from `[limits]` and `[site] hosts`.
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ impl EdgeRules {
 
     /// Checks `request` and, for HTTP/2, gives it the `Host` header PHP needs
     /// (HTTP/2 carries the host in `:authority`).
-    pub fn admit<B>(&self, request: &mut Request<B>) -> Result<(), GatewayError> {
+    pub fn admit<B: PassesLines>(&self, request: &mut Request<B>) -> Result<(), GatewayError> {
         // A reverse proxy for a web application: CONNECT would make it a tunnel to
         // anywhere, TRACE echoes credentials back (cross-site tracing), and
         // extension methods (a lowercase `get` among them) mean nothing to PHP.
@@ -74,7 +74,7 @@ impl EdgeRules {
         }
         let mut lines = Lines::of(request.headers());
         // The lines that pass the map by count as much as those in it.
-        if let Some(passed) = request.extensions().get::<PassedLines>() {
+        if let Some(passed) = request.body().passed_lines() {
             lines.count += passed.len();
             lines.bytes += passed.written_len();
         }

@@ -263,6 +263,7 @@ impl Lease {
         mut self,
         request: Request<RequestBody>,
         forwarding: Option<&Forwarding>,
+        passed: Option<&PassedLines>,
         reused: bool,
         head_wait: Duration,
     ) -> Result<Response<NodeBody>, SendError> {
@@ -273,7 +274,7 @@ impl Lease {
                 sent_head: None,
             });
         }
-        let head = match self.conn.start(request, forwarding, head_wait) {
+        let head = match self.conn.start(request, forwarding, passed, head_wait) {
             Ok(()) => poll_fn(|cx| self.conn.poll_head(cx)).await,
             Err(error) => Err(error),
         };
@@ -566,7 +567,7 @@ mod tests {
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
         let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
-        let answered = lease.send(get(), None, false, Duration::from_secs(10));
+        let answered = lease.send(get(), None, None, false, Duration::from_secs(10));
         let node_side = async {
             let mut stream = streams.recv().await.unwrap();
             let mut head = [0u8; 1024];
@@ -589,7 +590,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let sent = tokio::time::timeout(
             Duration::from_secs(10),
-            lease.send(get(), None, true, Duration::from_secs(10)),
+            lease.send(get(), None, None, true, Duration::from_secs(10)),
         )
         .await;
         let failed = sent.expect("the request hung").unwrap_err();
@@ -618,7 +619,7 @@ mod tests {
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
         let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
-        let answered = lease.send(get(), None, false, Duration::from_secs(10));
+        let answered = lease.send(get(), None, None, false, Duration::from_secs(10));
         let mut node_stream = streams.recv().await.unwrap();
         let mut head = [0u8; 1024];
         // The node answers while the body is read, as a node does: its writes may
@@ -681,7 +682,7 @@ mod tests {
         // The kept connection carries the next exchange from its first byte.
         let (lease, reused) = pool().lease(&authority, &conns).await.unwrap();
         assert!(reused);
-        let answered = lease.send(get(), None, true, Duration::from_secs(10));
+        let answered = lease.send(get(), None, None, true, Duration::from_secs(10));
         let node_side = async {
             let mut head = [0u8; 1024];
             let _ = node_stream.read(&mut head).await.unwrap();

@@ -49,7 +49,7 @@ use crate::http::splice::{Pipe, Splice, PIPE_FILL};
 use crate::http::stall::PROVEN;
 use crate::http::wire::{
     chunk_line, ends_chunked, has_token, itoa, known_names, line, names_lines, parse_length,
-    Outgoing, PassedLines,
+    Outgoing, PassedLines, PassesLines,
 };
 use halves::{ReadHalf, WriteHalf};
 
@@ -114,8 +114,13 @@ pub(crate) enum Ended {
 }
 
 /// A student's request body: none, one this side reads by its `Content-Length`,
-/// or hyper's (on a connection handed over, and over HTTP/2).
-pub struct StudentBody(Kind);
+/// or hyper's (on a connection handed over, and over HTTP/2); with the request's
+/// lines that go to its node as they came ([`PassedLines::passes_request`]).
+///
+/// Why the lines ride here: the body goes wherever the request does, and a box
+/// of its own costs one small allocation, where the request's extensions cost
+/// three and a hash table, some 900 instructions a request.
+pub struct StudentBody(Kind, Option<Box<PassedLines>>);
 
 enum Kind {
     Empty,
@@ -126,12 +131,23 @@ enum Kind {
 impl StudentBody {
     /// No body.
     pub fn empty() -> Self {
-        Self(Kind::Empty)
+        Self(Kind::Empty, None)
+    }
+
+    /// The request's lines that go to its node as they came, taken to be sent.
+    pub(crate) fn take_passed(&mut self) -> Option<Box<PassedLines>> {
+        self.1.take()
     }
 
     /// hyper's body for a request hyper's server read.
     pub fn hyper(incoming: Incoming) -> Self {
-        Self(Kind::Hyper(incoming))
+        Self(Kind::Hyper(incoming), None)
+    }
+}
+
+impl PassesLines for StudentBody {
+    fn passed_lines(&self) -> Option<&PassedLines> {
+        self.1.as_deref()
     }
 }
 
@@ -391,17 +407,19 @@ where
             request,
             body_len,
             mut keep_alive,
+            passed,
         } = head;
         let method = request.method().clone();
         let version = request.version();
-        let body = match body_len {
-            0 => StudentBody::empty(),
-            left => StudentBody(Kind::Sized(Box::new(Sized {
+        let kind = match body_len {
+            0 => Kind::Empty,
+            left => Kind::Sized(Box::new(Sized {
                 reading: connection.reading.take(),
                 left,
                 back: connection.back.clone(),
-            }))),
+            })),
         };
+        let body = StudentBody(kind, passed);
         // Ready at once: no layer of the students' stack makes a request wait
         // for readiness (past `max_in_flight` a student gets a quick 503), so
         // nothing waits here that the listener's closing would have to cut short.
@@ -470,6 +488,7 @@ struct Head {
     request: Request<()>,
     body_len: u64,
     keep_alive: bool,
+    passed: Option<Box<PassedLines>>,
 }
 
 /// How a response's body is framed on the wire.
@@ -1069,14 +1088,15 @@ fn parse(
     *request.uri_mut() = uri;
     *request.version_mut() = version;
     *request.headers_mut() = headers;
-    if !passed.is_empty() {
+    let passed = (!passed.is_empty()).then(|| {
         passed.set_head(raw);
-        request.extensions_mut().insert(passed);
-    }
+        Box::new(passed)
+    });
     Parsed::Head(Head {
         request,
         body_len: body_len.unwrap_or(0),
         keep_alive,
+        passed,
     })
 }
 

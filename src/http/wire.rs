@@ -222,7 +222,7 @@ const PASSED: usize = 16;
 /// the gateway reads more closely (an upgrade, `X-Accel-*`, a `Connection` that
 /// names other lines) keeps every line in its map.
 #[derive(Clone, Default)]
-pub(crate) struct PassedLines {
+pub struct PassedLines {
     /// The answer's head as it came; the lines are cut from it.
     head: Bytes,
     /// Where each line sits in `head`: from its name to the end of its value.
@@ -378,22 +378,30 @@ impl PassedLines {
 
 /// The values of a student request's lines named `name`: those in its map, then
 /// those it passes to its node as they came ([`PassedLines::passes_request`],
-/// kept in its extensions). What reads a passed name reads it through here.
-pub(crate) fn request_values<'a>(
-    headers: &'a HeaderMap,
-    extensions: &'a http::Extensions,
+/// carried by its body). What reads a passed name reads it through here.
+pub(crate) fn request_values<'a, B: PassesLines>(
+    request: &'a http::Request<B>,
     name: &'a HeaderName,
 ) -> impl Iterator<Item = &'a [u8]> {
-    let passed = extensions.get::<PassedLines>();
+    let passed = request.body().passed_lines();
     let passed = passed
         .into_iter()
         .flat_map(|p| p.values(name.as_str().as_bytes()));
-    headers
-        .get_all(name)
-        .iter()
-        .map(HeaderValue::as_bytes)
-        .chain(passed)
+    let mapped = request.headers().get_all(name).iter();
+    mapped.map(HeaderValue::as_bytes).chain(passed)
 }
+
+/// A request body that carries its request's passed lines
+/// ([`PassedLines::passes_request`]): the students' (`StudentBody`).
+pub trait PassesLines {
+    /// The request's lines that go to its node as they came, if any.
+    fn passed_lines(&self) -> Option<&PassedLines> {
+        None
+    }
+}
+
+/// A body built in a test, with every line in its map.
+impl PassesLines for () {}
 
 /// Whether a line is one of nginx's `X-Accel-*` (any case), which the offload
 /// reads and strips from the map ([`crate::http::offload::is_accel`]).
@@ -593,18 +601,21 @@ mod tests {
         assert!(passed.push(16, 34, false));
         assert!(passed.push(36, 46, false));
         passed.set_head(head);
-        let mut request = http::Request::new(());
+        struct Carrying(PassedLines);
+        impl PassesLines for Carrying {
+            fn passed_lines(&self) -> Option<&PassedLines> {
+                Some(&self.0)
+            }
+        }
+        let mut request = http::Request::new(Carrying(passed));
         let accept = http::header::ACCEPT;
         request
             .headers_mut()
             .insert(&accept, HeaderValue::from_static("a/b"));
-        request.extensions_mut().insert(passed);
-        let values: Vec<&[u8]> =
-            request_values(request.headers(), request.extensions(), &accept).collect();
+        let values: Vec<&[u8]> = request_values(&request, &accept).collect();
         assert_eq!(values, [&b"a/b"[..], b"text/html", b"*/*"]);
         let agent = http::header::USER_AGENT;
-        let none = request_values(request.headers(), request.extensions(), &agent);
-        assert_eq!(none.count(), 0);
+        assert_eq!(request_values(&request, &agent).count(), 0);
     }
 
     #[test]

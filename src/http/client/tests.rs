@@ -131,7 +131,7 @@ async fn exchange_forwarded(
     let stream = TcpStream::connect(addr).await.unwrap();
     let mut conn = Connection::new(WriteStall::new(stream, Duration::from_secs(10)));
     let outcome = async {
-        conn.start(request, forwarding, Duration::from_secs(10))?;
+        conn.start(request, forwarding, None, Duration::from_secs(10))?;
         let mut head = poll_fn(|cx| conn.poll_head(cx)).await?;
         // What the student gets: the map and the lines passed as they came.
         let passed = conn.take_passed();
