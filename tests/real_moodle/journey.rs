@@ -209,6 +209,11 @@ pub async fn log_in(env: &Env, b: &mut Browser, account: &StudentAccount) -> Log
         .sets_session()
         .expect("the first visit starts a session");
     let node = form.node().expect("Moodle names its node").to_string();
+    // Moodle read the browser's User-Agent, which passes the gateway's map by.
+    let text = form.text();
+    let body = between(&text, "<body", ">").unwrap_or_default();
+    let classes = body.split(|c: char| c.is_whitespace() || c == '"');
+    assert!({ classes }.any(|class| class == "gecko"), "<body{body}>");
     let token = between(&form.text(), "name=\"logintoken\" value=\"", "\"")
         .expect("the form has a logintoken")
         .to_string();

@@ -77,6 +77,22 @@ pub async fn exchange(
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The lines a browser sends of itself with every request (Firefox's, but for
+/// `Accept`, which a test sets, and `Accept-Encoding`, left out so that Moodle
+/// answers uncompressed). Moodle reads `User-Agent`: its pages' `<body>` carries
+/// the browser's family as a class (`gecko`).
+pub const BROWSER_LINES: [(&str, &str); 6] = [
+    (
+        "user-agent",
+        "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0",
+    ),
+    ("accept-language", "en-GB,en;q=0.5"),
+    ("dnt", "1"),
+    ("upgrade-insecure-requests", "1"),
+    ("sec-fetch-mode", "navigate"),
+    ("sec-fetch-site", "same-origin"),
+];
+
 /// [`exchange`], failing rather than panicking: no answer (and whole body) within
 /// `limit`, or a connection the far side broke, is an `Err` naming the request.
 pub async fn try_exchange(
@@ -300,6 +316,11 @@ impl Browser {
         }
         if let Some(accept) = self.accept {
             headers.push(("accept", accept.to_string()));
+        }
+        // What a browser says of itself: the gateway passes these lines to Moodle
+        // around its header map.
+        for (name, value) in BROWSER_LINES {
+            headers.push((name, value.to_string()));
         }
         let page = try_exchange(&self.client, method, &url, &headers, body, self.limit).await?;
         if self.logged_in {
