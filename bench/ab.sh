@@ -3,7 +3,8 @@
 # backends, interleaving short wrk runs (haproxy, A, B, haproxy, A, B, ...), and
 # prints the median proxy CPU per request of each and the ratios B/A and X/HAProxy,
 # then the user-space share alone (A and B), where a hot-path change shows first.
-# Interleaving in one run is what makes a 5 % difference visible on a noisy machine.
+# Interleaving in one run is what makes a 5 % difference visible on a noisy machine;
+# A and B take turns at going first, which is worth as much.
 #
 #   cp target/release/moodle-gateway /tmp/gw-before   # build A
 #   ... change, cargo build --release ...
@@ -48,8 +49,11 @@ run() { # target -> prints cpu us/req, requests, p99 us, user-space cpu us/req
 }
 for t in haproxy A B; do run $t >/dev/null; done
 declare -A res usr
+# A and B swap places every round: the build measured second in a round ran about
+# 5 % cheaper in user space and had the higher p99, whichever build it was.
 for ((i=1;i<=R;i++)); do
-  for t in haproxy A B; do
+  order="haproxy A B"; (( i % 2 == 0 )) && order="haproxy B A"
+  for t in $order; do
     read cpu reqs p99 user < <(run $t); res[$t]+="$cpu "; usr[$t]+="$user "
     echo "r$i $t cpu/req=$cpu reqs=$reqs p99_us=$p99 user/req=$user"
   done
