@@ -11,10 +11,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::task::Context;
 use std::time::Duration;
 
-use rustix::time::{clock_gettime, ClockId};
+use rustix::time::{clock_getres, clock_gettime, ClockId};
 use tokio::time::{Instant, Sleep};
 
 /// Time since an arbitrary point (the machine's boot), as of the kernel's last tick.
@@ -24,8 +25,24 @@ pub fn coarse() -> Duration {
     Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
+/// How far the coarse clock may trail the precise one: its resolution, a tick.
+fn tick() -> Duration {
+    static TICK: OnceLock<Duration> = OnceLock::new();
+    *TICK.get_or_init(|| {
+        let res = clock_getres(ClockId::MonotonicCoarse);
+        Duration::new(res.tv_sec as u64, res.tv_nsec as u32)
+    })
+}
+
+/// `limit` from now on the coarse clock, a tick added: a time that has come on the
+/// coarse clock has come on the precise one (`None`: too far to count).
+fn due_after(limit: Duration) -> Option<Duration> {
+    coarse().checked_add(limit)?.checked_add(tick())
+}
+
 /// A deadline that each request moves later (a request head's, a node answer's),
-/// kept on one tokio timer that is not moved with it.
+/// kept on one tokio timer that is not moved with it. It passes no sooner than its
+/// limit, and at most a tick (4 ms at `HZ=250`) later.
 ///
 /// Why: moving a timer costs a read of the precise clock and a compare-and-swap in
 /// tokio's wheel, on every request, for a deadline that almost never passes. Here a
@@ -50,14 +67,14 @@ pub struct Deadline {
     registered: Option<(usize, usize)>,
 }
 
-/// More than the coarse clock can lag the precise one (a tick: 4 ms at `HZ=250`,
-/// 10 ms at `HZ=100`), with room to spare.
+/// More than two ticks of the coarse clock (4 ms each at `HZ=250`, 10 ms at
+/// `HZ=100`), with room to spare: see [`Deadline::poll_passed`].
 const LAG: Duration = Duration::from_secs(1);
 
 impl Deadline {
     /// A deadline `limit` from now.
     pub fn after(limit: Duration) -> Self {
-        let due = coarse().checked_add(limit);
+        let due = due_after(limit);
         let at = Instant::now().checked_add(limit);
         let timer = match at {
             Some(at) => tokio::time::sleep_until(at),
@@ -74,7 +91,7 @@ impl Deadline {
 
     /// Moves the deadline to `limit` from now.
     pub fn set(&mut self, limit: Duration) {
-        self.due = coarse().checked_add(limit);
+        self.due = due_after(limit);
         if let Some(due) = self.due.filter(|&due| due < self.armed) {
             if let Some(at) = Instant::now().checked_add(limit) {
                 self.timer.as_mut().reset(at);
@@ -90,9 +107,10 @@ impl Deadline {
     /// waker: a poll of tokio's timer (its waker registered again, the task's budget
     /// spent) cost some 90 instructions, on every wake of a connection waiting for a
     /// head. It cannot have fired while the coarse clock is more than [`LAG`] short
-    /// of the time it is armed for, because it fires on the precise clock, at or
-    /// after that time; and a timer that has not fired keeps the waker it took, so
-    /// no other task can be at that address meanwhile.
+    /// of the time it is armed for: it fires on the precise clock no sooner than a
+    /// tick before that time (the tick [`due_after`] adds), and the coarse clock
+    /// trails the precise one by at most another tick. A timer that has not fired
+    /// keeps the waker it took, so no other task can be at that address meanwhile.
     pub fn poll_passed(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(due) = self.due else {
             return false;
@@ -169,6 +187,41 @@ mod tests {
             waited < Duration::from_millis(400),
             "passed after {waited:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_deadline_never_passes_before_its_limit() {
+        // The coarse clock trails the precise one by up to a tick: a deadline kept
+        // on it alone would pass up to a tick early, one time in a few, when its
+        // timer fires for an earlier deadline and is armed again for the rest (as
+        // on a kept connection, whose each request moves it later).
+        for (first, limit) in [
+            (1, 23),
+            (2, 31),
+            (5, 37),
+            (6, 41),
+            (7, 43),
+            (9, 47),
+            (10, 53),
+        ]
+        .into_iter()
+        .chain([
+            (11, 59),
+            (13, 61),
+            (14, 67),
+            (15, 71),
+            (17, 73),
+            (18, 79),
+            (19, 83),
+        ]) {
+            let (first, limit) = (Duration::from_millis(first), Duration::from_millis(limit));
+            let start = std::time::Instant::now();
+            let mut deadline = Deadline::after(first);
+            deadline.set(limit);
+            passes(&mut deadline).await;
+            let waited = start.elapsed();
+            assert!(waited >= limit, "{limit:?} passed after {waited:?}");
+        }
     }
 
     #[tokio::test]
