@@ -177,10 +177,13 @@ impl Settings {
 }
 
 /// The settings in force, as a student connection keeps them: taken again with a
-/// compare of one pointer while no reload has swapped them. A connection holds the
-/// generation it last used until its next request or its end (at most the
-/// request-head timeout for an idle one), as an old nginx worker serves its
-/// connections after a reload.
+/// compare of one pointer while no reload has swapped them. Every request gets the
+/// settings in force when it comes. A connection on the gateway's own HTTP/1.1 side
+/// holds the generation it last used until its next request or its end (at most
+/// the request-head timeout for an idle one), as an old nginx worker serves its
+/// connections after a reload; one that hyper serves (HTTP/2, a handed-over
+/// HTTP/1.1) calls a clone of its stack for each request, so the stack it keeps
+/// holds the generation the connection opened with until the connection closes.
 pub type SettingsCache = Cache<Arc<ArcSwap<Settings>>, Arc<Settings>>;
 
 /// The shared state of the public listener. Cheap to share behind an `Arc`; nothing

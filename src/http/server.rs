@@ -1012,18 +1012,22 @@ fn parse(
     let mut keep_alive = version == Version::HTTP_11;
     let mut close = false;
     let mut passed = PassedLines::default();
-    // Every line into the map after all: more than `PassedLines` holds, or a
-    // `Connection` naming lines, which the proxy removes from the map.
+    // Every line into the map after all: more than `PassedLines` holds, an empty
+    // value, or a `Connection` naming lines, which the proxy removes from the map.
     let mut whole = !pass;
     for line in parsed.headers.iter() {
         let raw_name = line.name.as_bytes();
-        if !whole && !line.value.is_empty() && PassedLines::passes_request(raw_name) {
+        if !whole && PassedLines::passes_request(raw_name) {
             let end = offset(line.value) + line.value.len();
             let span = u16::try_from(offset(raw_name))
                 .ok()
                 .zip(u16::try_from(end).ok());
             match span {
-                Some((start, end)) if passed.push(start, end, false) => continue,
+                // An empty value goes through the map, and so then does every
+                // line: lines of one name must not part ways, or their order would.
+                Some((start, end)) if !line.value.is_empty() && passed.push(start, end, false) => {
+                    continue
+                }
                 _ => whole = true,
             }
         }

@@ -321,6 +321,16 @@ async fn a_browsers_own_lines_reach_the_node_once_each() {
     }
 }
 
+/// Lines of one name keep the student's order when one of them is empty (an empty
+/// value goes through the map, and so then does every line).
+#[tokio::test]
+async fn a_browsers_lines_of_one_name_keep_their_order_when_one_is_empty() {
+    let gateway = in_front_of(echo_upstream().await, "").await;
+    let head = browser_head("Accept-Encoding: br\r\nAccept-Encoding:\r\n");
+    let lines = echoed(&gateway, &head).await;
+    assert_eq!(named(&lines, "accept-encoding"), ["gzip, br", "br", ""]);
+}
+
 /// A `Connection` line naming one of a browser's lines takes it away, as it does
 /// any other: the line is the student's hop's alone.
 #[tokio::test]
