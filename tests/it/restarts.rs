@@ -298,24 +298,8 @@ async fn a_get_whose_node_dies_before_answering_is_sent_again_and_a_post_is_not(
 /// `getremoteaddr()` and its logs would see the gateway as the student otherwise).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_sent_again_behind_a_trusted_proxy_names_the_student_once() {
-    let node = Dying::start().await;
-    let data = crate::support::named_upstream("data").await;
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\ntrusted_proxies = [\"127.0.0.1/32\"]\n{PATIENT_HEALTH}\
-         [[nodes]]\nname = \"web1\"\nurl = \"http://{}\"\n[data]\nname = \"data\"\nurl = \"http://{data}\"\n",
-        node.addr
-    );
-    let gateway = TestGateway::start(&text).await;
-    let login = crate::support::get(&gateway.url("/login/index.php")).await;
-    assert_eq!(login.status, 200);
-    node.arm(1);
-    let request = Request::get(gateway.url("/course/view.php?id=2"))
-        .header("cookie", "MoodleSession=d1e2f3g4h5i6j7k8l9m0n1o2p3")
-        .header("x-forwarded-for", "198.51.100.23")
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let page = crate::support::client().request(request).await.unwrap();
-    assert_eq!(page.status(), 200, "the GET went again and got its page");
+    let trusted = "trusted_proxies = [\"127.0.0.1/32\"]\n";
+    let (node, gateway) = sent_again(trusted, &[("x-forwarded-for", "198.51.100.23")]).await;
     let host = gateway.addr.to_string();
     let chain = format!("for: 198.51.100.23, 127.0.0.1 | proto: http | host: {host}");
     assert_eq!(
@@ -329,25 +313,11 @@ async fn a_get_sent_again_behind_a_trusted_proxy_names_the_student_once() {
 /// gateway's header map by: once each, both times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_sent_again_carries_the_browsers_own_lines_each_time() {
-    let node = Dying::start().await;
-    let data = crate::support::named_upstream("data").await;
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\n{PATIENT_HEALTH}\
-         [[nodes]]\nname = \"web1\"\nurl = \"http://{}\"\n[data]\nname = \"data\"\nurl = \"http://{data}\"\n",
-        node.addr
-    );
-    let gateway = TestGateway::start(&text).await;
-    let login = crate::support::get(&gateway.url("/login/index.php")).await;
-    assert_eq!(login.status, 200);
-    node.arm(1);
-    let request = Request::get(gateway.url("/course/view.php?id=2"))
-        .header("cookie", "MoodleSession=d1e2f3g4h5i6j7k8l9m0n1o2p3")
-        .header("user-agent", "Firefox/128.0")
-        .header("accept-language", "pt-PT")
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let page = crate::support::client().request(request).await.unwrap();
-    assert_eq!(page.status(), 200, "the GET went again and got its page");
+    let browser = [
+        ("user-agent", "Firefox/128.0"),
+        ("accept-language", "pt-PT"),
+    ];
+    let (node, gateway) = sent_again("", &browser).await;
     let host = format!("host: {}", gateway.addr);
     let browser = ["accept-language: pt-pt", "user-agent: firefox/128.0"];
     let mut lines = vec!["for: 127.0.0.1", "proto: http", &host];
@@ -362,6 +332,32 @@ async fn a_get_sent_again_carries_the_browsers_own_lines_each_time() {
         })
         .collect();
     assert_eq!(tries, [lines.clone(), lines], "both tries, once each");
+}
+
+/// A student's GET, with `headers`, through a gateway (`extra` config lines) to a
+/// node that closes the first try without answering: the page must come from the
+/// second try.
+async fn sent_again(extra: &str, headers: &[(&str, &str)]) -> (Dying, TestGateway) {
+    let node = Dying::start().await;
+    let data = crate::support::named_upstream("data").await;
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n{extra}{PATIENT_HEALTH}\
+         [[nodes]]\nname = \"web1\"\nurl = \"http://{}\"\n[data]\nname = \"data\"\nurl = \"http://{data}\"\n",
+        node.addr
+    );
+    let gateway = TestGateway::start(&text).await;
+    let login = crate::support::get(&gateway.url("/login/index.php")).await;
+    assert_eq!(login.status, 200);
+    node.arm(1);
+    let mut request = Request::get(gateway.url("/course/view.php?id=2"))
+        .header("cookie", "MoodleSession=d1e2f3g4h5i6j7k8l9m0n1o2p3");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(axum::body::Body::empty()).unwrap();
+    let page = crate::support::client().request(request).await.unwrap();
+    assert_eq!(page.status(), 200, "the GET went again and got its page");
+    (node, gateway)
 }
 
 /// The data server restarting its web server for a second (a refused connect while
