@@ -26,7 +26,7 @@ use crate::http::offload;
 use crate::http::pool::{ConnectError, Conns, NodeBody, Pool, SendError};
 use crate::http::spool::Spool;
 use crate::http::upload::{RequestBody, Upload};
-use crate::http::wire::PassedLines;
+use crate::http::wire::{names_lines, PassedLines};
 
 /// How long the parts of one exchange may take, and how large the upload may be.
 #[derive(Debug, Clone, Copy)]
@@ -455,16 +455,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Removes the hop-by-hop headers of a map known to have some.
 fn strip_listed_hop_by_hop(headers: &mut HeaderMap) {
-    let lists_more = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .any(|t| {
-            !(t.is_empty()
-                || t.eq_ignore_ascii_case(b"keep-alive")
-                || t.eq_ignore_ascii_case(b"close"))
-        });
+    let lists_more =
+        (headers.get_all(header::CONNECTION).iter()).any(|v| names_lines(v.as_bytes()));
     if lists_more {
         let listed: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
