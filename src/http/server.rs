@@ -1031,9 +1031,7 @@ fn parse(
                 _ => whole = true,
             }
         }
-        let Some(name) =
-            known_request_name(raw_name).or_else(|| HeaderName::from_bytes(raw_name).ok())
-        else {
+        let Some(name) = request_name(raw_name) else {
             return Parsed::ForHyper;
         };
         if name == header::CONTENT_LENGTH {
@@ -1065,9 +1063,7 @@ fn parse(
         spans.clear();
         for line in parsed.headers.iter() {
             let raw_name = line.name.as_bytes();
-            let Some(name) =
-                known_request_name(raw_name).or_else(|| HeaderName::from_bytes(raw_name).ok())
-            else {
+            let Some(name) = request_name(raw_name) else {
                 return Parsed::ForHyper;
             };
             spans.push((name, offset(line.value) as u32, line.value.len() as u32));
@@ -1102,6 +1098,12 @@ fn parse(
         keep_alive,
         passed,
     })
+}
+
+/// A request line's name: a browser's usual spelling without a parse, any other
+/// checked; `None` for one `http` refuses (hyper's to answer).
+fn request_name(raw: &[u8]) -> Option<HeaderName> {
+    known_request_name(raw).or_else(|| HeaderName::from_bytes(raw).ok())
 }
 
 /// Whether the bytes after the first `parsed` of `buf` may complete a head: they
