@@ -96,15 +96,17 @@ fn journey(
         let journey = gateway.journey(request, &client, &mut served, &settings);
         let mut response = journey.await;
         if noting {
-            response.extensions_mut().insert(trail(&gateway, served));
+            response.extensions_mut().insert(trail(&settings, served));
         }
         Ok(response)
     }
 }
 
 /// The gateway's part of an access log line, by name.
-fn trail(gateway: &Gateway, served: Served) -> Trail {
-    let settings = gateway.settings();
+///
+/// The node names come from the request's own settings: the node it went to is in
+/// them, and no second load of the swap is needed.
+fn trail(settings: &Settings, served: Served) -> Trail {
     let upstreams = &settings.upstreams;
     let name = |id| {
         let data = upstreams.data();
