@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use http::StatusCode;
+use http::{Method, StatusCode};
 use moodle_gateway::config::NodeState;
 use moodle_gateway::demo::standin::Cluster;
 use moodle_gateway::demo::Browser;
@@ -738,8 +738,11 @@ async fn two_admins_draining_the_last_two_active_nodes_on_two_gateways_at_once_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
 async fn two_gateways_moving_one_session_at_the_same_moment_end_on_one_node() {
+    // Redis given all the time it needs: a gateway that finds it slower than
+    // `store.timeout` moves the student alone, by design (the store is shared, so
+    // either node has the session), and a loaded CI machine did once.
     let keys = "session.store = \"shared\"\nhealth.interval = \"100ms\"\n\
-                health.timeout = \"50ms\"\nhealth.fall = 1\n";
+                health.timeout = \"50ms\"\nhealth.fall = 1\nstore.timeout = \"5s\"\n";
     let site = Site::start(3, &["gw-a", "gw-b"], keys).await;
     let (a, b) = (site.gw(0), site.gw(1));
     let mut on_web1 = Vec::new();
@@ -770,9 +773,16 @@ async fn two_gateways_moving_one_session_at_the_same_moment_end_on_one_node() {
     let mut first = on_web1.remove(0);
     let page = first.get("/my/").await.unwrap();
     assert!(!["", "web1"].contains(&page.upstream()), "moved");
+    // Each node answers late, so that both gateways have moved the session before
+    // either learns the new id its node issues: a request that arrives after that
+    // carries an id already retired everywhere, bound to no node to agree on.
+    let late = [("x-standin-delay-ms", "300")];
     for (n, student) in on_web1.iter().enumerate() {
         let (mut here, mut there) = (student.at(a.addr), student.at(b.addr));
-        let (page_a, page_b) = tokio::join!(here.get("/my/"), there.get("/my/"));
+        let (page_a, page_b) = tokio::join!(
+            here.send(Method::GET, "/my/", None, &late),
+            there.send(Method::GET, "/my/", None, &late)
+        );
         let (page_a, page_b) = (page_a.unwrap(), page_b.unwrap());
         // Answered by a node (the stand-ins keep sessions per node: it asks them
         // to log in again), not by the gateway.
