@@ -338,8 +338,13 @@ pub struct Fill {
 impl Fill {
     /// The node's answer, read for the cache as it streams to the student when it may
     /// be kept; otherwise the answer as it is (and the fill given up).
-    pub fn keep<B>(self, response: Response<B>) -> Response<Teed<B>> {
-        let (parts, body) = response.into_parts();
+    pub fn keep<B: Splice>(self, response: Response<B>) -> Response<Teed<B>> {
+        let (mut parts, mut body) = response.into_parts();
+        // The caching lines pass the map by on their way to the student (see
+        // `PassedLines::passes`): the cache reads and keeps them, so they go back.
+        if let Some(passed) = body.take_passed() {
+            passed.fold_into(&mut parts.headers);
+        }
         let limit = self.cache.max_entry;
         let length = parts.headers.get(header::CONTENT_LENGTH);
         let length = length.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());

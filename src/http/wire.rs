@@ -244,21 +244,29 @@ impl std::fmt::Debug for PassedLines {
 impl PassedLines {
     /// Whether a line named `name` (any case) passes. A name joins this list only
     /// once nothing on an answer's way reads it: not the session learning
-    /// (`Set-Cookie`), the offload (`X-Accel-*`), the asset cache (its kept and
-    /// deciding names), the framing (`Content-Length`, `Transfer-Encoding`,
-    /// `Connection`), the tunnel (`Upgrade`) or a redirect (`Location`).
+    /// (`Set-Cookie`), the offload (`X-Accel-*`), the framing (`Content-Length`,
+    /// `Transfer-Encoding`, `Connection`), the tunnel (`Upgrade`), a redirect
+    /// (`Location`) or Moodle's maintenance page (`Retry-After`). The caching
+    /// lines pass too (`Content-Type`, `Cache-Control`, `ETag`, …): the asset
+    /// cache is their only reader, and an answer it may keep has them folded back
+    /// into its map first ([`crate::http::asset_cache::Fill::keep`]). A Moodle page
+    /// sends five of them.
     pub(crate) fn passes(name: &[u8]) -> bool {
         if name.len() > 2 && name_is(&name[..2], b"x-") {
             return !is_accel(name);
         }
         match name.len() {
-            4 => name_is(name, b"date"),
-            6 => name_is(name, b"server"),
-            13 => name_is(name, b"accept-ranges"),
+            4 => name_is(name, b"date") || name_is(name, b"etag") || name_is(name, b"vary"),
+            6 => name_is(name, b"server") || name_is(name, b"pragma"),
+            7 => name_is(name, b"expires"),
+            12 => name_is(name, b"content-type"),
+            13 => [b"accept-ranges", b"cache-control", b"last-modified"]
+                .iter()
+                .any(|known| name_is(name, *known)),
             15 => name_is(name, b"referrer-policy"),
-            16 => name_is(name, b"content-language"),
+            16 => name_is(name, b"content-language") || name_is(name, b"content-encoding"),
             18 => name_is(name, b"content-style-type"),
-            19 => name_is(name, b"content-script-type"),
+            19 => name_is(name, b"content-script-type") || name_is(name, b"content-disposition"),
             _ => false,
         }
     }
@@ -505,11 +513,21 @@ mod tests {
             "Referrer-Policy",
             "accept-ranges",
             "X-Node",
+            // The asset cache's, folded back for an answer it may keep.
+            "content-type",
+            "Cache-Control",
+            "expires",
+            "ETag",
+            "last-modified",
+            "vary",
+            "Pragma",
+            "content-encoding",
+            "Content-Disposition",
         ] {
             assert!(PassedLines::passes(name.as_bytes()), "{name}");
         }
         // Read on an answer's way: by the session learning, the offload, the
-        // framing, the tunnel, a redirect, a refusal, the asset cache.
+        // framing, the tunnel, a redirect, a refusal, the maintenance check.
         for name in [
             "set-cookie",
             "Set-Cookie2",
@@ -525,17 +543,8 @@ mod tests {
             "location",
             "retry-after",
             "www-authenticate",
-            "content-type",
-            "cache-control",
-            "expires",
-            "etag",
-            "last-modified",
-            "vary",
             "age",
-            "pragma",
-            "content-encoding",
             "content-range",
-            "content-disposition",
             "x-",
         ] {
             assert!(!PassedLines::passes(name.as_bytes()), "{name}");

@@ -300,11 +300,3 @@ async fn a_body_with_a_length_is_kept_once_that_much_came_as_hyper_stops_polling
     fill.keep(short).into_body().collect().await.unwrap();
     assert!(hit(&cache, "short", "").is_none(), "cut short: not kept");
 }
-
-#[test]
-fn no_line_an_entry_keeps_is_passed_beside_the_map() {
-    // A passed line never reaches the cache, which reads the map alone.
-    for name in KEPT.iter().chain(&ON_304) {
-        assert!(!PassedLines::passes(name.as_str().as_bytes()), "{name}");
-    }
-}
