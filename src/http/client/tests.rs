@@ -520,6 +520,21 @@ async fn an_answer_the_gateway_reads_closely_keeps_every_line_in_its_map() {
 }
 
 #[tokio::test]
+async fn lines_of_one_name_keep_their_order_when_one_is_empty() {
+    let script = answers(
+        b"HTTP/1.1 200 OK\r\nServer: nginx\r\nCache-Control: no-store\r\n\
+          Cache-Control:\r\nCache-Control: private\r\nContent-Length: 2\r\n\r\nok",
+    );
+    let answer = exchange(script).await.unwrap();
+    assert!(answer.passed.is_none(), "passed: {:?}", answer.passed);
+    let lines: Vec<&str> = (answer.head.headers().get_all("cache-control").iter())
+        .map(|value| value.to_str().unwrap())
+        .collect();
+    assert_eq!(lines, ["no-store", "", "private"]);
+    assert_eq!(answer.head.headers()["server"], "nginx");
+}
+
+#[tokio::test]
 async fn more_lines_than_are_passed_all_stay_in_the_map_in_their_order() {
     let mut head = b"HTTP/1.1 200 OK\r\nServer: nginx\r\n".to_vec();
     for n in 0..20 {
