@@ -746,11 +746,8 @@ impl Connection {
                 }
                 let (name_at, name_len, value_at, value_len) = span(line);
                 if PassedLines::passes(name) {
-                    // An empty value would stay in the map while a filled line of its
-                    // name passed, and the two would go out in another order: every
-                    // line goes into the map instead, as on the students' side.
                     let date = name_is(name, b"date");
-                    whole |= value_len == 0 || !passed.push(name_at, value_at + value_len, date);
+                    whole |= !passed.push(name_at, value_at, value_at + value_len, date);
                     continue;
                 }
                 whole |= is_accel(name);

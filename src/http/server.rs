@@ -1018,18 +1018,16 @@ fn parse(
     for line in parsed.headers.iter() {
         let raw_name = line.name.as_bytes();
         if !whole && PassedLines::passes_request(raw_name) {
-            let end = offset(line.value) + line.value.len();
-            let span = u16::try_from(offset(raw_name))
-                .ok()
-                .zip(u16::try_from(end).ok());
-            match span {
-                // An empty value goes through the map, and so then does every
-                // line: lines of one name must not part ways, or their order would.
-                Some((start, end)) if !line.value.is_empty() && passed.push(start, end, false) => {
-                    continue
+            let value_at = offset(line.value);
+            // A head past 64 KiB (`max_header_bytes` allows it) keeps its lines in
+            // the map; the name and the value's start come before the end.
+            if let Ok(end) = u16::try_from(value_at + line.value.len()) {
+                let (start, value_at) = (offset(raw_name) as u16, value_at as u16);
+                if passed.push(start, value_at, end, false) {
+                    continue;
                 }
-                _ => whole = true,
             }
+            whole = true;
         }
         let Some(name) = request_name(raw_name) else {
             return Parsed::ForHyper;

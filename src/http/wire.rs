@@ -322,9 +322,15 @@ impl PassedLines {
         self.lines().map(|line| line.len() + 2).sum()
     }
 
-    /// Takes the line whose name starts at `start` and whose value ends at `end`
-    /// in the head; `false` (the line not taken) once the list is full.
-    pub(crate) fn push(&mut self, start: u16, end: u16, date: bool) -> bool {
+    /// Takes the line whose name starts at `start` and whose value runs from
+    /// `value_at` to `end` in the head. `false` (the line not taken, and the caller
+    /// keeps every line in its map) once the list is full, or for an empty value:
+    /// an empty line goes through the map, and its namesakes must go with it, or
+    /// lines of one name would go out in another order.
+    pub(crate) fn push(&mut self, start: u16, value_at: u16, end: u16, date: bool) -> bool {
+        if value_at == end {
+            return false;
+        }
         let Some(span) = self.spans.get_mut(usize::from(self.count)) else {
             return false;
         };
@@ -607,8 +613,12 @@ mod tests {
     fn a_requests_values_are_read_from_its_map_then_its_passed_lines() {
         let head = Bytes::from_static(b"GET / HTTP/1.1\r\nAccept:  text/html\r\nACCEPT:*/*\r\n");
         let mut passed = PassedLines::default();
-        assert!(passed.push(16, 34, false));
-        assert!(passed.push(36, 46, false));
+        assert!(passed.push(16, 25, 34, false));
+        assert!(passed.push(36, 43, 46, false));
+        assert!(
+            !passed.push(36, 46, 46, false),
+            "an empty value is not taken"
+        );
         passed.set_head(head);
         struct Carrying(PassedLines);
         impl PassesLines for Carrying {
