@@ -659,17 +659,19 @@ impl Connection {
 
     /// Reads more of the answer into the buffer: `Ok(0)` when the node closed.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.buf.capacity() - self.buf.len() < MIN_READ {
-            if self.buf.is_empty() {
-                // The last chunks handed out may still be waiting for a slow
-                // student: their buffer is reused only once they are gone.
-                if !self.buf.try_reclaim(NODE_BUFFER) {
-                    self.buf = BytesMut::with_capacity(NODE_BUFFER);
-                }
-            } else {
-                self.buf
-                    .reserve(NODE_BUFFER.saturating_sub(self.buf.len()).max(MIN_READ));
+        if self.buf.is_empty() {
+            // Read from the buffer's start again whenever nothing holds it: the
+            // lines the last answer used are still in the CPU's cache, where the
+            // kernel's copy into the next 2 KiB on had to fetch them, every
+            // answer (a loaded pool's buffers are a megabyte). The last chunks
+            // handed out may still be waiting for a slow student: their buffer
+            // is reused only once they are gone.
+            if !self.buf.try_reclaim(NODE_BUFFER) && self.buf.capacity() < MIN_READ {
+                self.buf = BytesMut::with_capacity(NODE_BUFFER);
             }
+        } else if self.buf.capacity() - self.buf.len() < MIN_READ {
+            self.buf
+                .reserve(NODE_BUFFER.saturating_sub(self.buf.len()).max(MIN_READ));
         }
         tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
     }

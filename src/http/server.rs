@@ -208,6 +208,12 @@ impl Reading {
     /// Reads more into the buffer, with room for `room` bytes: `Ok(0)` when the
     /// student closed.
     fn poll_fill(&mut self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<usize>> {
+        // From the buffer's start again whenever nothing holds it (the last
+        // request's lines are gone): the bytes there are still in the CPU's cache.
+        // A buffer still held is read on into what is left of it.
+        if self.buf.is_empty() {
+            let _reclaimed = self.buf.try_reclaim(room);
+        }
         if self.buf.capacity() - self.buf.len() < 1024 {
             self.buf.reserve(room);
         }

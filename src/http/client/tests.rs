@@ -551,3 +551,77 @@ async fn more_lines_than_are_passed_all_stay_in_the_map_in_their_order() {
     let expected: Vec<String> = (0..20).map(|n| n.to_string()).collect();
     assert_eq!(lines, expected);
 }
+
+/// A node that answers every request on one kept connection with `answer`.
+async fn node_answering_each(answer: &'static [u8]) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let (mut read, mut chunk) = (Vec::new(), [0u8; 4096]);
+        loop {
+            while let Some(end) = memchr::memmem::find(&read, b"\r\n\r\n") {
+                read.drain(..end + 4);
+                stream.write_all(answer).await.unwrap();
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => read.extend_from_slice(&chunk[..n]),
+            }
+        }
+    });
+    addr
+}
+
+/// One GET on `conn`, its body as the pieces the connection handed out.
+async fn body_pieces(conn: &mut Connection) -> Vec<Bytes> {
+    conn.start(
+        request(Method::GET, None),
+        None,
+        None,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    poll_fn(|cx| conn.poll_head(cx)).await.unwrap();
+    let mut pieces = Vec::new();
+    while let Some(piece) = poll_fn(|cx| conn.poll_data(cx)).await {
+        pieces.push(piece.unwrap());
+    }
+    assert!(conn.finish(), "the connection was not kept");
+    pieces
+}
+
+#[tokio::test]
+async fn a_kept_connection_reads_each_answer_into_the_same_memory_once_the_last_is_gone() {
+    let addr = node_answering_each(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello").await;
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let mut conn = Connection::new(WriteStall::new(stream, Duration::from_secs(10)));
+    let first = body_pieces(&mut conn).await;
+    let at = first[0].as_ptr();
+    drop(first);
+    // The bytes the last answer used are the ones still in the CPU's cache.
+    for _ in 0..3 {
+        let next = body_pieces(&mut conn).await;
+        assert_eq!(next.concat(), b"hello");
+        assert_eq!(next[0].as_ptr(), at, "the answer was read elsewhere");
+    }
+}
+
+#[tokio::test]
+async fn an_answer_a_slow_student_still_holds_is_never_written_over_by_the_next() {
+    let addr = node_answering_each(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello").await;
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let mut conn = Connection::new(WriteStall::new(stream, Duration::from_secs(10)));
+    // Every answer is still held when the next is read.
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        held.push(body_pieces(&mut conn).await);
+    }
+    for pieces in &held {
+        assert_eq!(pieces.concat(), b"hello");
+    }
+    let mut places: Vec<_> = held.iter().map(|pieces| pieces[0].as_ptr()).collect();
+    places.sort();
+    places.dedup();
+    assert_eq!(places.len(), held.len(), "two answers shared their bytes");
+}
