@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use cli::{Cli, Command, ConfigArg};
@@ -106,6 +107,13 @@ fn check(path: &std::path::Path) -> ExitCode {
     }
 }
 
+/// How long a blocking thread (a snapshot, a sweep, a spool's write) waits for more
+/// work before it ends; tokio's default is 10 s. While a second thread lives, the
+/// process's descriptor table is shared, and the kernel takes and drops a reference
+/// on every socket each read and write uses; a snapshot every 30 s kept one alive a
+/// third of the time. A spool's writes follow each other far sooner than this.
+const BLOCKING_LINGER: Duration = Duration::from_secs(1);
+
 /// The runtime: as many worker threads as `TOKIO_WORKER_THREADS` says, else one per
 /// core. With a single worker, tokio's current-thread scheduler does the same work
 /// without the multi-thread scheduler's cross-thread bookkeeping.
@@ -120,7 +128,11 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
     } else {
         tokio::runtime::Builder::new_multi_thread()
     };
-    match builder.enable_all().build() {
+    match builder
+        .enable_all()
+        .thread_keep_alive(BLOCKING_LINGER)
+        .build()
+    {
         Ok(runtime) => Some(runtime),
         Err(error) => {
             eprintln!("cannot start the runtime: {error}");
