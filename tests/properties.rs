@@ -341,6 +341,30 @@ mod issued_session {
         ]
     }
 
+    /// What the root site's session cookie comes to when `cookie::Cookie::parse`
+    /// reads the lines (the gateway's reading until 2026-12-05), its last line for
+    /// the cookie at `/` deciding; dates far from today, so the clock does not count.
+    fn as_the_cookie_crate_reads(lines: &[String]) -> Option<IssuedSession<'_>> {
+        use cookie::time::{Duration, OffsetDateTime};
+        let line = (lines.iter())
+            .filter(|line| {
+                let rest = line.trim_ascii_start().strip_prefix("MoodleSession");
+                rest.is_some_and(|rest| rest.trim_ascii_start().starts_with('='))
+            })
+            .filter_map(|line| cookie::Cookie::parse(line.as_str()).ok())
+            .rfind(|c| c.name() == "MoodleSession" && c.path().is_none_or(|p| p == "/"))?;
+        let expired = match (line.max_age(), line.expires_datetime()) {
+            (Some(age), _) => age <= Duration::ZERO,
+            (None, Some(at)) => at <= OffsetDateTime::now_utc(),
+            (None, None) => false,
+        };
+        let value = line.value_raw()?;
+        if expired || value.is_empty() || value == "deleted" {
+            return Some(IssuedSession::Cleared);
+        }
+        is_valid_session_id(value).then_some(IssuedSession::Id(value))
+    }
+
     proptest! {
         #[test]
         fn never_panics_on_any_set_cookie_lines(
@@ -390,6 +414,51 @@ mod issued_session {
             let line = format!("MoodleSession={id}; {}", attributes.join("; "));
             let headers = header_lines(SET_COOKIE, &[&line]);
             prop_assert_eq!(root().issued_session(&headers), Some(IssuedSession::Cleared), "{}", line);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn set_cookie_lines_are_read_as_the_cookie_crate_reads_them(
+            lines in prop::collection::vec(
+                (
+                    select(vec!["MoodleSession", " MoodleSession ", "MoodleSession\u{a0}", "Other"]),
+                    select(vec!["=", " = ", "=\"", ""]),
+                    prop_oneof![session_id(), Just("deleted".to_owned()), Just(String::new())],
+                    prop::collection::vec(
+                        (
+                            select(vec![
+                                "Path", "path", " PATH ", "Max-Age", "max-age", "\u{a0}Max-Age",
+                                "Expires", "expires", "Secure", "HttpOnly", "Domain", "",
+                            ]),
+                            select(vec!["=", " = ", ""]),
+                            select(vec![
+                                "/", "/elsewhere/", "", "0", "-1", "-", "60", "+5", "1e3",
+                                "99999999999999999999", "\u{a0}7", "None",
+                                "Thu, 01-Jan-1970 00:00:01 GMT", "Fri, 01 Jan 2100 00:00:00 GMT",
+                                "Sun Nov  6 08:49:37 1994", "yesterday",
+                            ]),
+                        ),
+                        0..5,
+                    ),
+                ),
+                1..4,
+            ),
+        ) {
+            let text: Vec<String> = lines
+                .iter()
+                .map(|(name, eq, value, attributes)| {
+                    let attributes: String = attributes
+                        .iter()
+                        .map(|(key, eq, value)| format!("; {key}{eq}{value}"))
+                        .collect();
+                    format!("{name}{eq}{value}{attributes}")
+                })
+                .collect();
+            let headers = header_lines(SET_COOKIE, &text);
+            prop_assert_eq!(root().issued_session(&headers), as_the_cookie_crate_reads(&text), "{:?}", text);
         }
     }
 }

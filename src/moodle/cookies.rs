@@ -58,15 +58,17 @@ impl Site {
             .get_all(SET_COOKIE)
             .iter()
             .filter(|h| self.names_session_cookie(h.as_bytes()))
-            .filter_map(|h| Cookie::parse(std::str::from_utf8(h.as_bytes()).ok()?).ok())
-            .rfind(|c| c.name() == self.cookie && c.path().is_none_or(|p| p == self.cookie_path))?;
+            .filter_map(|h| SetCookie::parse(std::str::from_utf8(h.as_bytes()).ok()?))
+            .rfind(|c| c.name == self.cookie && c.path.is_none_or(|p| p == self.cookie_path))?;
         // RFC 6265: Max-Age, when present, overrides Expires.
-        let expired = match (line.max_age(), line.expires_datetime()) {
+        let expired = match (line.max_age, line.expires) {
             (Some(age), _) => age <= Duration::ZERO,
-            (None, Some(at)) => at <= now(),
-            (None, None) => false,
+            (None, true) => (Cookie::parse(line.line).ok())
+                .and_then(|cookie| cookie.expires_datetime())
+                .is_some_and(|at| at <= now()),
+            (None, false) => false,
         };
-        let value = line.value_raw()?;
+        let value = line.value;
         if expired || value.is_empty() || value == "deleted" {
             return Some(IssuedSession::Cleared);
         }
@@ -79,6 +81,95 @@ impl Site {
             .strip_prefix(self.cookie.as_bytes())
             .is_some_and(|rest| rest.trim_ascii_start().first() == Some(&b'='))
     }
+}
+
+/// What a `Set-Cookie` line says of the cookie it sets, as far as the gateway reads
+/// it: read as the `cookie` crate's `Cookie::parse` reads it (the same pieces, the
+/// same trimming, the last of an attribute wins), which stays the reader of a date.
+///
+/// Why not `Cookie::parse` itself: it spent some 2,400 instructions on each new
+/// session's line, a tenth of a new visitor's whole request, mostly a `String` for
+/// each attribute's name and the attributes no route depends on.
+struct SetCookie<'a> {
+    line: &'a str,
+    name: &'a str,
+    /// As sent, quotes and all.
+    value: &'a str,
+    path: Option<&'a str>,
+    max_age: Option<Duration>,
+    /// It has an `Expires` attribute (read with `Cookie::parse` when it counts).
+    expires: bool,
+}
+
+impl<'a> SetCookie<'a> {
+    /// `None` where `Cookie::parse` fails: no `=` before the first `;`, or no name.
+    fn parse(line: &'a str) -> Option<Self> {
+        let mut attributes = line.split(';');
+        let (name, value) = split_at_eq(attributes.next()?)?;
+        let (name, value) = (trim(name), trim(value));
+        if name.is_empty() {
+            return None;
+        }
+        let mut cookie = SetCookie {
+            line,
+            name,
+            value,
+            path: None,
+            max_age: None,
+            expires: false,
+        };
+        for attribute in attributes {
+            // `Secure`, `HttpOnly` and the others without a value route nothing.
+            let Some((key, value)) = split_at_eq(attribute) else {
+                continue;
+            };
+            let (key, value) = (trim(key), trim(value));
+            if key.eq_ignore_ascii_case("path") {
+                cookie.path = Some(value);
+            } else if key.eq_ignore_ascii_case("max-age") {
+                cookie.max_age = max_age(value).or(cookie.max_age);
+            } else if key.eq_ignore_ascii_case("expires") {
+                cookie.expires = true;
+            }
+        }
+        Some(cookie)
+    }
+}
+
+/// `str::split_once('=')`, a byte at a time: the pieces are a few bytes long, too
+/// short for the search `split_once` sets up.
+fn split_at_eq(s: &str) -> Option<(&str, &str)> {
+    let at = s.bytes().position(|b| b == b'=')?;
+    Some((&s[..at], &s[at + 1..]))
+}
+
+/// `str::trim`, which `Cookie::parse` uses (Unicode's white space), without
+/// decoding characters when both ends are ASCII.
+fn trim(s: &str) -> &str {
+    let ascii = s.trim_ascii();
+    match (ascii.as_bytes().first(), ascii.as_bytes().last()) {
+        (Some(&first), Some(&last)) if !first.is_ascii() || !last.is_ascii() => s.trim(),
+        _ => ascii,
+    }
+}
+
+/// A `Max-Age` value as `Cookie::parse` reads it: digits, perhaps after a `-` (any
+/// negative age is none, RFC 6265 5.2.2), too many of them the longest age; anything
+/// else is ignored.
+fn max_age(value: &str) -> Option<Duration> {
+    let (negative, digits) = match value.strip_prefix('-') {
+        Some(digits) => (true, digits),
+        None => (false, value),
+    };
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(match negative {
+        true => Duration::ZERO,
+        false => digits
+            .parse()
+            .map_or(Duration::seconds(i64::MAX), Duration::seconds),
+    })
 }
 
 /// Whether `s` is an id PHP would accept (`session.sid_length` 22–256, `[A-Za-z0-9,-]`):
