@@ -87,9 +87,9 @@ impl Site {
 /// it: read as the `cookie` crate's `Cookie::parse` reads it (the same pieces, the
 /// same trimming, the last of an attribute wins), which stays the reader of a date.
 ///
-/// Why not `Cookie::parse` itself: it spent some 2,400 instructions on each new
-/// session's line, a tenth of a new visitor's whole request, mostly a `String` for
-/// each attribute's name and the attributes no route depends on.
+/// Why not `Cookie::parse` itself: with it, reading a new session's line took some
+/// 2,800 instructions, a tenth of a new visitor's whole request (a `String` for each
+/// attribute's name, and the attributes no route depends on); this way about 1,850.
 struct SetCookie<'a> {
     line: &'a str,
     name: &'a str,
