@@ -90,8 +90,8 @@ const HEAD_ROOM: usize = 1024;
 pub struct Connection {
     io: WriteStall<TcpStream>,
     /// What the node sent and nobody took yet. Kept between exchanges: the next
-    /// answer is read into what is left of it, so that a small page costs no
-    /// allocation here.
+    /// answer is read into its start if nothing holds the last one's bytes, else
+    /// into what is left of it, so that a small page costs no allocation here.
     buf: BytesMut,
     out: Outgoing<BODY_PARTS>,
     /// The request's body while it is being sent.
@@ -534,8 +534,10 @@ impl Connection {
         self.reading = Reading::Idle;
         // Not taken (the answer went elsewhere): they hold the buffer's bytes.
         self.passed = PassedLines::default();
-        if self.buf.capacity() - self.buf.len() < MIN_READ {
-            // Used up: renewed at the next read anyway, so not held meanwhile.
+        // Used up: taken back to its start if nothing holds it (as `poll_fill` would),
+        // else let go, so that an idle connection does not keep the memory a slow
+        // student's chunks still pin.
+        if self.buf.capacity() - self.buf.len() < MIN_READ && !self.buf.try_reclaim(NODE_BUFFER) {
             self.buf = BytesMut::new();
         }
         clean
