@@ -225,26 +225,6 @@ fn is_number(segment: &str) -> bool {
 
 /// The segments `file_pluginfile()` explodes, after `PARAM_PATH` has emptied and dropped some.
 fn moodle_segments(path: &str) -> impl Iterator<Item = &str> {
-    split_slashes(path)
+    super::split_at(path, b'/')
         .filter(|s| !cleaned_is(s, "") && !cleaned_is(s, ".") && !cleaned_is(s, ".."))
-}
-
-/// `path.split('/')`, found byte by byte: a segment here is a few bytes long, and
-/// the char searcher's set-up for each (a `memchr`) cost more than the search, some
-/// 125 instructions a segment on every SCORM file's request.
-pub(super) fn split_slashes(path: &str) -> impl Iterator<Item = &str> {
-    let mut rest = Some(path);
-    std::iter::from_fn(move || {
-        let now = rest?;
-        match now.bytes().position(|b| b == b'/') {
-            Some(at) => {
-                rest = Some(&now[at + 1..]);
-                Some(&now[..at])
-            }
-            None => {
-                rest = None;
-                Some(now)
-            }
-        }
-    })
 }

@@ -6,7 +6,8 @@ use cookie::time::OffsetDateTime;
 use http::header::{COOKIE, SET_COOKIE};
 use http::HeaderMap;
 
-use super::paths::{normalise_path, split_slashes};
+use super::paths::normalise_path;
+use super::split_at;
 use super::*;
 use http::HeaderValue;
 use IssuedSession::{Cleared, Id};
@@ -391,6 +392,18 @@ fn a_get_that_carries_sesskey_may_have_changed_something_and_is_not_repeated() {
     assert!(!super::may_repeat(Some("d=5&sesskey=Xy12&return=1")));
 }
 
+proptest::proptest! {
+    #[test]
+    fn text_cut_at_a_byte_is_what_str_split_gives(
+        text in "([a-z=é\u{a0} ]{0,3}[;/]{0,2}){0,6}",
+        byte in proptest::sample::select(vec![b';', b'/']),
+    ) {
+        let ours: Vec<&str> = split_at(&text, byte).collect();
+        let std: Vec<&str> = text.split(char::from(byte)).collect();
+        proptest::prop_assert_eq!(ours, std);
+    }
+}
+
 #[test]
 fn segments_split_byte_by_byte_are_the_segments_str_split_gives() {
     for path in [
@@ -403,7 +416,7 @@ fn segments_split_byte_by_byte_are_the_segments_str_split_gives() {
         "/42/mod_scorm/content/1/é.html",
         "ü/",
     ] {
-        let ours: Vec<&str> = split_slashes(path).collect();
+        let ours: Vec<&str> = split_at(path, b'/').collect();
         let std: Vec<&str> = path.split('/').collect();
         assert_eq!(ours, std, "{path:?}");
     }
