@@ -40,6 +40,10 @@ for wl in $WORKLOADS; do
                 BENCH_IDS=$WORK/ids.txt wrk -t1 -c64 -d"${SECS}s" -s "$here/lua/paced.lua" \
                 "http://127.0.0.1:${PROXY_PORT[$proxy]}" 2>&1 | grep BENCHRESULT)
             c1=$(cpu_ticks "$pid")
+            if [ -z "$result" ]; then
+                echo "$wl r$round $proxy: wrk gave no result (is the proxy up? run with KEEP_WORK=1 and read its log)"
+                continue
+            fi
             echo "$wl r$round $proxy $result cpu_ticks=$((c1 - c0)) clk_tck=$CLK_TCK" | awk '{
                 for (i = 4; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
                 printf "%s %s %-8s %7.0f req/s  p50 %5.2f  p90 %5.2f  p99 %5.2f  cpu %5.1f  errors %d\n",
