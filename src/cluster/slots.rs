@@ -366,6 +366,19 @@ impl Slots {
         }
     }
 
+    /// A slot on this node if one is free at once (under its cap, nobody waiting):
+    /// [`acquire`](Self::acquire)'s first step, for a caller that keeps its clock
+    /// and its timer for a request that has to wait.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
+        let cap = self.cap();
+        if cap == 0 {
+            return Some(Permit { slots: None });
+        }
+        self.take_free(&mut self.lock(), cap).then(|| Permit {
+            slots: Some(self.clone()),
+        })
+    }
+
     /// A slot on this node: at once while it is under its cap and nobody waits,
     /// else when its turn comes by the aging rule. Dropping the future gives the
     /// place up (and a slot handed over in that very moment back).
@@ -375,9 +388,10 @@ impl Slots {
             return Ok(Permit { slots: None });
         }
         let (place, answer) = {
+            // Looked at and joined under one lock, so that a slot freed in between
+            // cannot pass a request that is about to wait for it.
             let mut line = self.lock();
-            if line.active < cap && line.waiters.is_empty() {
-                line.active += 1;
+            if self.take_free(&mut line, cap) {
                 return Ok(Permit {
                     slots: Some(self.clone()),
                 });
@@ -473,6 +487,13 @@ impl Slots {
         if over || !self.hand_over(&mut line) {
             line.active = line.active.saturating_sub(1);
         }
+    }
+
+    /// Takes a slot if one is free at once: under the cap, and nobody waiting for one.
+    fn take_free(&self, line: &mut Line, cap: usize) -> bool {
+        let free = line.active < cap && line.waiters.is_empty();
+        line.active += usize::from(free);
+        free
     }
 
     fn lock(&self) -> MutexGuard<'_, Line> {

@@ -95,14 +95,14 @@ impl Gateway {
         hold: &mut Option<Hold>,
         settings: &Settings,
     ) -> Result<(Route, Permit, Option<Duration>), GatewayError> {
-        let started = Instant::now();
-        let deadline = started + ask.patience;
+        // The clock is read, and the timer set, only for a request that has to wait:
+        // most find a slot free at once, and a precise read costs some 34 ns.
+        let mut timing: Option<(Instant, Instant)> = None;
         loop {
             let upstream = settings
                 .upstream(route)
                 .ok_or(GatewayError::NoNodeAvailable)?;
-            let capped = upstream.slots.cap() > 0;
-            if !capped {
+            if upstream.slots.cap() == 0 {
                 // No cap, no line: no timer, no lock, nothing to wait for.
                 return match upstream.slots.acquire(ask).await {
                     Ok(permit) => Ok((route, permit, None)),
@@ -110,26 +110,31 @@ impl Gateway {
                     Err(ended) => Err(self.turned_away(upstream, ask.class, ended)),
                 };
             }
-            ask.patience = deadline.saturating_duration_since(Instant::now());
-            let got = tokio::select! {
-                // First, so that a slot free at once starts no timer.
-                biased;
-                got = upstream.slots.acquire(ask) => got,
-                () = unable(upstream, route) => {
-                    route = self.rerouted(route, known, hold, settings).await?;
-                    continue;
-                }
-            };
-            let waited = capped.then(|| started.elapsed());
-            return match got {
-                Ok(permit) => {
-                    if let Some(waited) = waited {
-                        self.metrics.waited(ask.class, waited);
-                        if ask.class == Class::Newcomer {
-                            settings.upstreams.crowd().newcomer_waited(waited);
+            let got = match upstream.slots.try_acquire() {
+                Some(permit) => Ok(permit),
+                None => {
+                    let now = Instant::now();
+                    let (_, deadline) = *timing.get_or_insert((now, now + ask.patience));
+                    ask.patience = deadline.saturating_duration_since(now);
+                    tokio::select! {
+                        // First, so that a slot freed meanwhile starts no timer.
+                        biased;
+                        got = upstream.slots.acquire(ask) => got,
+                        () = unable(upstream, route) => {
+                            route = self.rerouted(route, known, hold, settings).await?;
+                            continue;
                         }
                     }
-                    Ok((route, permit, waited))
+                }
+            };
+            let waited = timing.map_or(Duration::ZERO, |(started, _)| started.elapsed());
+            return match got {
+                Ok(permit) => {
+                    self.metrics.waited(ask.class, waited);
+                    if ask.class == Class::Newcomer {
+                        settings.upstreams.crowd().newcomer_waited(waited);
+                    }
+                    Ok((route, permit, Some(waited)))
                 }
                 Err(ended) => Err(self.turned_away(upstream, ask.class, ended)),
             };

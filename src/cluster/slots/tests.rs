@@ -73,6 +73,42 @@ async fn under_the_cap_a_request_goes_at_once_and_the_next_waits_for_a_freed_slo
 }
 
 #[tokio::test]
+async fn a_slot_free_at_once_is_taken_without_waiting_and_none_past_the_cap() {
+    let slots = node(1, 100);
+    let held = slots.try_acquire().expect("an idle node has a free slot");
+    assert_eq!(slots.now().active, 1);
+    assert!(slots.try_acquire().is_none(), "at its cap");
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let waiting = waiter(
+        &slots,
+        ask(Class::LoggedIn, Instant::now()),
+        "waiting",
+        &served,
+    );
+    settle().await;
+    drop(held);
+    assert_eq!(
+        order.recv().await,
+        Some("waiting"),
+        "the freed slot went to the waiter"
+    );
+    waiting.await.unwrap().unwrap();
+    let again = slots
+        .try_acquire()
+        .expect("free again once the waiter let go");
+    drop(again);
+    assert_eq!(
+        slots.now().active,
+        0,
+        "a slot taken at once is given back on drop"
+    );
+    assert!(
+        node(0, 100).try_acquire().is_some(),
+        "a node without a cap never refuses"
+    );
+}
+
+#[tokio::test]
 async fn a_freed_slot_goes_to_logged_in_then_anonymous_then_newcomers_then_by_arrival() {
     let slots = node(1, 100);
     let t0 = Instant::now();
