@@ -7,7 +7,6 @@ use http::header::{COOKIE, SET_COOKIE};
 use http::HeaderMap;
 
 use super::paths::normalise_path;
-use super::split_at;
 use super::*;
 use http::HeaderValue;
 use IssuedSession::{Cleared, Id};
