@@ -257,11 +257,16 @@ where
 /// `stop` is polled only when its own waker fired (and once at first): the
 /// connection's task wakes twice a request for its own reasons, and each poll of
 /// the listener's watch takes its lock (about 350 instructions a request, 1 % of
-/// a small page's user-space work).
+/// a small page's user-space work). For the same reason the task's waker is handed
+/// to `woken` only when it is not there already: a registration is two locked
+/// instructions, a check that it would wake the same task two compares.
 pub(crate) struct Stopping<'a> {
     stop: Pin<&'a mut (dyn Future<Output = ()> + Send)>,
     woken: Arc<StopWoken>,
     waker: Waker,
+    /// The task's waker as last handed to `woken.task`; a wake takes it out of
+    /// there, and says so by setting `woken.woken` after it has.
+    registered: Option<Waker>,
     stopped: bool,
 }
 
@@ -273,6 +278,7 @@ impl<'a> Stopping<'a> {
             stop,
             woken,
             waker,
+            registered: None,
             stopped: false,
         }
     }
@@ -282,12 +288,27 @@ impl<'a> Stopping<'a> {
         if self.stopped {
             return true;
         }
-        self.woken.task.register(cx.waker());
-        if self.woken.woken.swap(false, Ordering::AcqRel) {
+        // Registered before the flag is read: a wake after this point wakes the
+        // task, one before it left the flag set.
+        if !(self.registered.as_ref()).is_some_and(|waker| waker.will_wake(cx.waker())) {
+            self.register(cx);
+        }
+        let woken = &self.woken.woken;
+        if woken.load(Ordering::Acquire) && woken.swap(false, Ordering::AcqRel) {
+            // That wake took the task's waker with it.
+            self.register(cx);
             let mut stop_cx = Context::from_waker(&self.waker);
             self.stopped = self.stop.as_mut().poll(&mut stop_cx).is_ready();
         }
         self.stopped
+    }
+
+    fn register(&mut self, cx: &Context<'_>) {
+        self.woken.task.register(cx.waker());
+        match &mut self.registered {
+            Some(waker) => waker.clone_from(cx.waker()),
+            None => self.registered = Some(cx.waker().clone()),
+        }
     }
 }
 
@@ -313,9 +334,14 @@ impl Wake for StopWoken {
         self.wake_by_ref();
     }
 
+    /// The waker is taken before the flag is set: a task that finds the flag set
+    /// knows its waker is gone and hands it over again.
     fn wake_by_ref(self: &Arc<Self>) {
+        let task = self.task.take();
         self.woken.store(true, Ordering::Release);
-        self.task.wake();
+        if let Some(task) = task {
+            task.wake();
+        }
     }
 }
 
@@ -617,5 +643,109 @@ async fn drain(connections: &Connections, grace: Duration) {
     };
     if tokio::time::timeout(grace, drained).await.is_err() {
         tracing::warn!("shutdown grace passed with requests still in flight");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// A listener's stop that resolves when told to, and whose waker the test can
+    /// fire without resolving it (as a watch does when its value changes to `false`).
+    #[derive(Default)]
+    struct Stop {
+        ready: AtomicBool,
+        waker: Mutex<Option<Waker>>,
+    }
+
+    impl Stop {
+        fn wake(&self, ready: bool) {
+            self.ready.store(ready, Ordering::SeqCst);
+            let waker = self.waker.lock().unwrap().take();
+            waker
+                .expect("the stop was polled and left its waker")
+                .wake();
+        }
+    }
+
+    /// A connection's task: counts how often it is woken.
+    #[derive(Default)]
+    struct Task(AtomicUsize);
+
+    impl Wake for Task {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_connection_hears_the_stop_after_any_number_of_wakes_that_were_not_it() {
+        let stop = Arc::new(Stop::default());
+        let mut stop_future = std::pin::pin!({
+            let stop = stop.clone();
+            poll_fn(move |cx| {
+                *stop.waker.lock().unwrap() = Some(cx.waker().clone());
+                match stop.ready.load(Ordering::SeqCst) {
+                    true => Poll::Ready(()),
+                    false => Poll::Pending,
+                }
+            })
+        });
+        let mut stopping = Stopping::new(stop_future.as_mut());
+        let task = Arc::new(Task::default());
+        let waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&waker);
+
+        for woken in 1..=3 {
+            // Polled as the task is for its own reasons: no stop yet, nothing woken.
+            assert!(!stopping.poll_stopped(&mut cx));
+            assert!(!stopping.poll_stopped(&mut cx));
+            // The listener's watch wakes without stopping (a spurious change).
+            stop.wake(false);
+            assert_eq!(
+                task.0.load(Ordering::SeqCst),
+                woken,
+                "each wake reaches the task"
+            );
+        }
+        assert!(!stopping.poll_stopped(&mut cx));
+        stop.wake(true);
+        assert_eq!(
+            task.0.load(Ordering::SeqCst),
+            4,
+            "the stop itself reaches the task"
+        );
+        assert!(stopping.poll_stopped(&mut cx));
+    }
+
+    #[test]
+    fn a_connection_polled_by_another_task_hands_that_task_the_stop() {
+        let stop = Arc::new(Stop::default());
+        let mut stop_future = std::pin::pin!({
+            let stop = stop.clone();
+            poll_fn(move |cx| {
+                *stop.waker.lock().unwrap() = Some(cx.waker().clone());
+                match stop.ready.load(Ordering::SeqCst) {
+                    true => Poll::Ready(()),
+                    false => Poll::Pending,
+                }
+            })
+        });
+        let mut stopping = Stopping::new(stop_future.as_mut());
+        let (first, second) = (Arc::new(Task::default()), Arc::new(Task::default()));
+        let first_waker = Waker::from(first.clone());
+        let second_waker = Waker::from(second.clone());
+        assert!(!stopping.poll_stopped(&mut Context::from_waker(&first_waker)));
+        assert!(!stopping.poll_stopped(&mut Context::from_waker(&second_waker)));
+        stop.wake(true);
+        assert_eq!(first.0.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            second.0.load(Ordering::SeqCst),
+            1,
+            "the task that polled last is woken"
+        );
+        assert!(stopping.poll_stopped(&mut Context::from_waker(&second_waker)));
     }
 }
