@@ -255,7 +255,12 @@ impl AffinityTable {
         if self.expired(&entry, now) {
             return None;
         }
-        let last_seen = entry.last_seen.swap(now, Ordering::Relaxed);
+        // Seconds: all but a session's first request in a second leave it as it
+        // is, without the locked instruction a swap costs every time.
+        let last_seen = entry.last_seen.load(Ordering::Relaxed);
+        if last_seen != now {
+            entry.last_seen.store(now, Ordering::Relaxed);
+        }
         entry.requests.fetch_add(1, Ordering::Relaxed);
         if !entry.used.load(Ordering::Relaxed) {
             entry.used.store(true, Ordering::Relaxed);
