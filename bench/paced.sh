@@ -26,6 +26,7 @@ for proxy in gateway haproxy nginx; do
         "$WORK/map-$proxy" >/dev/null 2>&1
 done
 echo "pace ${PACE} ms, 64 connections, ${SECS} s a run; latency in ms, proxy CPU in µs a request"
+LINES=$WORK/paced.lines
 for wl in $WORKLOADS; do
     for round in $(seq "$ROUNDS"); do
         case $((round % 3)) in
@@ -50,8 +51,11 @@ for wl in $WORKLOADS; do
                     $1, $2, $3, v["requests"] / (v["duration_us"] / 1e6), v["p50_us"] / 1000,
                     v["p90_us"] / 1000, v["p99_us"] / 1000,
                     v["cpu_ticks"] / v["clk_tck"] * 1e6 / v["requests"],
-                    v["err_connect"] + v["err_read"] + v["err_write"] + v["err_status"] + v["err_timeout"] }'
+                    v["err_connect"] + v["err_read"] + v["err_write"] + v["err_status"] + v["err_timeout"] }' |
+                tee -a "$LINES"
         done
     done
 done
+echo
+python3 "$BENCHTOOL" paced-summary "$LINES"
 stack_stop >/dev/null 2>&1
