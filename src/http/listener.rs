@@ -661,6 +661,18 @@ mod tests {
     }
 
     impl Stop {
+        /// The future a connection is handed: ready once told, its waker left here.
+        fn until_told(self: &Arc<Self>) -> impl Future<Output = ()> + Send {
+            let stop = self.clone();
+            poll_fn(move |cx| {
+                *stop.waker.lock().unwrap() = Some(cx.waker().clone());
+                match stop.ready.load(Ordering::SeqCst) {
+                    true => Poll::Ready(()),
+                    false => Poll::Pending,
+                }
+            })
+        }
+
         fn wake(&self, ready: bool) {
             self.ready.store(ready, Ordering::SeqCst);
             let waker = self.waker.lock().unwrap().take();
@@ -683,16 +695,7 @@ mod tests {
     #[test]
     fn a_connection_hears_the_stop_after_any_number_of_wakes_that_were_not_it() {
         let stop = Arc::new(Stop::default());
-        let mut stop_future = std::pin::pin!({
-            let stop = stop.clone();
-            poll_fn(move |cx| {
-                *stop.waker.lock().unwrap() = Some(cx.waker().clone());
-                match stop.ready.load(Ordering::SeqCst) {
-                    true => Poll::Ready(()),
-                    false => Poll::Pending,
-                }
-            })
-        });
+        let mut stop_future = std::pin::pin!(stop.until_told());
         let mut stopping = Stopping::new(stop_future.as_mut());
         let task = Arc::new(Task::default());
         let waker = Waker::from(task.clone());
@@ -723,16 +726,7 @@ mod tests {
     #[test]
     fn a_connection_polled_by_another_task_hands_that_task_the_stop() {
         let stop = Arc::new(Stop::default());
-        let mut stop_future = std::pin::pin!({
-            let stop = stop.clone();
-            poll_fn(move |cx| {
-                *stop.waker.lock().unwrap() = Some(cx.waker().clone());
-                match stop.ready.load(Ordering::SeqCst) {
-                    true => Poll::Ready(()),
-                    false => Poll::Pending,
-                }
-            })
-        });
+        let mut stop_future = std::pin::pin!(stop.until_told());
         let mut stopping = Stopping::new(stop_future.as_mut());
         let (first, second) = (Arc::new(Task::default()), Arc::new(Task::default()));
         let first_waker = Waker::from(first.clone());
