@@ -676,6 +676,24 @@ mod tests {
     }
 
     #[test]
+    fn a_session_in_use_never_idles_out_however_old_it_is() {
+        let t = table(10);
+        let key = t.key("busy-xxxxxxxxxxxxxxxxxxxxx");
+        t.bind(key, node(3), SessionState::Anonymous);
+        for _ in 0..3 {
+            t.clock().advance(Duration::from_secs(3000));
+            assert_eq!(t.lookup(key), Some(node(3)), "used within the idle limit");
+        }
+        assert_eq!(t.sweep(), 0, "9,000 s old, just used: kept");
+        t.clock().advance(Duration::from_secs(3601));
+        assert_eq!(
+            t.lookup(key),
+            None,
+            "idle past the limit since its last use"
+        );
+    }
+
+    #[test]
     fn at_the_bound_the_oldest_anonymous_sessions_go_first() {
         let t = table(100);
         let ids = |prefix: &str, n: usize| -> Vec<SessionKey> {
