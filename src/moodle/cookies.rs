@@ -174,8 +174,22 @@ fn max_age(value: &str) -> Option<Duration> {
 
 /// Whether `s` is an id PHP would accept (`session.sid_length` 22–256, `[A-Za-z0-9,-]`):
 /// anything else is never a key the gateway can route on.
+///
+/// Every request's cookie and every new session's `Set-Cookie` are checked, and a
+/// random id's mix of letters and digits defeated the branch predictor of a range
+/// test per byte (about 1 % of a new visitor's CPU): a table, read for every byte.
 pub fn is_valid_session_id(s: &str) -> bool {
-    (22..=256).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b',' || b == b'-')
+    (22..=256).contains(&s.len()) && s.bytes().fold(true, |ok, b| ok & SID_BYTES[usize::from(b)])
 }
+
+/// `[A-Za-z0-9,-]`, the bytes of a PHP session id.
+static SID_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let byte = b as u8;
+        table[b] = byte.is_ascii_alphanumeric() || byte == b',' || byte == b'-';
+        b += 1;
+    }
+    table
+};

@@ -300,6 +300,16 @@ fn session_ids_follow_phps_alphabet_and_length() {
     assert!(!is_valid_session_id(&"a".repeat(257)));
     assert!(!is_valid_session_id("abcdefghijklmnopqrstuvwxyz_1"));
     assert!(!is_valid_session_id("deleted"));
+    // Every byte outside the alphabet, at the start, the middle and the end.
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b == b',' || b == b'-';
+    for c in (0..=255u8).map(char::from).chain(['é', '€', '\u{0}']) {
+        let expected = c.is_ascii() && allowed(c as u8);
+        for at in [0, 13, 25] {
+            let mut id: String = "abcdefghijklmnopqrstuvwxyz".into();
+            id.replace_range(at..at + 1, c.encode_utf8(&mut [0; 4]));
+            assert_eq!(is_valid_session_id(&id), expected, "{c:?} at {at}");
+        }
+    }
 }
 
 #[test]
