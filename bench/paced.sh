@@ -9,7 +9,11 @@
 #   bench/paced.sh target/release/moodle-gateway "W1 W2 W3"     # ~2.5 min
 #   PACE_MS=1.5 ROUNDS=5 bench/paced.sh target/release/moodle-gateway W1
 #
-# Needs nginx, haproxy and wrk. Knobs: ROUNDS [3], SECS [5] seconds a run, PACE_MS [3].
+# Needs nginx, haproxy and wrk. Knobs: ROUNDS [3], SECS [5] seconds a run, PACE_MS [3],
+# PIN [0]: 1 gives the proxies the last CPU to themselves and wrk and the backends the
+# others (taskset), the shape of a production gateway whose PHP runs elsewhere; on a
+# shared core the scheduler's placement of the backends moves the p99 as much as the
+# proxies do. The paced load fits on the remaining CPU of a 2-core machine.
 set -uo pipefail
 BIN=$(realpath "$1"); WORKLOADS=${2:-W1}; SECS=${SECS:-5}; ROUNDS=${ROUNDS:-3}; PACE=${PACE_MS:-3}
 export BENCH_PORT_BASE=18800 PROXY_THREADS=1
@@ -20,6 +24,18 @@ CLK_TCK=$(getconf CLK_TCK)
 stack_init
 export GATEWAY_CMD="$BIN --config \"\$GATEWAY_CONFIG\""
 stack_start >/dev/null 2>&1
+WRK=(wrk)
+if [ "${PIN:-0}" = 1 ]; then
+    last=$(( $(nproc) - 1 ))
+    [ "$last" -ge 1 ] || { echo "PIN=1 needs two CPUs or more"; stack_stop >/dev/null 2>&1; exit 1; }
+    rest=0-$((last - 1))
+    for proxy in gateway haproxy nginx; do
+        for p in $(pid_tree "${PROXY_PID[$proxy]}"); do taskset -a -p -c "$last" "$p" >/dev/null; done
+    done
+    for p in $(pid_tree "$BACKENDS_PID"); do taskset -a -p -c "$rest" "$p" >/dev/null; done
+    WRK=(taskset -c "$rest" wrk)
+    echo "pinned: the proxies on CPU $last, wrk and the backends on $rest"
+fi
 python3 "$BENCHTOOL" gen-ids 10000 "$WORK/ids.txt"
 for proxy in gateway haproxy nginx; do
     python3 "$BENCHTOOL" warmup "http://127.0.0.1:${PROXY_PORT[$proxy]}" "$WORK/ids.txt" \
@@ -38,7 +54,7 @@ for wl in $WORKLOADS; do
             pid=${PROXY_PID[$proxy]}
             c0=$(cpu_ticks "$pid")
             result=$(BENCH_LUA=$here/lua/workload.lua BENCH_PACE_MS=$PACE BENCH_WORKLOAD=$wl \
-                BENCH_IDS=$WORK/ids.txt wrk -t1 -c64 -d"${SECS}s" -s "$here/lua/paced.lua" \
+                BENCH_IDS=$WORK/ids.txt "${WRK[@]}" -t1 -c64 -d"${SECS}s" -s "$here/lua/paced.lua" \
                 "http://127.0.0.1:${PROXY_PORT[$proxy]}" 2>&1 | grep BENCHRESULT)
             c1=$(cpu_ticks "$pid")
             if [ -z "$result" ]; then
