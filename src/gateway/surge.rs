@@ -75,7 +75,8 @@ pub(super) struct Admission<'a> {
 
 impl Gateway {
     /// The turns a request waits for before its node's line, on a capped node
-    /// only: its session's, then (a quiz start) the node's start gate. A start that
+    /// only: its session's (a request on its session's node), then (a quiz start)
+    /// the node's start gate. A start that
     /// waited at the gate stands in the line from the moment it passed: the gate
     /// was its wait, and students already answering go first.
     pub(super) async fn admission(
@@ -94,7 +95,10 @@ impl Gateway {
             return Ok(admission);
         };
         let max = settings.surge.session_max_active;
-        if let Some(known) = known.filter(|_| max > 0) {
+        // Only a request on its session's own node reads the session and waits for
+        // its lock; a sessionless asset (theme, JavaScript) does not.
+        let in_session = matches!(route, Route::Sticky(_) | Route::Moved(_));
+        if let Some(known) = known.filter(|_| max > 0 && in_session) {
             let turn = (self.turns).take(known.key, max, ask.patience).await;
             let turn = turn.map_err(|no| {
                 let ended = match no {
