@@ -433,6 +433,10 @@ fn restart_needed(running: &Config, next: &Config) -> Vec<String> {
             r.timeouts.request_headers != n.timeouts.request_headers,
         ),
         (
+            "timeouts.keep_alive",
+            r.timeouts.keep_alive != n.timeouts.keep_alive,
+        ),
+        (
             "[state]",
             r.state.file != n.state.file || r.state.save_every != n.state.save_every,
         ),

@@ -75,18 +75,36 @@ async fn tls_connect(
     cert: &TestCert,
     alpn: &[u8],
 ) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let config = client_config(cert, alpn, rustls::DEFAULT_VERSIONS);
+    connect_with(addr, &config).await
+}
+
+/// A client that trusts `cert` and offers `alpn` over `versions`; it keeps the
+/// sessions it is given in a store its clones share, as a browser does.
+fn client_config(
+    cert: &TestCert,
+    alpn: &[u8],
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.der.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![alpn.to_vec()];
+    config
+}
+
+async fn connect_with(
+    addr: SocketAddr,
+    config: &rustls::ClientConfig,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let name = ServerName::try_from("localhost").unwrap();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config.clone()));
     connector.connect(name, tcp).await.unwrap()
 }
 
@@ -253,13 +271,13 @@ async fn h2_after_one_request(
 }
 
 /// Idle HTTP/2 connections holding every place under `max_connections` are closed
-/// after `request_headers` without a stream, as idle HTTP/1.1 ones are, so the next
+/// after `keep_alive` without a stream, as idle HTTP/1.1 ones are, so the next
 /// student gets in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http2_connections_are_closed_so_the_next_student_gets_in() {
     let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
     let cert = TestCert::new("h2idle");
-    let extra = "limits.max_connections = 2\ntimeouts.request_headers = \"1s\"";
+    let extra = "limits.max_connections = 2\ntimeouts.keep_alive = \"1s\"";
     let (https, _) = gateway_with(&cluster, &cert, extra).await;
     let mut idle = Vec::new();
     for _ in 0..2 {
@@ -287,4 +305,32 @@ async fn idle_http2_connections_are_closed_so_the_next_student_gets_in() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert!(next.is_some(), "the next student was turned away");
+}
+
+/// An HTTP/2 connection idle for longer than `request_headers` carries the next
+/// request, and one idle past `keep_alive` is closed: not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_kept_for_keep_alive_then_closed() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let cert = TestCert::new("h2kept");
+    let extra = "timeouts.request_headers = \"1s\"\ntimeouts.keep_alive = \"3s\"";
+    let (https, _) = gateway_with(&cluster, &cert, extra).await;
+    let (mut h2, connection) = h2_after_one_request(https, &cert).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1800)).await;
+    assert!(!connection.is_finished(), "closed after 1.8 s idle");
+    let request = Request::get("https://localhost/login/index.php")
+        .version(Version::HTTP_2)
+        .body(Body::empty())
+        .unwrap();
+    let response = h2.send_request(request).await.expect("the kept connection");
+    assert_eq!(response.status(), 200);
+    body_text(response).await;
+    let idle = std::time::Instant::now();
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(15), connection).await;
+    assert!(closed.is_ok(), "still open 15 s after its last answer");
+    let after = idle.elapsed();
+    assert!(
+        after >= std::time::Duration::from_millis(2500),
+        "closed {after:?} after its last answer"
+    );
 }
