@@ -334,3 +334,36 @@ async fn an_idle_http2_connection_is_kept_for_keep_alive_then_closed() {
         "closed {after:?} after its last answer"
     );
 }
+
+/// A student whose connection closed comes back with an abbreviated handshake (the
+/// gateway's ticket), over TLS 1.3 and 1.2, and the click is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_student_who_reconnects_resumes_the_tls_session() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let cert = TestCert::new("resume");
+    let (https, _) = gateway(&cluster, &cert).await;
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let browser = client_config(&cert, b"http/1.1", &[version]);
+        let mut handshakes = Vec::new();
+        for _ in 0..2 {
+            let stream = connect_with(https, &browser).await;
+            handshakes.push(stream.get_ref().1.handshake_kind());
+            let (mut h1, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            let connection = tokio::spawn(connection);
+            let request = Request::get("/login/index.php")
+                .header("host", "localhost")
+                .body(Body::empty())
+                .unwrap();
+            // Reading the answer reads the TLS 1.3 tickets sent before it.
+            let response = h1.send_request(request).await.unwrap();
+            assert_eq!(response.status(), 200);
+            body_text(response).await;
+            drop(h1);
+            let _ = connection.await;
+        }
+        let want = [rustls::HandshakeKind::Full, rustls::HandshakeKind::Resumed].map(Some);
+        assert_eq!(handshakes, want, "{version:?}");
+    }
+}
