@@ -18,13 +18,13 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::{TcpListener, TcpStream};
 
 /// A self-signed certificate for `localhost`, written where the gateway reads it.
-struct TestCert {
+pub struct TestCert {
     dir: std::path::PathBuf,
     der: CertificateDer<'static>,
 }
 
 impl TestCert {
-    fn new(name: &str) -> Self {
+    pub fn new(name: &str) -> Self {
         let key = rcgen::KeyPair::generate().unwrap();
         let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
         let cert = params.self_signed(&key).unwrap();
@@ -56,7 +56,12 @@ async fn gateway(cluster: &Cluster, cert: &TestCert) -> (SocketAddr, SocketAddr)
 async fn gateway_with(cluster: &Cluster, cert: &TestCert, extra: &str) -> (SocketAddr, SocketAddr) {
     let extra = format!("state.file = \"\"\n{extra}");
     let text = cluster.config_toml("127.0.0.1:0", None, &extra);
-    let config = Config::parse(&text, Path::new("."), Default::default()).unwrap();
+    serve_tls(&text, cert).await
+}
+
+/// A gateway of config `text` serving `cert`; its HTTPS and redirect addresses.
+pub async fn serve_tls(text: &str, cert: &TestCert) -> (SocketAddr, SocketAddr) {
+    let config = Config::parse(text, Path::new("."), Default::default()).unwrap();
     let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let redirect = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addrs = (public.local_addr().unwrap(), redirect.local_addr().unwrap());
@@ -81,7 +86,7 @@ async fn tls_connect(
 
 /// A client that trusts `cert` and offers `alpn` over `versions`; it keeps the
 /// sessions it is given in a store its clones share, as a browser does.
-fn client_config(
+pub fn client_config(
     cert: &TestCert,
     alpn: &[u8],
     versions: &[&'static rustls::SupportedProtocolVersion],
@@ -98,7 +103,7 @@ fn client_config(
     config
 }
 
-async fn connect_with(
+pub async fn connect_with(
     addr: SocketAddr,
     config: &rustls::ClientConfig,
 ) -> tokio_rustls::client::TlsStream<TcpStream> {
@@ -346,24 +351,31 @@ async fn a_student_who_reconnects_resumes_the_tls_session() {
         let browser = client_config(&cert, b"http/1.1", &[version]);
         let mut handshakes = Vec::new();
         for _ in 0..2 {
-            let stream = connect_with(https, &browser).await;
-            handshakes.push(stream.get_ref().1.handshake_kind());
-            let (mut h1, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .unwrap();
-            let connection = tokio::spawn(connection);
-            let request = Request::get("/login/index.php")
-                .header("host", "localhost")
-                .body(Body::empty())
-                .unwrap();
-            // Reading the answer reads the TLS 1.3 tickets sent before it.
-            let response = h1.send_request(request).await.unwrap();
-            assert_eq!(response.status(), 200);
-            body_text(response).await;
-            drop(h1);
-            let _ = connection.await;
+            handshakes.push(Some(visit(https, &browser).await));
         }
         let want = [rustls::HandshakeKind::Full, rustls::HandshakeKind::Resumed].map(Some);
         assert_eq!(handshakes, want, "{version:?}");
     }
+}
+
+/// One page over a new HTTP/1.1 connection to `https`, then closed: how its
+/// handshake went. The answer is read, and with it the TLS 1.3 tickets sent before
+/// it, so that `browser` holds them for its next connection.
+pub async fn visit(https: SocketAddr, browser: &rustls::ClientConfig) -> rustls::HandshakeKind {
+    let stream = connect_with(https, browser).await;
+    let handshake = stream.get_ref().1.handshake_kind().unwrap();
+    let (mut h1, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    let request = Request::get("/login/index.php")
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    let response = h1.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    body_text(response).await;
+    drop(h1);
+    let _ = connection.await;
+    handshake
 }
