@@ -182,7 +182,7 @@ impl ResolvesServerCert for CurrentCertificate {
 /// tickets (TLS 1.3, and TLS 1.2 clients that ask), sealed with a key rustls makes
 /// and rotates every 6 hours (a ticket lives 12), so any number of students resume
 /// for no memory on the gateway; a TLS 1.2 client without tickets resumes by id from
-/// [`SESSION_CACHE`]. The keys live in this process: after a restart, or on another
+/// `SESSION_CACHE`. The keys live in this process: after a restart, or on another
 /// gateway, the first handshake is a full one, unless the gateways share a store and
 /// with it their ticket keys ([`crate::http::tickets`], put in by the app).
 pub fn server_config(certs: Arc<Certificates>, http2: bool) -> Arc<ServerConfig> {

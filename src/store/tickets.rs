@@ -56,7 +56,7 @@ const UNTIL_FIRST: Duration = Duration::from_secs(1);
 
 impl Store {
     /// Hands `install` the keys around `period()` ([`Store::ticket_keys`]) as soon
-    /// as Redis answers and every [`EVERY`] after, until `stop`.
+    /// as Redis answers and every minute after (`EVERY`), until `stop`.
     pub async fn keep_ticket_keys(
         &self,
         period: impl Fn() -> u64,
