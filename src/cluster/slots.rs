@@ -51,10 +51,10 @@ use crate::http::pool::Held;
 /// Who is asking, in the order a freed slot goes to them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Class {
-    /// A logged-in student in the middle of work: an open quiz attempt's page turns,
+    /// A logged-in student in the middle of work: an open quiz attempt's pages,
     /// autosave and finish, SCORM tracking, any other write.
     Working,
-    /// A logged-in student's other requests: pages, a quiz start and its first page.
+    /// A logged-in student's other requests: a course page, the dashboard.
     LoggedIn,
     /// A session the nodes issued that has not logged in: the login form, the login
     /// POST of someone already let in.

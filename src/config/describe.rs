@@ -272,8 +272,8 @@ public, at most {} in all and {} each, answered from memory\n",
         format!(
             "surge: {per_node}; the rest wait in the gateway, a bound session for its own \
              node: logged-in students always first (work in progress: an open quiz attempt's \
-             pages, autosave and finish, SCORM tracking and other writes; then their other \
-             pages), then anonymous sessions, then newcomers, then by arrival; within \
+             pages, autosave and finish, a quiz start past its gate, SCORM tracking and \
+             other writes; then their other pages), then anonymous sessions, then newcomers, then by arrival; within \
              students and within the crowd the second class at most {} behind later \
              arrivals; at most {} wait (503 beyond, a newcomer making way for a student); a \
              wait ends in 503 after {} (logged in), {} (a logged-in POST), {} (anonymous), {} \

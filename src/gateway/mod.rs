@@ -451,7 +451,7 @@ impl Gateway {
             // line; read only for them, and a quiz start waits at its node's gate.
             let mut work = None;
             let class = surge::class_of(known, || {
-                let read = self.site.work(uri.path(), uri.query(), asked_for.is_post);
+                let read = self.site.work(uri.path(), asked_for.is_post);
                 *work.insert(read)
             });
             served.class = Some(class);

@@ -40,8 +40,10 @@ static TURNED_AWAY: Every = Every::new(Duration::from_secs(10));
 pub(super) fn class_of(known: Option<Known>, work: impl FnOnce() -> Work) -> Class {
     match known.map(|k| k.state) {
         Some(SessionState::LoggedIn) => match work() {
-            Work::InProgress => Class::Working,
-            Work::QuizStart | Work::New => Class::LoggedIn,
+            // A start has its own pace, at its node's gate (see `admission`); once
+            // through, nothing may hold it up: its student's timer starts with it.
+            Work::InProgress | Work::QuizStart => Class::Working,
+            Work::New => Class::LoggedIn,
         },
         Some(_) => Class::Anonymous,
         None => Class::Newcomer,

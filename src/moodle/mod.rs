@@ -177,14 +177,14 @@ impl Site {
         }))
     }
 
-    /// What a logged-in student's request for `path` and `query` is in the middle of
-    /// (see `work`): the order of the students' line on a busy node. Outside the site,
-    /// or on a path PHP could read two ways, it is new work: no place is gained.
-    pub fn work(&self, path: &str, query: Option<&str>, is_post: bool) -> Work {
+    /// What a logged-in student's request for `path` is in the middle of (see
+    /// `work`): the order of the students' line on a busy node. Outside the site, or
+    /// on a path PHP could read two ways, it is new work: no place is gained.
+    pub fn work(&self, path: &str, is_post: bool) -> Work {
         let Ok(normal) = normalise_path(path) else {
             return Work::New;
         };
-        (self.within(&normal)).map_or(Work::New, |rel| work::work(rel, query, is_post))
+        (self.within(&normal)).map_or(Work::New, |rel| work::work(rel, is_post))
     }
 
     /// Whether a request comes from the Moodle app rather than a browser: the app's
