@@ -896,11 +896,11 @@ fn in_a_quiz_start_wave_every_answer_is_stored_and_nobody_is_logged_out() {
             client,
         };
         let plan = quiz::EXAM_START;
-        let record = quiz::run(&stage, plan).await;
+        let (record, seen) = surge::watched(&gateway, quiz::run(&stage, plan)).await;
         for line in quiz::figures(&record) {
             eprintln!("real-moodle [quiz]: {line}");
         }
-        for line in surge::gateway_figures(&gateway, surge::LineSeen::default()).await {
+        for line in surge::gateway_figures(&gateway, seen).await {
             eprintln!("real-moodle [quiz]: {line}");
         }
         let attempts = quiz::attempts(&site, 0);

@@ -519,13 +519,15 @@ async fn quiz_round(cluster: &Cluster, stage: &Stage, front: &Front) -> QuizRoun
         }
         Front::Haproxy => (None, Some(Haproxy::start_with(cluster, SMALL_POOL, true))),
     };
-    let record = quiz::run(stage, quiz::EXAM_START).await;
+    let (record, seen) = match &gateway {
+        Some(gateway) => surge::watched(gateway, quiz::run(stage, quiz::EXAM_START)).await,
+        None => (quiz::run(stage, quiz::EXAM_START).await, Default::default()),
+    };
     let attempts = quiz::attempts(&stage.site, after);
     for line in quiz::figures(&record) {
         eprintln!("measure_quiz [{}]: {line}", front.name());
     }
     if let Some(gateway) = &gateway {
-        let seen = surge::LineSeen::default();
         for line in surge::gateway_figures(gateway, seen).await {
             eprintln!("measure_quiz [{}]: {line}", front.name());
         }

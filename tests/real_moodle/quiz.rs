@@ -775,9 +775,13 @@ pub fn figures(record: &Record) -> Vec<String> {
     let all = record.early.iter().chain(&record.class);
     let sent: Vec<&Sent> = all.flat_map(|t| &t.requests).collect();
     let failed = sent.iter().filter(|r| r.status != 200).count();
+    let waiting: usize = (record.early.iter().chain(&record.class))
+        .map(|t| t.waiting_pages)
+        .sum();
     vec![
         format!(
-            "a {}-minute quiz; {} requests, {failed} not answered 200 in the end; the class was done {:.1?} after the first click",
+            "a {}-minute quiz; {} requests, {failed} not answered 200 in the end ({waiting} of them waiting pages); \
+             the class was done {:.1?} after the first click",
             record.timelimit / 60,
             sent.len(),
             record.done - start,
@@ -809,9 +813,7 @@ pub fn figures(record: &Record) -> Vec<String> {
             record.autosave_failures(),
             record.errors().len(),
             record.lost().len(),
-            (record.early.iter().chain(&record.class))
-                .map(|t| t.waiting_pages)
-                .sum::<usize>(),
+            waiting,
         ),
     ]
 }

@@ -724,11 +724,20 @@ pub struct LineSeen {
 
 /// [`run`], with `gateway` in front, looking at its line every 200 ms meanwhile.
 pub async fn run_watched(stage: &Stage, plan: Plan, gateway: &Gateway) -> (Record, LineSeen) {
+    watched(gateway, run(stage, plan)).await
+}
+
+/// Runs `scenario` with `gateway` in front, looking at its line every 200 ms until
+/// the scenario is over.
+pub async fn watched<T>(
+    gateway: &Gateway,
+    scenario: impl std::future::Future<Output = T>,
+) -> (T, LineSeen) {
     let done = AtomicBool::new(false);
-    let surge = async {
-        let record = run(stage, plan).await;
+    let scenario = async {
+        let out = scenario.await;
         done.store(true, Ordering::Relaxed);
-        record
+        out
     };
     let watch = async {
         let mut seen = LineSeen::default();
@@ -744,7 +753,7 @@ pub async fn run_watched(stage: &Stage, plan: Plan, gateway: &Gateway) -> (Recor
         }
         seen
     };
-    tokio::join!(surge, watch)
+    tokio::join!(scenario, watch)
 }
 
 /// What the gateway saw and counted of a surge: its line, the room, the requests
