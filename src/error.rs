@@ -249,6 +249,29 @@ impl GatewayError {
     }
 }
 
+impl GatewayError {
+    /// The same answer for the Moodle app, which reads JSON: a web service's error
+    /// fields (`exception`, `errorcode`, `message`) and `login/token.php`'s
+    /// (`error`), so the app shows the message instead of a broken answer; the
+    /// status and `Retry-After` as in [`response`](Self::response).
+    pub fn app_response(self) -> Response<Full<Bytes>> {
+        let message = self.message().trim_end();
+        let body = serde_json::json!({
+            "exception": "moodle_exception",
+            "errorcode": self.kind(),
+            "message": message,
+            "error": message,
+        });
+        let mut response = self.response();
+        *response.body_mut() = Full::new(Bytes::from(body.to_string()));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json; charset=utf-8"),
+        );
+        response
+    }
+}
+
 /// How `/metrics` names each error.
 impl GatewayError {
     /// The label of this error: snake case, stable, never a message.
@@ -399,6 +422,13 @@ mod tests {
             let response = error.response();
             assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
             assert_eq!(response.headers()[header::RETRY_AFTER], "10");
+            let app = error.app_response();
+            assert_eq!(app.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(app.headers()[header::RETRY_AFTER], "10");
+            assert_eq!(
+                app.headers()[header::CONTENT_TYPE],
+                "application/json; charset=utf-8"
+            );
             let page = error.message();
             assert!(page.ends_with("please try again in 10 seconds\n"), "{page}");
         }

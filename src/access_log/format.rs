@@ -13,8 +13,9 @@ use crate::moodle;
 
 /// The combined log format, then the gateway's own fields as `key=value`:
 /// `1.2.3.4 - - [01/Dec/2026:12:00:00 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8"
-/// upstream=web1 upstream_time=0.004 queue_time=0.000 request_time=0.005 session=1f…`
-/// (`queue_time`: the wait for a slot on a capped node, `-` on a node without a cap).
+/// upstream=web1 upstream_time=0.004 queue_time=0.000 class=working request_time=0.005
+/// session=1f…` (`queue_time`: the wait for a slot on a capped node, `class` the line's
+/// class it waited in; both `-` on a node without a cap).
 pub(super) fn combined(p: &Pending) -> String {
     let b = &p.begun;
     let quoted = |v: &Option<String>| v.as_deref().map_or_else(|| "-".into(), escape);
@@ -45,6 +46,7 @@ pub(super) fn combined(p: &Pending) -> String {
         None => write!(line, " queue_time=-"),
     }
     .ok();
+    let _ = write!(line, " class={}", t.class.unwrap_or("-"));
     let elapsed = b.started.elapsed().as_secs_f64();
     let _ = write!(line, " request_time={elapsed:.3}");
     let _ = writeln!(line, " session={}", t.session.as_deref().unwrap_or("-"));
@@ -65,6 +67,7 @@ pub(super) fn json(p: &Pending) -> String {
         "upstream": if t.cached { Some("cache") } else { t.upstream.as_deref() },
         "upstream_time": t.upstream_time.map(|d| d.as_secs_f64()),
         "queue_time": t.queue_time.map(|d| d.as_secs_f64()),
+        "class": t.class,
         "request_time": b.started.elapsed().as_secs_f64(),
         "session": t.session,
     })

@@ -148,6 +148,9 @@ pub struct Trail {
     /// How long it waited in the gateway for a slot on its node (`[surge]`);
     /// `None` on a node without a cap.
     pub queue_time: Option<Duration>,
+    /// The class it stood in line in (`working`, `logged_in`, `anonymous`,
+    /// `newcomer`); `None` on a node without a cap.
+    pub class: Option<&'static str>,
     /// Answered from the gateway's asset cache (`upstream=cache`).
     pub cached: bool,
     /// The keyed hash of the student's session (the admin API's handle).

@@ -599,7 +599,7 @@ mod tests {
                           "state": "active", "health": "up", "health_since": null,
                           "live": 2, "logged_in": 1, "anonymous": 1,
                           "max_active": null, "active": null,
-                          "queued": {"logged_in": 0, "anonymous": 0, "newcomer": 0}});
+                          "queued": {"working": 0, "logged_in": 0, "anonymous": 0, "newcomer": 0}});
         assert_eq!(body["nodes"][0], web1);
         assert_eq!(body["nodes"][1]["url"], "http://10.0.0.2");
         body["data"]["health_since"].take();
@@ -646,9 +646,9 @@ mod tests {
             let fields = ["max_active", "active", "queued"];
             fields.map(|f| node[f].clone())
         };
-        let queued = json!({"logged_in": 1, "anonymous": 0, "newcomer": 2});
+        let queued = json!({"working": 0, "logged_in": 1, "anonymous": 0, "newcomer": 2});
         assert_eq!(slots(&body["nodes"][0]), [json!(1), json!(1), queued]);
-        let idle = json!({"logged_in": 0, "anonymous": 0, "newcomer": 0});
+        let idle = json!({"working": 0, "logged_in": 0, "anonymous": 0, "newcomer": 0});
         assert_eq!(slots(&body["nodes"][1]), [json!(3), json!(0), idle]);
         assert!(body["data"].get("max_active").is_none(), "{}", body["data"]);
         let surge = admin.json("/surge").await;

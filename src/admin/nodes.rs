@@ -85,6 +85,7 @@ struct Slots {
 /// Waiting requests per [`Class`], named as `/metrics` labels them.
 #[derive(Debug, Serialize)]
 struct Queued {
+    working: usize,
     logged_in: usize,
     anonymous: usize,
     newcomer: usize,
@@ -97,6 +98,7 @@ fn slots(now: SlotsNow) -> Slots {
         max_active: capped.then_some(now.cap),
         active: capped.then_some(now.active),
         queued: Queued {
+            working: of(Class::Working),
             logged_in: of(Class::LoggedIn),
             anonymous: of(Class::Anonymous),
             newcomer: of(Class::Newcomer),

@@ -633,8 +633,10 @@ mod tests {
         capped.slots = Some(SlotsNow {
             cap: 4,
             active: 3,
-            queued: [0, 0, 0],
+            queued: [0, 0, 0, 0],
             passed_over: 0,
+            start_share: 2,
+            starts_waiting: 0,
         });
         let mut free = card("web2", "answered 200 OK");
         free.slots = Some(SlotsNow::default());

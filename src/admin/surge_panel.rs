@@ -32,11 +32,21 @@ pub(super) fn card_figures(slots: &SlotsNow) -> Vec<(&'static str, &'static str,
     let mut figures = vec![("In flight / cap", "slots", in_flight)];
     for class in Class::ALL {
         let (label, key) = match class {
+            Class::Working => ("Queued: work in progress", "queued-working"),
             Class::LoggedIn => ("Queued: logged in", "queued-logged-in"),
             Class::Anonymous => ("Queued: anonymous", "queued-anonymous"),
             Class::Newcomer => ("Queued: newcomers", "queued-newcomer"),
         };
         figures.push((label, key, markup!(slots.queued[class.index()])));
+    }
+    if slots.start_share > 0 {
+        let starts = markup!(
+            slots.starts_waiting,
+            " <small>",
+            slots.start_share,
+            " at once</small>"
+        );
+        figures.push(("Quiz starts waiting", "starts-waiting", starts));
     }
     figures
 }
@@ -185,8 +195,10 @@ mod tests {
         let slots = SlotsNow {
             cap: 2,
             active: 2,
-            queued: [5, 1, 9],
+            queued: [3, 5, 1, 9],
             passed_over: 0,
+            start_share: 1,
+            starts_waiting: 40,
         };
         let figures = card_figures(&slots);
         let keys: Vec<_> = figures.iter().map(|f| (f.1, f.2.as_str())).collect();
@@ -194,9 +206,11 @@ mod tests {
             keys,
             [
                 ("slots", "2 / 2 <small>full</small>"),
+                ("queued-working", "3"),
                 ("queued-logged-in", "5"),
                 ("queued-anonymous", "1"),
                 ("queued-newcomer", "9"),
+                ("starts-waiting", "40 <small>1 at once</small>"),
             ]
         );
         let uncapped = card_figures(&SlotsNow::default());

@@ -7,13 +7,18 @@
 //! here, the next request a freed slot goes to is chosen by [`Class`] first, then by
 //! arrival.
 //!
-//! The aging rule (why no class starves): a waiter's place in line is its arrival
-//! plus a handicap of one `aging` per class below the first: a logged-in request at
-//! its arrival, an anonymous one at arrival + `aging`, a newcomer at arrival +
-//! 2 × `aging`. The smallest place goes first. A request arriving later than a
-//! waiter by more than the waiter's handicap lines up behind it, so a newcomer who
-//! has waited 2 × `aging` goes before every logged-in request that comes after, and
-//! each waiter is served after at most its handicap's worth of later arrivals.
+//! The order (why students are never outranked, and nobody starves): the classes
+//! stand in two tiers. Students (a logged-in session: work in progress, then other
+//! pages) always go before the crowd (sessions that have not logged in, then
+//! newcomers), however long the crowd has waited: a student who waits behind the
+//! crowd is a student whose exam stalls, and a crowd of any size would otherwise
+//! outrank them once it had waited long enough. The crowd cannot starve for long,
+//! because students are people who read before they click: their own requests
+//! cannot fill the nodes for ever, and while they do, the waiting room holds the
+//! crowd on its page rather than in this line. Within a tier the aging rule keeps
+//! either class from starving the other: a waiter's place is its arrival, plus one
+//! `aging` for the tier's second class (other pages behind work in progress,
+//! newcomers behind sessions on their way to log in). The smallest place goes first.
 //!
 //! Why a mutex: a slot is handed from the request that frees it straight to the
 //! first waiter, and "is anyone waiting, else give the slot back" must be one step,
@@ -24,6 +29,14 @@
 //! been read to its end or dropped (the PHP worker is busy until then), which the
 //! [`Held`](crate::http::pool::Held) in the node's body does. It knows nothing of
 //! sessions or HTTP: the gateway says which class a request is in.
+//!
+//! Quiz starts have a gate of their own in front of the line ([`Starts`]): a share
+//! of the node's slots that starts may hold at once, the rest of them waiting in
+//! the order they came. See `starts`.
+
+mod starts;
+
+pub use starts::{StartPermit, Starts};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -38,8 +51,10 @@ use crate::http::pool::Held;
 /// Who is asking, in the order a freed slot goes to them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Class {
-    /// A logged-in student: Moodle's real work (quiz pages, autosave, SCORM
-    /// tracking, forum posts, uploads).
+    /// A logged-in student in the middle of work: an open quiz attempt's page turns,
+    /// autosave and finish, SCORM tracking, any other write.
+    Working,
+    /// A logged-in student's other requests: pages, a quiz start and its first page.
     LoggedIn,
     /// A session the nodes issued that has not logged in: the login form, the login
     /// POST of someone already let in.
@@ -50,11 +65,17 @@ pub enum Class {
 
 impl Class {
     /// Every class, first to last.
-    pub const ALL: [Class; 3] = [Class::LoggedIn, Class::Anonymous, Class::Newcomer];
+    pub const ALL: [Class; 4] = [
+        Class::Working,
+        Class::LoggedIn,
+        Class::Anonymous,
+        Class::Newcomer,
+    ];
 
     /// The label in `/metrics`, the dashboard and the access log.
     pub fn as_str(self) -> &'static str {
         match self {
+            Class::Working => "working",
             Class::LoggedIn => "logged_in",
             Class::Anonymous => "anonymous",
             Class::Newcomer => "newcomer",
@@ -66,9 +87,23 @@ impl Class {
         self as usize
     }
 
-    /// How far back in line its requests stand: one `aging` per class above it.
+    /// Whether it belongs to the students' tier, which the crowd never outranks.
+    pub fn is_student(self) -> bool {
+        matches!(self, Class::Working | Class::LoggedIn)
+    }
+
+    /// Its tier: 0 for students, 1 for the crowd.
+    fn tier(self) -> u8 {
+        u8::from(!self.is_student())
+    }
+
+    /// How far back in line its requests stand within their tier: one `aging` for
+    /// the tier's second class.
     fn handicap(self, aging: Duration) -> Duration {
-        aging * self as u32
+        match self {
+            Class::Working | Class::Anonymous => Duration::ZERO,
+            Class::LoggedIn | Class::Newcomer => aging,
+        }
     }
 }
 
@@ -80,7 +115,7 @@ pub struct Ask {
     /// When it arrived, for its place in line: the request's own arrival, or a
     /// waiting-room visitor's first arrival, so an admitted visitor keeps its turn.
     pub arrived: Instant,
-    /// The class step of the aging rule.
+    /// The step of the aging rule within a tier.
     pub aging: Duration,
     /// The longest it waits, from now.
     pub patience: Duration,
@@ -101,8 +136,12 @@ pub enum Ended {
 pub struct Crowd {
     max_waiting: AtomicUsize,
     waiting: AtomicUsize,
+    /// Newcomers among `waiting`: each brings a login's worth of requests after it.
+    newcomers: AtomicUsize,
     /// Capped slots handed back since the start (a finished request).
     freed: AtomicU64,
+    /// Slots given since the start, per [`Class`].
+    served: [AtomicU64; 4],
     pace: Mutex<Pace>,
 }
 
@@ -114,6 +153,11 @@ struct Pace {
     freed: u64,
     /// Slots freed per second, smoothed.
     per_second: f64,
+    /// `served` at the last sample.
+    served: [u64; 4],
+    /// Requests of the crowd per newcomer's first request, smoothed: how many
+    /// requests a newcomer makes before logging in.
+    per_newcomer: f64,
     /// Newcomers' waits for a slot, smoothed, and when the last one got its slot.
     newcomers: Option<(Duration, Instant)>,
 }
@@ -124,17 +168,29 @@ const NEWCOMERS_FORGOTTEN: Duration = Duration::from_secs(5);
 /// How much of the last pace a new sample replaces: a few seconds' memory.
 const PACE_WEIGHT: f64 = 0.5;
 
+/// Requests a newcomer makes before logging in, until the crowd has shown its own
+/// figure: the login page, the login POST, its redirect, the first page.
+const LOGIN_REQUESTS: f64 = 4.0;
+
+/// Bounds on the measured figure: a guest who reads pages without logging in makes
+/// many, a crawler one.
+const PER_NEWCOMER: std::ops::RangeInclusive<f64> = 1.0..=16.0;
+
 impl Crowd {
     /// A crowd that lets at most `max_waiting` requests wait.
     pub fn new(max_waiting: usize) -> Self {
         Self {
             max_waiting: AtomicUsize::new(max_waiting),
             waiting: AtomicUsize::new(0),
+            newcomers: AtomicUsize::new(0),
             freed: AtomicU64::new(0),
+            served: Default::default(),
             pace: Mutex::new(Pace {
                 at: Instant::now(),
                 freed: 0,
                 per_second: 0.0,
+                served: [0; 4],
+                per_newcomer: LOGIN_REQUESTS,
                 newcomers: None,
             }),
         }
@@ -155,6 +211,11 @@ impl Crowd {
         self.sampled().per_second
     }
 
+    /// Counts a slot given to a request of `class` (at once or after a wait).
+    pub fn served(&self, class: Class) {
+        self.served[class.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The pace, sampled anew when the last sample is a second old; the lock held.
     fn sampled(&self) -> MutexGuard<'_, Pace> {
         let mut pace = self.pace.lock().unwrap_or_else(PoisonError::into_inner);
@@ -168,6 +229,15 @@ impl Crowd {
                 last => last * (1.0 - PACE_WEIGHT) + sample * PACE_WEIGHT,
             };
             (pace.at, pace.freed) = (now, freed);
+            let served = self.served.each_ref().map(|n| n.load(Ordering::Relaxed));
+            let since = |class: Class| served[class.index()] - pace.served[class.index()];
+            let newcomers = since(Class::Newcomer);
+            if newcomers > 0 {
+                let crowd = (newcomers + since(Class::Anonymous)) as f64 / newcomers as f64;
+                let smoothed = pace.per_newcomer * (1.0 - PACE_WEIGHT) + crowd * PACE_WEIGHT;
+                pace.per_newcomer = smoothed.clamp(*PER_NEWCOMER.start(), *PER_NEWCOMER.end());
+            }
+            pace.served = served;
         }
         pace
     }
@@ -192,22 +262,40 @@ impl Crowd {
         let newcomers = (pace.newcomers).filter(|(_, at)| at.elapsed() < NEWCOMERS_FORGOTTEN);
         Load {
             waiting: self.waiting(),
+            newcomers_waiting: self.newcomers.load(Ordering::Relaxed),
+            per_newcomer: pace.per_newcomer,
             pace: pace.per_second,
             newcomers_waited: newcomers.map(|(waited, _)| waited),
         }
     }
 
-    fn join(&self) -> bool {
+    fn join(&self, class: Class) -> bool {
         let max = self.max_waiting.load(Ordering::Relaxed);
         if self.waiting.fetch_add(1, Ordering::Relaxed) >= max {
             self.waiting.fetch_sub(1, Ordering::Relaxed);
             return false;
         }
+        self.count_newcomer(class, true);
         true
     }
 
-    fn leave(&self) {
+    fn leave(&self, class: Class) {
         self.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.count_newcomer(class, false);
+    }
+
+    /// A place in the line passes from a waiter of class `from` to one of `to`.
+    fn pass(&self, from: Class, to: Class) {
+        self.count_newcomer(from, false);
+        self.count_newcomer(to, true);
+    }
+
+    fn count_newcomer(&self, class: Class, joins: bool) {
+        match (class, joins) {
+            (Class::Newcomer, true) => self.newcomers.fetch_add(1, Ordering::Relaxed),
+            (Class::Newcomer, false) => self.newcomers.fetch_sub(1, Ordering::Relaxed),
+            _ => 0,
+        };
     }
 }
 
@@ -216,6 +304,10 @@ impl Crowd {
 pub struct Load {
     /// Requests waiting for a slot, every node's.
     pub waiting: usize,
+    /// Newcomers among them.
+    pub newcomers_waiting: usize,
+    /// Requests a newcomer makes before logging in, as the crowd lately showed.
+    pub per_newcomer: f64,
     /// Slots freed per second lately.
     pub pace: f64,
     /// How long newcomers waited for their slots in the last few seconds, smoothed.
@@ -224,10 +316,7 @@ pub struct Load {
 
 impl Load {
     /// How long a newcomer joining the line now can expect to wait: the longer of
-    /// what newcomers have just waited and of the waiters ahead over the pace they
-    /// leave at (Little's law). The reckoning alone is too hopeful: a newcomer is
-    /// overtaken by every student's request that arrives while it waits (see the
-    /// aging rule), which no count of those already waiting shows. `None` when
+    /// what newcomers have just waited and of the reckoning below. `None` when
     /// requests wait and none has finished lately (the nodes are stuck).
     pub fn expected_wait(&self) -> Option<Duration> {
         let seen = self.newcomers_waited.unwrap_or_default();
@@ -240,13 +329,20 @@ impl Load {
         })
     }
 
-    /// The waiters ahead over the pace they leave at, alone: what admitting one more
-    /// newcomer adds to the line now, which the waiting room paces admissions by.
+    /// The work ahead over the pace it is done at (Little's law), alone: what
+    /// admitting one more newcomer adds to the line now, which the waiting room
+    /// opens and paces admissions by. The work ahead is every waiter (a newcomer is
+    /// last in line), and for each newcomer among them the rest of a login (the
+    /// form's POST, its redirect, the first page), which will come back to stand
+    /// ahead of any newcomer arriving now: counting requests alone, a crowd
+    /// arriving within two seconds is all in line before it looks long.
     pub fn reckoned_wait(&self) -> Option<Duration> {
         if self.waiting == 0 {
             return Some(Duration::ZERO);
         }
-        (self.pace > 0.0).then(|| Duration::from_secs_f64(self.waiting as f64 / self.pace))
+        let rest_of_logins = self.newcomers_waiting as f64 * (self.per_newcomer - 1.0).max(0.0);
+        let ahead = self.waiting as f64 + rest_of_logins;
+        (self.pace > 0.0).then(|| Duration::from_secs_f64(ahead / self.pace))
     }
 }
 
@@ -261,6 +357,8 @@ pub struct Slots {
     /// New sessions the deal gave another node because this one's line was long.
     passed_over: AtomicU64,
     crowd: Arc<Crowd>,
+    /// The gate quiz starts pass before they join the line.
+    starts: Starts,
 }
 
 #[derive(Debug, Default)]
@@ -268,13 +366,14 @@ struct Line {
     /// Requests holding a slot.
     active: usize,
     waiters: BTreeMap<Place, Waiter>,
-    per_class: [usize; 3],
+    per_class: [usize; 4],
     next_seq: u64,
 }
 
-/// A place in line: the aged arrival, then who came first among equals.
+/// A place in line: the tier, the aged arrival, then who came first among equals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Place {
+    tier: u8,
     due: Instant,
     seq: u64,
 }
@@ -302,9 +401,13 @@ pub struct SlotsNow {
     /// Requests holding a slot (counted only under a cap).
     pub active: usize,
     /// Requests waiting, per [`Class`].
-    pub queued: [usize; 3],
+    pub queued: [usize; 4],
     /// New sessions dealt past this node because its line was long.
     pub passed_over: u64,
+    /// Quiz starts it runs at once (0: not paced).
+    pub start_share: usize,
+    /// Quiz starts waiting at its gate.
+    pub starts_waiting: usize,
 }
 
 impl Slots {
@@ -316,6 +419,7 @@ impl Slots {
             queued: AtomicUsize::new(0),
             passed_over: AtomicU64::new(0),
             crowd,
+            starts: Starts::new(0),
         }
     }
 
@@ -336,6 +440,11 @@ impl Slots {
                 line.active -= 1;
             }
         }
+    }
+
+    /// The node's gate for quiz starts (no gate until a share is set).
+    pub fn starts(&self) -> &Starts {
+        &self.starts
     }
 
     /// Requests waiting for this node.
@@ -363,6 +472,8 @@ impl Slots {
             active: line.active,
             queued: line.per_class,
             passed_over: self.passed_over.load(Ordering::Relaxed),
+            start_share: self.starts.share(),
+            starts_waiting: self.starts.waiting(),
         }
     }
 
@@ -397,11 +508,12 @@ impl Slots {
                 });
             }
             let place = Place {
+                tier: ask.class.tier(),
                 due: ask.arrived + ask.class.handicap(ask.aging),
                 seq: line.next_seq,
             };
             line.next_seq += 1;
-            if !self.crowd.join() && !self.displace(&mut line, place) {
+            if !self.crowd.join(ask.class) && !self.displace(&mut line, place, ask.class) {
                 return Err(Ended::Full);
             }
             let (answer, told) = oneshot::channel();
@@ -442,14 +554,15 @@ impl Slots {
     /// In a full gateway line, a request takes the place of the last waiter of a
     /// lower class on this node (told it is displaced), so a logged-in student is
     /// never the one turned away while newcomers wait.
-    fn displace(&self, line: &mut Line, place: Place) -> bool {
+    fn displace(&self, line: &mut Line, place: Place, class_in: Class) -> bool {
         let last = line.waiters.last_key_value().map(|(p, w)| (*p, w.class));
         let Some((last, class)) = last.filter(|(last, _)| *last > place) else {
             return false;
         };
         let waiter = line.waiters.remove(&last).expect("just seen");
         line.per_class[class.index()] -= 1;
-        // Its place in the crowd passes to the newcomer: no `leave`.
+        // Its place in the crowd passes to the request that displaced it.
+        self.crowd.pass(class, class_in);
         let _ = waiter.answer.send(Answer::Displaced);
         true
     }
@@ -461,7 +574,7 @@ impl Slots {
         };
         line.per_class[waiter.class.index()] -= 1;
         self.queued.store(line.waiters.len(), Ordering::Relaxed);
-        self.crowd.leave();
+        self.crowd.leave(waiter.class);
         true
     }
 
@@ -470,7 +583,7 @@ impl Slots {
         while let Some((_, waiter)) = line.waiters.pop_first() {
             line.per_class[waiter.class.index()] -= 1;
             self.queued.store(line.waiters.len(), Ordering::Relaxed);
-            self.crowd.leave();
+            self.crowd.leave(waiter.class);
             if waiter.answer.send(Answer::Slot).is_ok() {
                 return true;
             }

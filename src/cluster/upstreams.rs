@@ -168,6 +168,7 @@ impl Upstreams {
             let kept = previous.and_then(|p| p.by_name(&node.name));
             let (id, cap) = (ids.id(&node.name)?, node.cap(&config.surge));
             let built = upstream(node, id, cap, &crowd, kept.map(|k| &**k));
+            (built.slots.starts()).set_share(config.surge.start_share(cap));
             nodes.push(Arc::new(built));
         }
         let kept_data = previous

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::values::format_size;
 use super::{
-    AccessLogFormat, AccessLogTo, Config, NodeState, SessionStore, StatusRange, StoreConfig,
+    AccessLogFormat, AccessLogTo, Config, NodeState, QuizStarts, SessionStore, StatusRange,
+    StoreConfig,
 };
 
 fn d(d: Duration) -> String {
@@ -252,12 +253,32 @@ public, at most {} in all and {} each, answered from memory\n",
                 r.cookie
             ),
         };
+        let starts = match u.quiz_starts {
+            QuizStarts::PerNode(0) => "not paced: they wait in the line like any page".to_owned(),
+            QuizStarts::Auto => "at most half of each node's cap at once (at least one), the \
+                                 rest waiting at the node's gate in click order"
+                .to_owned(),
+            QuizStarts::PerNode(n) => format!(
+                "at most {n} at once per node (never more than its cap), the rest waiting at \
+                 the node's gate in click order"
+            ),
+        };
+        let session = match u.session_max_active {
+            0 => "no limit".to_owned(),
+            n => format!("at most {n} at once at its node, the rest waiting in order"),
+        };
         format!(
             "surge: {per_node}; the rest wait in the gateway, a bound session for its own \
-             node: logged-in students first, then anonymous sessions, then newcomers, then by \
-             arrival, each class at most {} per step behind later arrivals; at most {} wait \
-             (503 beyond, a newcomer making way for a student); a wait ends in 503 after {} \
-             (logged in), {} (a logged-in POST), {} (anonymous), {} (newcomers)\n\
+             node: logged-in students always first (work in progress: an open quiz attempt's \
+             pages, autosave and finish, SCORM tracking and other writes; then their other \
+             pages), then anonymous sessions, then newcomers, then by arrival; within \
+             students and within the crowd the second class at most {} behind later \
+             arrivals; at most {} wait (503 beyond, a newcomer making way for a student); a \
+             wait ends in 503 after {} (logged in), {} (a logged-in POST), {} (anonymous), {} \
+             (newcomers); the Moodle app gets these answers in JSON\n\
+             quiz starts (startattempt.php): {starts}, waiting at most {}; the exam timer \
+             starts when Moodle creates the attempt, after the wait\n\
+             one session's requests: {session}\n\
              waiting room: {room}\n",
             d(u.aging),
             u.max_waiting,
@@ -265,6 +286,7 @@ public, at most {} in all and {} each, answered from memory\n",
             d(u.post_patience),
             d(u.anonymous_patience),
             d(u.newcomer_patience),
+            d(u.post_patience),
         )
     }
 

@@ -658,7 +658,12 @@ pub struct SurgeConfig {
     pub max_active: usize,
     /// `max_waiting`: requests waiting across all nodes. Default 10,000.
     pub max_waiting: usize,
-    /// `aging`: the class step of the queue's aging rule. Default 10 s.
+    /// `quiz_starts`: quiz starts one node runs at once. Default: half its cap.
+    pub quiz_starts: QuizStarts,
+    /// `session_max_active`: one session's requests at its node at once (0: no
+    /// limit). Default 6.
+    pub session_max_active: usize,
+    /// `aging`: the step of the queue's aging rule within a tier. Default 10 s.
     pub aging: Duration,
     /// `patience`: a logged-in student's request waits at most this. Default 60 s.
     pub patience: Duration,
@@ -670,6 +675,28 @@ pub struct SurgeConfig {
     pub newcomer_patience: Duration,
     /// The waiting room (`waiting_room`, default on): `None` when turned off.
     pub waiting_room: Option<RoomConfig>,
+}
+
+/// `[surge] quiz_starts`: how many quiz starts (`startattempt.php`) one node runs
+/// at once, the others waiting in the gateway in the order they came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuizStarts {
+    /// `"auto"`: half the node's cap, at least one; none without a cap.
+    Auto,
+    /// A number per node (0: starts are not paced), at most the node's cap.
+    PerNode(usize),
+}
+
+impl SurgeConfig {
+    /// Quiz starts a node with cap `cap` runs at once (0: no gate). Without a cap
+    /// there is no line for the rest of the node's work to go ahead in, so no gate.
+    pub fn start_share(&self, cap: usize) -> usize {
+        match (cap, self.quiz_starts) {
+            (0, _) => 0,
+            (_, QuizStarts::Auto) => (cap / 2).max(1),
+            (_, QuizStarts::PerNode(n)) => n.min(cap),
+        }
+    }
 }
 
 /// The waiting room of `[surge]`.

@@ -6,20 +6,21 @@
 use std::fs;
 use std::time::Duration;
 
-use super::check::{Checker, Section};
+use super::check::{integer, Checker, Section};
 use super::values::cookie_name;
-use super::{io_reason, RoomConfig, SurgeConfig};
+use super::{io_reason, QuizStarts, RoomConfig, SurgeConfig};
 
 const SURGE_KEYS: &str = "max_active max_waiting aging patience post_patience \
-                          anonymous_patience newcomer_patience waiting_room room_opens_at \
-                          place_kept room_cookie room_page";
+                          anonymous_patience newcomer_patience quiz_starts session_max_active \
+                          waiting_room room_opens_at place_kept room_cookie room_page";
 
 /// Most requests one node may be given at once: far above any PHP-FPM pool.
 pub const MAX_ACTIVE: i64 = 100_000;
 /// `surge.max_waiting` default: 10,000 waiting requests hold a few MiB.
 pub const DEFAULT_MAX_WAITING: usize = 10_000;
-/// `surge.aging` default: a newcomer waits at most 2 × this behind logged-in
-/// students who keep arriving, an anonymous session 1 ×.
+/// `surge.aging` default: within a tier, a student's new page waits at most this
+/// behind work in progress that keeps arriving, a newcomer behind sessions on
+/// their way to log in.
 pub const DEFAULT_AGING: Duration = Duration::from_secs(10);
 /// `surge.patience` default: a logged-in student's page, below `response_headers`.
 pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(60);
@@ -30,6 +31,11 @@ pub const DEFAULT_POST_PATIENCE: Duration = Duration::from_secs(180);
 pub const DEFAULT_ANONYMOUS_PATIENCE: Duration = Duration::from_secs(45);
 /// `surge.newcomer_patience` default.
 pub const DEFAULT_NEWCOMER_PATIENCE: Duration = Duration::from_secs(30);
+/// `surge.session_max_active` default: a browser's HTTP/1.1 connections to one
+/// host, so an ordinary page never waits; a burst past it (a loop, an HTTP/2 page
+/// asking for thirty files at once) would hold a PHP worker per request, each
+/// waiting for the session's lock.
+pub const DEFAULT_SESSION_MAX_ACTIVE: usize = 6;
 /// `surge.room_opens_at` default: a page that takes longer than this to start
 /// feels broken, and a browser left waiting is a connection and a retry.
 pub const DEFAULT_ROOM_OPENS_AT: Duration = Duration::from_secs(5);
@@ -71,8 +77,17 @@ impl Checker<'_> {
             cookie: self.room_cookie(&s, session_cookie),
             page: self.room_page(&s),
         });
+        let quiz_starts = self.quiz_starts(&s);
+        let session_max_active = count(
+            self,
+            "session_max_active",
+            0..=MAX_ACTIVE,
+            DEFAULT_SESSION_MAX_ACTIVE,
+        );
         SurgeConfig {
             max_active,
+            quiz_starts,
+            session_max_active,
             max_waiting,
             aging: self.bounded(
                 &s,
@@ -85,6 +100,27 @@ impl Checker<'_> {
             anonymous_patience: patience(self, "anonymous_patience", DEFAULT_ANONYMOUS_PATIENCE),
             newcomer_patience: patience(self, "newcomer_patience", DEFAULT_NEWCOMER_PATIENCE),
             waiting_room: room,
+        }
+    }
+
+    /// `quiz_starts`: `"auto"` (the default) or a number of starts per node.
+    fn quiz_starts(&mut self, s: &Section) -> QuizStarts {
+        let want = "\"auto\" or an integer";
+        let read = self.typed(s, "quiz_starts", want, |v| match v.as_str() {
+            Some("auto") => Some(None),
+            Some(_) => None,
+            None => integer(v).map(Some),
+        });
+        match read {
+            None | Some((None, _)) => QuizStarts::Auto,
+            Some((Some(n), _)) if (0..=MAX_ACTIVE).contains(&n) => {
+                QuizStarts::PerNode(usize::try_from(n).unwrap_or(0))
+            }
+            Some((Some(n), span)) => {
+                let message = format!("must be \"auto\" or between 0 and {MAX_ACTIVE}, got {n}");
+                self.error(s.key("quiz_starts"), Some(span), message);
+                QuizStarts::Auto
+            }
         }
     }
 

@@ -24,6 +24,7 @@ mod learning;
 mod peers;
 pub mod stack;
 mod surge;
+mod turns;
 pub mod waiting_room;
 
 use std::future::Future;
@@ -40,6 +41,7 @@ use http_body_util::{Either, Full};
 use ipnet::IpNet;
 
 use crate::cluster::export::Export;
+use crate::cluster::slots::Class;
 use crate::cluster::upstreams::{NodeIds, Upstream, Upstreams};
 use crate::config::{Config, HealthConfig, SessionStore, StoreConfig, SurgeConfig};
 use crate::error::GatewayError;
@@ -226,6 +228,8 @@ pub struct Gateway {
     /// Uploads kept on disk until whole (`limits.spool_*`); its directory and
     /// size are the start's, its accounting outlives reloads.
     spool: Spool,
+    /// Each session's requests at its node at once (`[surge] session_max_active`).
+    turns: turns::Turns,
 }
 
 impl Gateway {
@@ -272,6 +276,7 @@ impl Gateway {
             cache: AssetCache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
             node_states: std::sync::Mutex::new(()),
             save_soon: tokio::sync::Notify::new(),
+            turns: turns::Turns::default(),
             spool: Spool::new(
                 config.limits.spool_dir.clone(),
                 config.limits.spool_max_bytes,
@@ -442,12 +447,17 @@ impl Gateway {
             let secure = self.route_cookie.is_some() && proxy::is_https(request.headers(), peer);
             // The node will ignore how the student asked for a file; the export must not.
             let asked = settings.offload.as_ref().map(|_| Asked::of(&request));
-            let mut ask = surge::ask(
-                &settings.surge,
-                surge::class_of(known),
-                asked_for.is_post,
-                arrived,
-            );
+            // What a logged-in student is in the middle of orders the students'
+            // line; read only for them, and a quiz start waits at its node's gate.
+            let mut work = None;
+            let class = surge::class_of(known, || {
+                let read = self.site.work(uri.path(), uri.query(), asked_for.is_post);
+                *work.insert(read)
+            });
+            served.class = Some(class);
+            let mut ask = surge::ask(&settings.surge, class, asked_for.is_post, arrived);
+            // The Moodle app reads JSON: the gateway's own answers to it are JSON too.
+            let app = self.site.is_app_request(uri.path(), user_agent(&request));
             // In a surge a newcomer's page view may be shown the waiting room instead;
             // one let in from it stands in line by its first arrival.
             if known.is_none() && matches!(kind, RequestKind::Page(_)) {
@@ -462,18 +472,26 @@ impl Gateway {
             }
             // The request's wait for its own node, if it has to: one for all its tries.
             let mut hold = None;
+            let mut admission = None;
             let forwarded = match self.route(kind, known, &mut hold, settings).await {
-                Ok(route) => {
-                    let waited = &mut served.waited;
-                    let forward =
-                        self.forward(route, known, request, peer, ask, waited, hold, settings);
-                    forward.await
-                }
+                Ok(route) => match self.admission(route, known, work, &mut ask, settings).await {
+                    Ok(admitted) => {
+                        admission = Some(admitted);
+                        let waited = &mut served.waited;
+                        let forward =
+                            self.forward(route, known, request, peer, ask, waited, hold, settings);
+                        forward.await
+                    }
+                    Err(error) => Err(error),
+                },
                 Err(error) => Err(error),
             };
+            // The turns are given back with the node's answer head: the node is done
+            // with the session's lock and the start by then.
+            drop(admission);
             let (route, mut response, took) = match forwarded {
                 Ok(forwarded) => forwarded,
-                Err(error) => return self.failed(error),
+                Err(error) => return self.failed_for(error, app),
             };
             served.upstream = settings.upstream(route).map(|u| u.id);
             served.upstream_time = took;
@@ -523,6 +541,23 @@ impl Gateway {
             );
         }
         self.failed(error)
+    }
+
+    /// The gateway's own answer to a request that could not be proxied, counted: in
+    /// JSON for the Moodle app (`app`), else the error page.
+    fn failed_for(&self, error: GatewayError, app: bool) -> Response<ProxyBody> {
+        if !app {
+            return self.failed(error);
+        }
+        self.count_failure(error);
+        error.app_response().map(Either::Right)
+    }
+
+    fn count_failure(&self, error: GatewayError) {
+        self.metrics.own_answer(error.status().as_u16());
+        if let Some(limit) = error.limit() {
+            self.metrics.rejected(limit);
+        }
     }
 
     /// The gateway's own error page, counted.
@@ -750,6 +785,8 @@ struct Served {
     /// How long it waited in the gateway for a slot on its node (`None` when the
     /// node has no cap).
     pub waited: Option<Duration>,
+    /// The class it stood in line in.
+    pub class: Option<Class>,
     /// Answered from the asset cache.
     pub cached: bool,
 }
@@ -774,6 +811,11 @@ pub fn limits(config: &Config) -> Limits {
         logged_in_idle: config.session.logged_in_idle,
         anonymous_idle: config.session.anonymous_idle,
     }
+}
+
+/// The request's `User-Agent`, wherever the listener keeps it.
+fn user_agent(request: &Request<StudentBody>) -> Option<&[u8]> {
+    crate::http::wire::request_values(request, &http::header::USER_AGENT).next()
 }
 
 #[cfg(test)]

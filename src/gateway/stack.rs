@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::cluster::slots::Class;
 use crate::http::server::StudentBody;
 use futures_util::future::Either;
 use http::{Request, Response};
@@ -117,6 +118,7 @@ fn trail(settings: &Settings, served: Served) -> Trail {
         upstream: served.upstream.and_then(name),
         upstream_time: served.upstream_time,
         queue_time: served.waited,
+        class: served.waited.and(served.class).map(Class::as_str),
         cached: served.cached,
         session: served.session.map(|key| key.to_string()),
     }

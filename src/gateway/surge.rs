@@ -13,14 +13,17 @@ use tokio::time::Instant;
 
 use http::Request;
 
+use super::turns::{NoTurn, Turn};
 use super::waiting_room::{self, Entry};
 use super::{Gateway, Hold, Known, Route, Settings};
+use crate::cluster::slots::StartPermit;
 use crate::cluster::slots::{Ask, Class, Ended, Permit};
 use crate::cluster::upstreams::Upstream;
 use crate::config::SurgeConfig;
 use crate::error::GatewayError;
 use crate::http::wire::PassesLines;
 use crate::logs::Every;
+use crate::moodle::Work;
 use crate::sessions::affinity::SessionState;
 
 /// How often a waiting request looks whether its node can still serve it.
@@ -30,11 +33,16 @@ const LOOK_AGAIN: Duration = Duration::from_millis(250);
 /// under a surge there may be thousands, and `/metrics` counts each.
 static TURNED_AWAY: Every = Every::new(Duration::from_secs(10));
 
-/// The class of a request by the session it carries: a session recovered from its
-/// route cookie counts as logged in, the safe side (as the table records it).
-pub(super) fn class_of(known: Option<Known>) -> Class {
+/// The class of a request by the session it carries and, for a logged-in student,
+/// by what the request is in the middle of (`work`, read only then): a session
+/// recovered from its route cookie counts as logged in, the safe side (as the table
+/// records it).
+pub(super) fn class_of(known: Option<Known>, work: impl FnOnce() -> Work) -> Class {
     match known.map(|k| k.state) {
-        Some(SessionState::LoggedIn) => Class::LoggedIn,
+        Some(SessionState::LoggedIn) => match work() {
+            Work::InProgress => Class::Working,
+            Work::QuizStart | Work::New => Class::LoggedIn,
+        },
         Some(_) => Class::Anonymous,
         None => Class::Newcomer,
     }
@@ -44,8 +52,8 @@ pub(super) fn class_of(known: Option<Known>) -> Class {
 pub(super) fn ask(surge: &SurgeConfig, class: Class, is_post: bool, arrived: Instant) -> Ask {
     let patience = match class {
         // A logged-in student's POST is the work that must not be lost.
-        Class::LoggedIn if is_post => surge.post_patience,
-        Class::LoggedIn => surge.patience,
+        Class::Working | Class::LoggedIn if is_post => surge.post_patience,
+        Class::Working | Class::LoggedIn => surge.patience,
         Class::Anonymous => surge.anonymous_patience,
         Class::Newcomer => surge.newcomer_patience,
     };
@@ -57,7 +65,68 @@ pub(super) fn ask(surge: &SurgeConfig, class: Class, is_post: bool, arrived: Ins
     }
 }
 
+/// What a request holds before it asks for its node's slot, given back when its
+/// journey ends: its session's turn (`[surge] session_max_active`) and, for a quiz
+/// start, the node's start turn (`[surge] quiz_starts`).
+pub(super) struct Admission<'a> {
+    _turn: Option<Turn<'a>>,
+    _start: Option<StartPermit>,
+}
+
 impl Gateway {
+    /// The turns a request waits for before its node's line, on a capped node
+    /// only: its session's (a request on its session's node), then (a quiz start)
+    /// the node's start gate. A start that
+    /// waited at the gate stands in the line from the moment it passed: the gate
+    /// was its wait, and students already answering go first.
+    pub(super) async fn admission(
+        &self,
+        route: Route,
+        known: Option<Known>,
+        work: Option<Work>,
+        ask: &mut Ask,
+        settings: &Settings,
+    ) -> Result<Admission<'_>, GatewayError> {
+        let mut admission = Admission {
+            _turn: None,
+            _start: None,
+        };
+        let Some(upstream) = settings.upstream(route).filter(|u| u.slots.cap() > 0) else {
+            return Ok(admission);
+        };
+        let max = settings.surge.session_max_active;
+        // Only a request on its session's own node reads the session and waits for
+        // its lock; a sessionless asset (theme, JavaScript) does not.
+        let in_session = matches!(route, Route::Sticky(_) | Route::Moved(_));
+        if let Some(known) = known.filter(|_| max > 0 && in_session) {
+            let turn = (self.turns).take(known.key, max, ask.patience).await;
+            let turn = turn.map_err(|no| {
+                let ended = match no {
+                    NoTurn::TooMany => Ended::Full,
+                    NoTurn::Timeout => Ended::Timeout,
+                };
+                self.turned_away(upstream, ask.class, ended)
+            })?;
+            if turn.waited {
+                self.metrics.session_waited();
+            }
+            admission._turn = Some(turn);
+        }
+        if work == Some(Work::QuizStart) {
+            let starts = upstream.slots.starts();
+            let asked = Instant::now();
+            let start = starts.enter(settings.surge.post_patience).await;
+            let start = start.map_err(|ended| self.turned_away(upstream, ask.class, ended))?;
+            let waited = asked.elapsed();
+            self.metrics.quiz_start_waited(waited);
+            if start.waited {
+                ask.arrived = Instant::now();
+            }
+            admission._start = Some(start);
+        }
+        Ok(admission)
+    }
+
     /// The waiting room's word on a newcomer's request: held only when the room is
     /// on, some node taking newcomers has a cap, and it is a page view.
     pub(super) fn waiting_room<B: PassesLines>(
@@ -131,6 +200,7 @@ impl Gateway {
             return match got {
                 Ok(permit) => {
                     self.metrics.waited(ask.class, waited);
+                    settings.upstreams.crowd().served(ask.class);
                     if ask.class == Class::Newcomer {
                         settings.upstreams.crowd().newcomer_waited(waited);
                     }

@@ -291,6 +291,16 @@ impl Metrics {
         self.surge.waited(class, waited);
     }
 
+    /// A quiz start passed its node's gate after `waited`.
+    pub fn quiz_start_waited(&self, waited: std::time::Duration) {
+        self.surge.quiz_start_waited(waited);
+    }
+
+    /// A request waited for another request of its own session.
+    pub fn session_waited(&self) {
+        self.surge.session_waited();
+    }
+
     /// A request that got no node slot (`reason`: the error's kind).
     pub fn turned_away(&self, class: Class, reason: &str) {
         self.surge.turned_away(class, reason);

@@ -35,7 +35,10 @@ pub struct RoomNow {
 /// The handles, made once.
 #[derive(Debug, Clone)]
 pub(super) struct SurgeMeters {
-    waits: [Histogram; 3],
+    waits: [Histogram; 4],
+    start_waits: Histogram,
+    session_waits: IntCounter,
+    starts_waiting: IntGaugeVec,
     turned_away: IntCounterVec,
     waiting_pages: IntCounter,
     admitted: IntCounter,
@@ -72,8 +75,25 @@ impl SurgeMeters {
             "waiting_room_expected_wait_seconds",
             "The wait a newcomer joining the nodes' lines now can expect (-1: requests wait and none finished lately).",
         ));
+        let start_waits = HistogramOpts::new(
+            "quiz_start_wait_seconds",
+            "Time a quiz start (startattempt.php) waited at its node's gate (surge.quiz_starts).",
+        )
+        .buckets(WAIT_BUCKETS.to_vec());
         Self {
             waits: Class::ALL.map(|c| waits.with_label_values(&[c.as_str()])),
+            start_waits: add(registry, Histogram::with_opts(start_waits)),
+            session_waits: counter(
+                registry,
+                "session_turn_waits_total",
+                "Requests that waited for another request of their own session (surge.session_max_active).",
+            ),
+            starts_waiting: gauges(
+                registry,
+                "quiz_starts_waiting",
+                "Quiz starts waiting at each node's gate (surge.quiz_starts).",
+                &["node"],
+            ),
             turned_away,
             waiting_pages: counter(
                 registry,
@@ -132,6 +152,14 @@ impl SurgeMeters {
         self.waits[class.index()].observe(waited.as_secs_f64());
     }
 
+    pub(super) fn quiz_start_waited(&self, waited: Duration) {
+        self.start_waits.observe(waited.as_secs_f64());
+    }
+
+    pub(super) fn session_waited(&self) {
+        self.session_waits.inc();
+    }
+
     pub(super) fn turned_away(&self, class: Class, reason: &str) {
         (self.turned_away)
             .with_label_values(&[class.as_str(), reason])
@@ -157,6 +185,7 @@ impl SurgeMeters {
         self.active.reset();
         self.cap.reset();
         self.queued.reset();
+        self.starts_waiting.reset();
         self.passed_over.reset();
     }
 
@@ -173,6 +202,8 @@ impl SurgeMeters {
             (self.queued.with_label_values(&[name, class.as_str()])).set(gauge_value(queued));
         }
         (self.passed_over.with_label_values(&[name])).inc_by(slots.passed_over);
+        (self.starts_waiting.with_label_values(&[name]))
+            .set(gauge_value(slots.starts_waiting as u64));
     }
 
     /// Sets the room's gauges.

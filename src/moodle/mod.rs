@@ -20,6 +20,7 @@ mod pages;
 mod paths;
 mod php;
 mod revisions;
+mod work;
 
 pub use cookies::{is_valid_session_id, IssuedSession};
 pub use masking::{masked, Masked};
@@ -27,6 +28,7 @@ pub use pages::{
     course_ids, in_maintenance, linked, login_token, page_settings, resource_ids,
     reverse_proxy_abused, PageSettings, Revisions,
 };
+pub use work::Work;
 
 use paths::{file_script, normalise_path, serves_scorm};
 
@@ -173,6 +175,28 @@ impl Site {
             "/login/logout.php" => PageKind::Logout,
             _ => PageKind::Other,
         }))
+    }
+
+    /// What a logged-in student's request for `path` and `query` is in the middle of
+    /// (see `work`): the order of the students' line on a busy node. Outside the site,
+    /// or on a path PHP could read two ways, it is new work: no place is gained.
+    pub fn work(&self, path: &str, query: Option<&str>, is_post: bool) -> Work {
+        let Ok(normal) = normalise_path(path) else {
+            return Work::New;
+        };
+        (self.within(&normal)).map_or(Work::New, |rel| work::work(rel, query, is_post))
+    }
+
+    /// Whether a request comes from the Moodle app rather than a browser: the app's
+    /// user agent says `MoodleMobile`, and it speaks to the web services and
+    /// `login/token.php` with tokens, never a page. Such a request must be answered
+    /// in JSON: the app shows an HTML page's bytes as a broken answer.
+    pub fn is_app_request(&self, path: &str, user_agent: Option<&[u8]>) -> bool {
+        let from_app =
+            user_agent.is_some_and(|ua| memchr::memmem::find(ua, b"MoodleMobile").is_some());
+        from_app
+            || (path.strip_prefix(self.path.as_str()))
+                .is_some_and(|rel| rel.starts_with("/webservice/") || rel == "/login/token.php")
     }
 
     /// Whether a request for `path` and `query` asks for one of Moodle's revisioned

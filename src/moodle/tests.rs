@@ -430,3 +430,85 @@ fn segments_split_byte_by_byte_are_the_segments_str_split_gives() {
         assert_eq!(ours, std, "{path:?}");
     }
 }
+
+#[test]
+fn an_open_attempts_pages_autosave_and_finish_are_work_in_progress() {
+    for (uri, post) in [
+        ("/mod/quiz/processattempt.php?cmid=7", true),
+        ("/mod/quiz/autosave.ajax.php", true),
+        ("/mod/quiz/summary.php?attempt=12&cmid=7", false),
+        ("/mod/quiz/attempt.php?attempt=12&cmid=7&page=3", false),
+        ("/mod/quiz/attempt.php?attempt=12&pa%67e=0", false),
+        ("/mod/scorm/datamodel.php", true),
+        (
+            "/lib/ajax/service.php?sesskey=abc&info=core_fetch_notifications",
+            true,
+        ),
+        ("/mod/forum/post.php", true),
+    ] {
+        for (site, prefix) in [(root(), ""), (sub(), "/moodle")] {
+            let (path, query) = split_uri(&format!("{prefix}{uri}"));
+            assert_eq!(
+                site.work(&path, query.as_deref(), post),
+                Work::InProgress,
+                "{uri}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_quiz_start_and_its_first_page_are_not_work_in_progress() {
+    let site = root();
+    let start = site.work("/mod/quiz/startattempt.php", None, true);
+    assert_eq!(start, Work::QuizStart);
+    // The GET shows the preflight form; only the POST creates an attempt.
+    let form = site.work("/mod/quiz/startattempt.php", Some("cmid=7"), false);
+    assert_eq!(form, Work::New);
+    let first_page = site.work("/mod/quiz/attempt.php", Some("attempt=12&cmid=7"), false);
+    assert_eq!(first_page, Work::New);
+    for page in [
+        "/my/",
+        "/course/view.php",
+        "/mod/quiz/view.php",
+        "/mod/quiz/review.php",
+    ] {
+        assert_eq!(site.work(page, Some("id=3"), false), Work::New, "{page}");
+    }
+}
+
+#[test]
+fn outside_the_site_or_read_two_ways_nothing_is_work_in_progress() {
+    let site = sub();
+    assert_eq!(
+        site.work("/mod/quiz/autosave.ajax.php", None, false),
+        Work::New
+    );
+    assert_eq!(
+        site.work("/moodle/mod/quiz/%2e%2e%2fx", None, false),
+        Work::New
+    );
+    assert_eq!(
+        site.work("/moodle/mod/quiz/startattempt.php", None, true),
+        Work::QuizStart
+    );
+}
+
+#[test]
+fn the_moodle_app_is_known_by_its_user_agent_or_its_scripts() {
+    let site = sub();
+    let app = Some(&b"Mozilla/5.0 (Linux; Android 14) MoodleMobile 4.4.0"[..]);
+    let browser = Some(&b"Mozilla/5.0 (X11; Linux x86_64) Firefox/133.0"[..]);
+    assert!(site.is_app_request("/moodle/my/", app));
+    assert!(site.is_app_request("/moodle/login/token.php", None));
+    assert!(site.is_app_request("/moodle/webservice/rest/server.php", browser));
+    assert!(!site.is_app_request("/moodle/login/index.php", browser));
+    assert!(!site.is_app_request("/webservice/rest/server.php", None));
+}
+
+fn split_uri(uri: &str) -> (String, Option<String>) {
+    match uri.split_once('?') {
+        Some((p, q)) => (p.to_owned(), Some(q.to_owned())),
+        None => (uri.to_owned(), None),
+    }
+}

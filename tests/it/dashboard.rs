@@ -548,7 +548,7 @@ async fn with_a_cap_the_card_and_nodes_show_in_flight_and_each_class_waiting() {
         let seen = support::send(&url, "GET", &[NOT_A_PAGE], Body::empty()).await;
         seen.status.as_u16()
     });
-    let queued = json!({"logged_in": 1, "anonymous": 1, "newcomer": 1});
+    let queued = json!({"working": 0, "logged_in": 1, "anonymous": 1, "newcomer": 1});
     let web1 = web1_until(&gateway, "one of each class waits", |n| {
         n["queued"] == queued
     })
@@ -594,7 +594,7 @@ async fn with_a_cap_the_card_and_nodes_show_in_flight_and_each_class_waiting() {
     assert_eq!(holder.await.unwrap(), 200);
     let statuses = waiting.join_all().await;
     assert_eq!(statuses, [200; 3], "every waiter was served");
-    let idle = json!({"logged_in": 0, "anonymous": 0, "newcomer": 0});
+    let idle = json!({"working": 0, "logged_in": 0, "anonymous": 0, "newcomer": 0});
     web1_until(&gateway, "the line empties", |n| {
         n["active"] == 0 && n["queued"] == idle
     })

@@ -281,7 +281,7 @@ async fn the_access_log_has_one_combined_line_per_request_and_no_secret() {
         "login form, login, dashboard, six URLs, logout"
     );
     let combined = Regex::new(
-        r#"^127\.0\.0\.1 - - \[\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} \+0000\] "(GET|POST) /\S* HTTP/1\.1" \d{3} \d+ "[^"]*" "[^"]*" upstream=web[12] upstream_time=\d+\.\d{3} queue_time=- request_time=\d+\.\d{3} session=[0-9a-f]{16}$"#,
+        r#"^127\.0\.0\.1 - - \[\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} \+0000\] "(GET|POST) /\S* HTTP/1\.1" \d{3} \d+ "[^"]*" "[^"]*" upstream=web[12] upstream_time=\d+\.\d{3} queue_time=- class=- request_time=\d+\.\d{3} session=[0-9a-f]{16}$"#,
     )
     .unwrap();
     for line in &lines {
@@ -334,6 +334,7 @@ async fn the_json_access_log_has_every_field_and_no_secret() {
             "upstream",
             "upstream_time",
             "queue_time",
+            "class",
             "request_time",
             "session",
         ] {

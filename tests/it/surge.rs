@@ -77,7 +77,7 @@ fn slots_of(gateway: &TestGateway, name: &str) -> Arc<Slots> {
 }
 
 /// The requests waiting in the gateway for the first node, per class.
-fn queued(gateway: &TestGateway) -> [usize; 3] {
+fn queued(gateway: &TestGateway) -> [usize; 4] {
     slots_of(gateway, "web1").now().queued
 }
 
@@ -106,7 +106,7 @@ async fn a_node_never_works_on_more_than_its_cap_and_the_rest_wait_in_the_gatewa
     let slots = slots_of(&gateway, "web1").now();
     assert_eq!(
         (slots.active, slots.queued),
-        (0, [0, 0, 0]),
+        (0, [0, 0, 0, 0]),
         "every slot back"
     );
 }
@@ -405,4 +405,120 @@ async fn the_access_log_says_how_long_each_request_waited_for_its_node() {
     waits.sort_by(f64::total_cmp);
     assert!(waits[0] < 0.15, "the first went at once: {waits:?}");
     assert!(waits[2] >= 0.35, "the last waited for two pages: {waits:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_a_quiz_start_a_page_turn_passes_the_class_starts_which_run_one_at_a_time_in_click_order(
+) {
+    // Cap 2, so the node runs one start at once ("auto": half its cap).
+    let (cluster, gateway) = site(1, "max_active = 2\nwaiting_room = false").await;
+    let (mut answering, _) = support::logged_in(&gateway, 1).await;
+    let mut class = Vec::new();
+    for n in 2..=6 {
+        class.push(support::logged_in(&gateway, n).await.0);
+    }
+    slow(&cluster, 2, Duration::from_millis(300));
+    cluster.nodes()[0].clear_requests();
+    let mut starts = JoinSet::new();
+    for (n, mut student) in class.into_iter().enumerate() {
+        starts.spawn(async move {
+            let click = format!("/mod/quiz/startattempt.php?click={n}");
+            let reply = student.post(&click, "cmid=7&sesskey=s").await;
+            reply.unwrap().status
+        });
+        // Each click a moment after the last, so the click order is known.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let web1 = slots_of(&gateway, "web1");
+    eventually(Duration::from_secs(10), "starts wait at the gate", || {
+        web1.now().starts_waiting >= 3
+    })
+    .await;
+    let turn = answering
+        .post(
+            "/mod/quiz/processattempt.php",
+            "attempt=12&thispage=0&nextpage=1",
+        )
+        .await
+        .unwrap();
+    assert_eq!(turn.status, StatusCode::OK);
+    all_ok(&mut starts).await;
+    let seen: Vec<String> = (cluster.nodes()[0].requests().iter())
+        .map(|r| r.uri.path().trim_start_matches("/mod/quiz/").to_owned())
+        .collect();
+    assert_eq!(
+        seen.iter().position(|p| p == "processattempt.php"),
+        Some(1),
+        "the page turn went right after the start already running: {seen:?}"
+    );
+    assert_eq!(cluster.nodes()[0].busiest(), 2, "the cap holds");
+    let started: Vec<String> = (cluster.nodes()[0].requests().into_iter())
+        .filter(|r| r.uri.path() == "/mod/quiz/startattempt.php")
+        .map(|r| r.uri.query().unwrap_or_default().to_owned())
+        .collect();
+    let clicks: Vec<String> = (0..5).map(|n| format!("click={n}")).collect();
+    assert_eq!(started, clicks, "starts in click order");
+    assert_eq!(metric(&gateway, "quiz_start_wait_seconds_count"), 5.0);
+    let working = r#"queue_wait_seconds_count{class="working"}"#;
+    assert_eq!(metric(&gateway, working), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_students_burst_takes_at_most_session_max_active_of_a_node_and_the_rest_wait() {
+    let surge = "max_active = 8\nsession_max_active = 2\nwaiting_room = false";
+    let (cluster, gateway) = site(1, surge).await;
+    let (student, _) = support::logged_in(&gateway, 1).await;
+    slow(&cluster, 8, Duration::from_millis(200));
+    let mut burst = JoinSet::new();
+    for _ in 0..6 {
+        let mut same = student.at(gateway.addr);
+        burst.spawn(async move { same.get("/course/view.php?id=2").await.unwrap().status });
+    }
+    all_ok(&mut burst).await;
+    assert_eq!(
+        cluster.nodes()[0].busiest(),
+        2,
+        "two of the session at once, though the node had room"
+    );
+    assert_eq!(metric(&gateway, "session_turn_waits_total"), 4.0);
+    // Another student is not held by the first one's burst.
+    let (mut other, _) = support::logged_in(&gateway, 2).await;
+    assert_eq!(other.get("/my/").await.unwrap().status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_moodle_app_turned_away_by_the_line_gets_json_and_retry_after() {
+    let surge = "max_active = 1\nwaiting_room = false\nnewcomer_patience = \"1s\"";
+    let (cluster, gateway) = site(1, surge).await;
+    slow(&cluster, 1, Duration::from_millis(2500));
+    let mut first = newcomers(&gateway, 1, NOT_A_PAGE);
+    until_busy(&cluster).await;
+    let mut app = Browser::new(gateway.addr, "", "MoodleSession");
+    let agent = (
+        "user-agent",
+        "Mozilla/5.0 (Linux; Android 14) MoodleMobile 4.4.0",
+    );
+    let reply = app
+        .send(
+            Method::POST,
+            "/login/token.php",
+            Some("username=a&password=b"),
+            &[agent],
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.header("retry-after"), "10");
+    assert_eq!(
+        reply.header("content-type"),
+        "application/json; charset=utf-8"
+    );
+    let json: serde_json::Value = serde_json::from_str(&reply.text()).unwrap();
+    assert_eq!(json["errorcode"], "waited_too_long");
+    assert!(
+        json["error"].as_str().unwrap().contains("very busy"),
+        "{json}"
+    );
+    assert_eq!(json["message"], json["error"]);
+    assert_eq!(first.join_next().await.unwrap().unwrap(), StatusCode::OK);
 }

@@ -109,7 +109,7 @@ async fn a_slot_free_at_once_is_taken_without_waiting_and_none_past_the_cap() {
 }
 
 #[tokio::test]
-async fn a_freed_slot_goes_to_logged_in_then_anonymous_then_newcomers_then_by_arrival() {
+async fn a_freed_slot_goes_to_work_in_progress_then_students_then_anonymous_then_newcomers() {
     let slots = node(1, 100);
     let t0 = Instant::now();
     let busy = slots.acquire(ask(Class::LoggedIn, t0)).await.unwrap();
@@ -137,18 +137,25 @@ async fn a_freed_slot_goes_to_logged_in_then_anonymous_then_newcomers_then_by_ar
         ),
         waiter(
             &slots,
+            ask(Class::Working, t0 + ms(5)),
+            "page turn",
+            &served,
+        ),
+        waiter(
+            &slots,
             ask(Class::Newcomer, t0 + ms(4)),
             "newcomer 2",
             &served,
         ),
     ];
     settle().await;
-    assert_eq!(slots.now().queued, [2, 1, 2]);
+    assert_eq!(slots.now().queued, [1, 2, 1, 2]);
     drop(busy);
     let got = served_in_order(tasks, &mut order).await;
     assert_eq!(
         got,
         [
+            "page turn",
             "student 1",
             "student 2",
             "anonymous",
@@ -159,7 +166,7 @@ async fn a_freed_slot_goes_to_logged_in_then_anonymous_then_newcomers_then_by_ar
 }
 
 #[tokio::test]
-async fn a_newcomer_who_waited_two_agings_goes_before_students_who_keep_arriving() {
+async fn however_long_the_crowd_waited_a_student_goes_first() {
     let slots = node(1, 100);
     let t0 = Instant::now();
     let busy = slots.acquire(ask(Class::LoggedIn, t0)).await.unwrap();
@@ -167,18 +174,49 @@ async fn a_newcomer_who_waited_two_agings_goes_before_students_who_keep_arriving
     let s = Duration::from_secs;
     let tasks = [
         waiter(&slots, ask(Class::Newcomer, t0), "newcomer", &served),
-        // Within the newcomer's handicap (2 × aging): ahead of it.
+        waiter(&slots, ask(Class::Anonymous, t0), "guest", &served),
+        // Ten agings later: still ahead of the crowd.
         waiter(
             &slots,
-            ask(Class::LoggedIn, t0 + s(19)),
-            "early student",
+            ask(Class::LoggedIn, t0 + s(100)),
+            "late student",
+            &served,
+        ),
+    ];
+    settle().await;
+    drop(busy);
+    let got = served_in_order(tasks, &mut order).await;
+    assert_eq!(got, ["late student", "guest", "newcomer"]);
+}
+
+#[tokio::test]
+async fn within_a_tier_the_second_class_waits_at_most_one_aging_behind_later_arrivals() {
+    let slots = node(1, 100);
+    let t0 = Instant::now();
+    let busy = slots.acquire(ask(Class::LoggedIn, t0)).await.unwrap();
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let s = Duration::from_secs;
+    let tasks = [
+        waiter(&slots, ask(Class::LoggedIn, t0), "course page", &served),
+        // Within the page's handicap (one aging): ahead of it.
+        waiter(
+            &slots,
+            ask(Class::Working, t0 + s(9)),
+            "early turn",
             &served,
         ),
         // Past it: behind, however many more come.
         waiter(
             &slots,
-            ask(Class::LoggedIn, t0 + s(21)),
-            "late student",
+            ask(Class::Working, t0 + s(11)),
+            "late turn",
+            &served,
+        ),
+        waiter(&slots, ask(Class::Newcomer, t0), "newcomer", &served),
+        waiter(
+            &slots,
+            ask(Class::Anonymous, t0 + s(9)),
+            "early guest",
             &served,
         ),
         waiter(
@@ -193,7 +231,14 @@ async fn a_newcomer_who_waited_two_agings_goes_before_students_who_keep_arriving
     let got = served_in_order(tasks, &mut order).await;
     assert_eq!(
         got,
-        ["early student", "newcomer", "late student", "late guest"]
+        [
+            "early turn",
+            "course page",
+            "late turn",
+            "early guest",
+            "newcomer",
+            "late guest"
+        ]
     );
 }
 
@@ -227,6 +272,7 @@ async fn a_full_line_turns_away_a_newcomer_but_a_student_takes_a_newcomers_place
     let guest = waiter(&slots, ask(Class::Anonymous, t0), "guest", &served);
     let newcomer = waiter(&slots, ask(Class::Newcomer, t0), "newcomer", &served);
     settle().await;
+    assert_eq!(slots.crowd.load().newcomers_waiting, 1);
     let late = slots.acquire(ask(Class::Newcomer, t0)).await;
     assert_eq!(
         late.unwrap_err(),
@@ -236,7 +282,12 @@ async fn a_full_line_turns_away_a_newcomer_but_a_student_takes_a_newcomers_place
     let student = waiter(&slots, ask(Class::LoggedIn, t0), "student", &served);
     settle().await;
     assert_eq!(newcomer.await.unwrap().unwrap_err(), Ended::Full);
-    assert_eq!(slots.now().queued, [1, 1, 0]);
+    assert_eq!(slots.now().queued, [0, 1, 1, 0]);
+    assert_eq!(
+        slots.crowd.load().newcomers_waiting,
+        0,
+        "its place passed on"
+    );
     drop(busy);
     let got = served_in_order([student, guest], &mut order).await;
     assert_eq!(got, ["student", "guest"]);
@@ -311,26 +362,51 @@ async fn a_slot_kept_by_a_node_body_is_freed_by_its_release() {
 }
 
 #[test]
-fn the_expected_wait_is_the_waiters_over_the_pace_slots_free_at() {
-    let load = |waiting, pace| Load {
+fn the_expected_wait_is_the_work_ahead_over_the_pace_slots_free_at() {
+    let load = |waiting, newcomers_waiting, pace| Load {
         waiting,
+        newcomers_waiting,
+        per_newcomer: 4.0,
         pace,
         newcomers_waited: None,
     };
     assert_eq!(
-        load(0, 0.0).expected_wait(),
+        load(0, 0, 0.0).expected_wait(),
         Some(Duration::ZERO),
         "nobody waits"
     );
     assert_eq!(
-        load(2, 0.0).expected_wait(),
+        load(2, 0, 0.0).expected_wait(),
         None,
         "waiters and no pace: stuck"
     );
     assert_eq!(
-        load(2, 4.0).expected_wait(),
+        load(2, 0, 4.0).expected_wait(),
         Some(Duration::from_millis(500))
     );
+    // Each newcomer waiting brings three more requests of its login.
+    assert_eq!(
+        load(10, 10, 8.0).expected_wait(),
+        Some(Duration::from_secs(5)),
+        "a crowd that has just arrived is a long line already"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_crowd_shows_how_many_requests_a_newcomer_makes_before_logging_in() {
+    let crowd = Crowd::new(100);
+    assert_eq!(crowd.load().per_newcomer, LOGIN_REQUESTS, "before anything");
+    for _ in 0..10 {
+        crowd.served(Class::Newcomer);
+        for _ in 0..5 {
+            crowd.served(Class::Anonymous);
+        }
+        crowd.served(Class::Working);
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(crowd.load().per_newcomer, (4.0 + 6.0) / 2.0, "smoothed");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(crowd.load().per_newcomer, 5.0, "no newcomer: kept");
 }
 
 #[tokio::test(start_paused = true)]
@@ -349,6 +425,8 @@ async fn the_pace_is_the_slots_freed_per_second() {
         slots.crowd.load(),
         Load {
             waiting: 0,
+            newcomers_waiting: 0,
+            per_newcomer: LOGIN_REQUESTS,
             pace: 5.0,
             newcomers_waited: None,
         }

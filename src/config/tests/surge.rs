@@ -59,12 +59,46 @@ fn surge_mistakes_name_the_key_and_the_reason() {
 7: surge.room_opens_at: must be between 1s and 10m
 8: surge.room_cookie: must not be the session cookie: the browser would lose its session
 9: surge.room_page: cannot read /nonexistent/missing.html: no such file or directory (os error 2)
-10: surge.queue: unknown key (expected one of: max_active, max_waiting, aging, patience, post_patience, anonymous_patience, newcomer_patience, waiting_room, room_opens_at, place_kept, room_cookie, room_page)"#,
+10: surge.queue: unknown key (expected one of: max_active, max_waiting, aging, patience, post_patience, anonymous_patience, newcomer_patience, quiz_starts, session_max_active, waiting_room, room_opens_at, place_kept, room_cookie, room_page)"#,
     );
     let node = format!("{NODES}max_active = \"8\"\n{DATA}");
     assert_eq!(
         errors(&node),
         "4: nodes[0].max_active: expected an integer, found string"
+    );
+}
+
+#[test]
+fn quiz_starts_are_auto_a_number_per_node_or_off_and_never_past_the_cap() {
+    let config = |extra: &str| {
+        parse(
+            &format!("[surge]\nmax_active = 6\n{extra}\n{NODES}{DATA}"),
+            None,
+        )
+    };
+    let c = config("").unwrap();
+    assert_eq!(c.surge.quiz_starts, QuizStarts::Auto);
+    assert_eq!(c.surge.session_max_active, 6);
+    assert_eq!(
+        [0, 1, 3, 6].map(|cap| c.surge.start_share(cap)),
+        [0, 1, 1, 3],
+        "half the cap, at least one, none without a cap"
+    );
+    let c = config("quiz_starts = 10\nsession_max_active = 0").unwrap();
+    assert_eq!([2, 20].map(|cap| c.surge.start_share(cap)), [2, 10]);
+    assert_eq!(c.surge.session_max_active, 0);
+    let c = config("quiz_starts = 0").unwrap();
+    assert_eq!(c.surge.start_share(6), 0, "not paced");
+    assert_eq!(
+        errors(&format!(
+            "[surge]\nquiz_starts = \"fast\"\nsession_max_active = -2\n{NODES}{DATA}"
+        )),
+        "2: surge.quiz_starts: expected \"auto\" or an integer, found string\n\
+         3: surge.session_max_active: must be between 0 and 100000, got -2"
+    );
+    assert_eq!(
+        errors(&format!("[surge]\nquiz_starts = -1\n{NODES}{DATA}")),
+        "2: surge.quiz_starts: must be \"auto\" or between 0 and 100000, got -1"
     );
 }
 

@@ -20,6 +20,8 @@ fn room() -> RoomConfig {
 fn load(waiting: usize) -> Load {
     Load {
         waiting,
+        newcomers_waiting: 0,
+        per_newcomer: 4.0,
         pace: 10.0,
         newcomers_waited: None,
     }
@@ -205,6 +207,8 @@ async fn stuck_nodes_open_the_room() {
     let room = WaitingRoom::new(&SECRET);
     let stuck = Load {
         waiting: 3,
+        newcomers_waiting: 0,
+        per_newcomer: 4.0,
         pace: 0.0,
         newcomers_waited: None,
     };
