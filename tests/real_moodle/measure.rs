@@ -559,28 +559,43 @@ fn print_quiz(rounds: &[QuizRound]) {
     let trio = |(p50, p95, max): (f64, f64, f64)| format!("{p50:.0}/{p95:.0}/{max:.0}");
     let duo = |(p50, p95, _): (f64, f64, f64)| format!("{p50:.0}/{p95:.0}");
     eprintln!(
-        "{:<24} {:>11} {:>11} {:>11} {:>16} {:>8} {:>9} {:>6} {:>5} {:>12} {:>9}",
+        "{:<32} {:>11} {:>11} {:>11} {:>16} {:>8} {:>9} {:>6} {:>5} {:>12} {:>9}",
         "side",
         "turn before",
         "turn during",
         "turn after",
         "first page ms",
         "wave s",
-        "autosave✗",
+        "autosaves",
         "errors",
         "lost",
         "out of order",
         "finished",
     );
     eprintln!(
-        "{:<24} {:>11} {:>11} {:>11} {:>16}",
-        "", "p50/p95 ms", "p50/p95 ms", "p50/p95 ms", "p50/p95/max"
+        "{:<32} {:>11} {:>11} {:>11} {:>16} {:>8} {:>9} {:>6} {:>5} {:>12}",
+        "",
+        "p50/p95 ms",
+        "p50/p95 ms",
+        "p50/p95 ms",
+        "p50/p95/max",
+        "",
+        "failed",
+        "",
+        "",
+        "all/per node"
     );
     for round in rounds {
         let record = &round.record;
         let [before, during, after] = record.turn_times();
         let first = record.first_page_times();
         let (pairs, swapped) = record.start_order(&round.attempts);
+        let (node_pairs, node_swapped) = record.start_order_per_node(&round.attempts);
+        let order = format!(
+            "{:.1}/{:.1}%",
+            swapped as f64 * 100.0 / pairs.max(1) as f64,
+            node_swapped as f64 * 100.0 / node_pairs.max(1) as f64
+        );
         let finished = (record.early.iter().chain(&record.class))
             .filter(|t| {
                 t.finished
@@ -589,7 +604,7 @@ fn print_quiz(rounds: &[QuizRound]) {
             .count();
         let (start, end) = record.wave;
         eprintln!(
-            "{:<24} {:>11} {:>11} {:>11} {:>16} {:>8.1} {:>9} {:>6} {:>5} {:>11.1}% {:>9}",
+            "{:<32} {:>11} {:>11} {:>11} {:>16} {:>8.1} {:>9} {:>6} {:>5} {:>12} {:>9}",
             round.name,
             duo(percentiles(&before)),
             duo(percentiles(&during)),
@@ -599,7 +614,7 @@ fn print_quiz(rounds: &[QuizRound]) {
             record.autosave_failures(),
             record.errors().len(),
             record.lost().len(),
-            swapped as f64 * 100.0 / pairs.max(1) as f64,
+            order,
             format!("{finished}/{}", record.early.len() + record.class.len()),
         );
     }

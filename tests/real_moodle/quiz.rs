@@ -99,6 +99,8 @@ pub struct Taker {
     pub click_unix: Option<f64>,
     /// When the first question page came (a 200 of attempt.php).
     pub first_page: Option<Instant>,
+    /// The node that served the first question page (the student's node).
+    pub node: Option<String>,
     /// The answer to each slot of the last turn or autosave Moodle accepted.
     pub answers: BTreeMap<u32, String>,
     /// Whether "Submit all and finish" led to the review page.
@@ -177,13 +179,26 @@ impl Record {
     /// Pairs of class students (the earlier click first) whose attempts exist, and
     /// of those how many got the later click's attempt created first (a smaller id).
     pub fn start_order(&self, attempts: &BTreeMap<u64, Attempt>) -> (usize, usize) {
-        let mut started: Vec<(Instant, u64)> = (self.class.iter())
-            .filter_map(|t| Some((t.click?, attempts.get(&t.user_id)?.id)))
+        self.order(attempts, false)
+    }
+
+    /// [`start_order`](Self::start_order) of the pairs on one node: the order the
+    /// gateway keeps at each node's gate (across nodes, each node's pace decides).
+    pub fn start_order_per_node(&self, attempts: &BTreeMap<u64, Attempt>) -> (usize, usize) {
+        self.order(attempts, true)
+    }
+
+    fn order(&self, attempts: &BTreeMap<u64, Attempt>, same_node: bool) -> (usize, usize) {
+        let mut started: Vec<(Instant, u64, Option<&str>)> = (self.class.iter())
+            .filter_map(|t| Some((t.click?, attempts.get(&t.user_id)?.id, t.node.as_deref())))
             .collect();
         started.sort();
         let (mut pairs, mut swapped) = (0, 0);
-        for (i, (_, first)) in started.iter().enumerate() {
-            for (_, later) in &started[i + 1..] {
+        for (i, (_, first, node)) in started.iter().enumerate() {
+            for (_, later, other) in &started[i + 1..] {
+                if same_node && node != other {
+                    continue;
+                }
                 pairs += 1;
                 swapped += usize::from(later < first);
             }
@@ -369,6 +384,7 @@ impl<'a> Exam<'a> {
                 click: None,
                 click_unix: None,
                 first_page: None,
+                node: None,
                 answers: BTreeMap::new(),
                 finished: false,
                 autosave_failures: 0,
@@ -523,6 +539,7 @@ impl<'a> Exam<'a> {
             (self.me.errors).push(format!("the start led to {}", page.request));
             return None;
         }
+        self.me.node = page.node().map(str::to_string);
         Some(page)
     }
 
