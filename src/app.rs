@@ -33,6 +33,7 @@ use crate::config::{Config, StoreConfig};
 use crate::gateway::{self, Gateway};
 use crate::http::listener::{serve_connections, Listening};
 use crate::http::proxy::{Client, Withheld};
+use crate::http::tickets::SharedTickets;
 use crate::sessions::clock::Clock;
 use crate::sessions::state;
 
@@ -63,6 +64,8 @@ pub struct App {
 struct PublicTls {
     acceptor: TlsAcceptor,
     certs: Arc<crate::http::tls::Certificates>,
+    /// With a shared store: the ticket keys every gateway of the site seals with.
+    tickets: Option<Arc<SharedTickets>>,
 }
 
 /// Every listener the gateway serves.
@@ -257,10 +260,23 @@ impl App {
     /// Serves the public listener over TLS with the certificates `certs` (HTTP/2
     /// and HTTP/1.1 by ALPN); a reload re-reads them.
     pub fn with_tls(mut self, certs: Arc<crate::http::tls::Certificates>) -> Self {
-        let config = crate::http::tls::server_config(certs.clone(), true);
+        let mut config = crate::http::tls::server_config(certs.clone(), true);
+        // With a shared store, a student moved to another gateway resumes there.
+        let tickets = match self.gateway.store().is_shared() {
+            true => SharedTickets::new()
+                .inspect_err(|error| tracing::warn!("no shared TLS tickets: {error}"))
+                .ok(),
+            false => None,
+        };
+        if let Some(tickets) = &tickets {
+            let mut shared = (*config).clone();
+            shared.ticketer = tickets.clone();
+            config = Arc::new(shared);
+        }
         self.tls = Some(PublicTls {
             acceptor: crate::http::tls::acceptor(config),
             certs,
+            tickets,
         });
         self
     }
@@ -308,6 +324,12 @@ impl App {
             },
             stop_rx.clone(),
         ));
+        let tickets = self.tls.as_ref().and_then(|tls| tls.tickets.clone());
+        if let (Some(tickets), StoreConfig::Redis(redis)) = (tickets, &self.config().store) {
+            let secret = crate::store::ticket_secret(redis);
+            let store = self.gateway.store().clone();
+            background.spawn(share_ticket_keys(store, tickets, secret, stop_rx.clone()));
+        }
         if let Some(file) = save_to.clone() {
             let saving = save_periodically(self.gateway.clone(), file, save_every, stop_rx.clone());
             background.spawn(saving);
@@ -433,6 +455,10 @@ fn restart_needed(running: &Config, next: &Config) -> Vec<String> {
             r.timeouts.request_headers != n.timeouts.request_headers,
         ),
         (
+            "timeouts.keep_alive",
+            r.timeouts.keep_alive != n.timeouts.keep_alive,
+        ),
+        (
             "[state]",
             r.state.file != n.state.file || r.state.save_every != n.state.save_every,
         ),
@@ -459,6 +485,27 @@ fn restart_needed(running: &Config, next: &Config) -> Vec<String> {
         .filter(|(_, changed)| *changed)
         .map(|(key, _)| format!("{key} changed: it takes effect after a restart"))
         .collect()
+}
+
+/// Keeps `tickets` sealing with the site's shared keys, kept in the store sealed
+/// under `secret`.
+async fn share_ticket_keys(
+    store: crate::store::Store,
+    tickets: Arc<SharedTickets>,
+    secret: [u8; 32],
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use crate::http::tickets::{fresh_key, period_at, unwrap, wrap};
+    let period = || period_at(std::time::SystemTime::now());
+    let fresh = || wrap(&secret, &fresh_key()?);
+    let install = |found: Vec<(u64, Vec<u8>)>| {
+        let keys: Vec<_> = found
+            .into_iter()
+            .filter_map(|(period, wrapped)| Some((period, unwrap(&secret, &wrapped)?)))
+            .collect();
+        tickets.install(&keys);
+    };
+    store.keep_ticket_keys(period, fresh, install, stop).await;
 }
 
 /// What the health checker probes this round: every node and the data server of the

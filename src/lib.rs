@@ -21,8 +21,9 @@
 //!   - `http::server`: the HTTP/1.1 a student's connection speaks, by hand for plain
 //!     requests, handed to hyper's server for the rest (upgrades, chunked uploads).
 //!   - `http::wire`: what both hand-written HTTP/1.1 sides share: the `writev` queue, numbers.
-//!   - [`http::tls`]: the public listener's certificate, reloaded by `SIGHUP`; ALPN; the
-//!     redirect to HTTPS.
+//!   - [`http::tls`]: the public listener's certificate, reloaded by `SIGHUP`; ALPN;
+//!     resumption by ticket; the redirect to HTTPS.
+//!   - [`http::tickets`]: TLS tickets sealed with the keys the gateways of a site share.
 //!   - [`http::edge`]: what a request must be before it is looked at: sizes, framing, one
 //!     known host.
 //!   - [`http::proxy`]: forwarding mechanics: header hygiene, streaming, upstream failures as

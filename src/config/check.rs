@@ -23,10 +23,11 @@ use super::values::{
 use super::{
     error, line_of, Balance, Config, ConfigEnv, ConfigError, ConfigErrors, SessionConfig,
     SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE, DEFAULT_CONNECT,
-    DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD, DEFAULT_LISTEN, DEFAULT_LOGGED_IN_IDLE,
-    DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS,
-    DEFAULT_SESSIONTIMEOUT, DEFAULT_SHUTDOWN, DEFAULT_TUNNEL_IDLE, DEFAULT_UPLOAD,
-    DEFAULT_UPLOAD_MIN_RATE, DEFAULT_UPLOAD_RATE_WINDOW, DEFAULT_UPSTREAM_IDLE,
+    DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD, DEFAULT_KEEP_ALIVE, DEFAULT_LISTEN,
+    DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS,
+    DEFAULT_RESPONSE_HEADERS, DEFAULT_SESSIONTIMEOUT, DEFAULT_SHUTDOWN, DEFAULT_TUNNEL_IDLE,
+    DEFAULT_UPLOAD, DEFAULT_UPLOAD_MIN_RATE, DEFAULT_UPLOAD_RATE_WINDOW, DEFAULT_UPSTREAM_IDLE,
+    KEEP_ALIVE_RANGE,
 };
 
 // The keys each table accepts, space-separated; anything else is reported. The
@@ -36,8 +37,8 @@ const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts healt
 const SITE_KEYS: &str = "wwwroot path hosts";
 const SESSION_KEYS: &str =
     "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle sessiontimeout store failover_hold";
-const TIMEOUT_KEYS: &str = "connect response_headers upstream_idle request_headers body_idle \
-                            shutdown tunnel_idle upload_min_rate upload_rate_window upload";
+const TIMEOUT_KEYS: &str = "connect response_headers upstream_idle request_headers keep_alive \
+                            body_idle shutdown tunnel_idle upload_min_rate upload_rate_window upload";
 
 pub(super) type Span = Range<usize>;
 pub(super) type Value<'a> = Spanned<DeValue<'a>>;
@@ -340,6 +341,7 @@ impl Checker<'_> {
             response_headers: self.duration(&s, "response_headers", DEFAULT_RESPONSE_HEADERS),
             upstream_idle: self.duration(&s, "upstream_idle", DEFAULT_UPSTREAM_IDLE),
             request_headers: self.duration(&s, "request_headers", DEFAULT_REQUEST_HEADERS),
+            keep_alive: self.bounded(&s, "keep_alive", DEFAULT_KEEP_ALIVE, KEEP_ALIVE_RANGE),
             body_idle: self.duration(&s, "body_idle", DEFAULT_BODY_IDLE),
             shutdown: self.duration(&s, "shutdown", DEFAULT_SHUTDOWN),
             tunnel_idle: self.duration(&s, "tunnel_idle", DEFAULT_TUNNEL_IDLE),

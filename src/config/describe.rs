@@ -33,11 +33,12 @@ impl Config {
         let site = Some(self.site.path.as_str()).filter(|p| !p.is_empty());
         let site = site.unwrap_or("/ (Moodle at the host root)");
         let (login, anon) = (d(s.logged_in_idle), d(s.anonymous_idle));
-        let [conn, head, pool, req, body, tunnel] = [
+        let [conn, head, pool, req, kept, body, tunnel] = [
             t.connect,
             t.response_headers,
             t.upstream_idle,
             t.request_headers,
+            t.keep_alive,
             t.body_idle,
             t.tunnel_idle,
         ]
@@ -55,7 +56,8 @@ impl Config {
             "public listener: {}\ntls: {}\nadmin listener: {admin}\ntrusted proxies: {proxies}\n\
              {}site path: {site}\nsite hosts: {}\nsession cookie: {} (path {})\nbalance: {}\n\
              sessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
-             timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, body idle {body}, \
+             timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, \
+             client keep-alive {kept}, body idle {body}, \
              tunnel idle {tunnel}, uploads {rate} and {upload} in all\nlimits: {}\n{}{}",
             self.listen,
             self.describe_tls(),

@@ -85,6 +85,16 @@ pub const DEFAULT_RESPONSE_HEADERS: Duration = Duration::from_secs(60);
 pub const DEFAULT_UPSTREAM_IDLE: Duration = Duration::from_secs(4);
 /// `timeouts.request_headers` default: bounds slow-header (slowloris) clients.
 pub const DEFAULT_REQUEST_HEADERS: Duration = Duration::from_secs(10);
+/// `timeouts.keep_alive` default: nginx's `keepalive_timeout`. A student reads a page
+/// for seconds to minutes before the next click; a connection kept that long spares
+/// the click a new TCP and TLS handshake.
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(75);
+/// `timeouts.keep_alive` bounds: below a second no click would find its connection
+/// kept; past an hour browsers have long given theirs up (Firefox after 115 s,
+/// Chrome after 5 min), and an idle connection holds its place under
+/// `limits.max_connections` for nothing.
+pub const KEEP_ALIVE_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(1)..=Duration::from_secs(3600);
 /// `timeouts.body_idle` default: the pause nginx allows inside a body
 /// (`proxy_read_timeout`, `client_body_timeout`).
 pub const DEFAULT_BODY_IDLE: Duration = Duration::from_secs(60);
@@ -594,8 +604,14 @@ pub struct Timeouts {
     /// default 4s: below the nodes' own keep-alive timeout (Apache: 5 s), so the gateway
     /// never reuses a connection the node is closing.
     pub upstream_idle: Duration,
-    /// `request_headers`: how long a client may take to send its request head, default 10s.
+    /// `request_headers`: how long a client may take to send its request head, from
+    /// the head's first byte (a new connection's first head: from the connection's
+    /// start), default 10s.
     pub request_headers: Duration,
+    /// `keep_alive`: how long a client connection that has been answered may wait,
+    /// idle, for the first byte of its next request (HTTP/1.1), or with no stream
+    /// open (HTTP/2), default 75s.
+    pub keep_alive: Duration,
     /// `body_idle`: the longest pause inside a body on its way through, upload or
     /// download, default 60s.
     pub body_idle: Duration,

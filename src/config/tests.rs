@@ -48,7 +48,7 @@ site hosts: any (every Host header is passed on)
 session cookie: MoodleSession (path /)
 balance: round-robin
 sessions: at most 1000000; forgotten after 8h 30m idle when logged in, 1h when anonymous
-timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s, body idle 1m, tunnel idle 1h, uploads at least 1KiB/s over 1m and 2h in all
+timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s, client keep-alive 1m 15s, body idle 1m, tunnel idle 1h, uploads at least 1KiB/s over 1m and 2h in all
 limits: request head 32KiB and 100 header lines (431 beyond), URI 8KiB (414 beyond), body 2GiB (413 beyond), read whole before a node is contacted up to 64KiB, on disk up to 64MiB (4GiB at once, in moodle-gateway.spool); 10000 connections and 10000 requests in flight (503 beyond); 100 streams per HTTP/2 connection
 session store: node-local: a student whose node is down waits up to 10s for it to come back, then goes to another node and must log in again
 shutdown: in-flight requests get 30s to finish
@@ -71,6 +71,7 @@ routing: SCORM files (/pluginfile.php/*/mod_scorm/..., and the same files via /w
     assert_eq!(c.session.failover_hold, DEFAULT_FAILOVER_HOLD);
     assert_eq!(c.timeouts.shutdown, DEFAULT_SHUTDOWN);
     assert_eq!(c.timeouts.tunnel_idle, DEFAULT_TUNNEL_IDLE);
+    assert_eq!(c.timeouts.keep_alive, DEFAULT_KEEP_ALIVE);
     assert!(c.site.hosts.is_empty() && c.tls.is_none());
     let l = &c.limits;
     assert_eq!(
@@ -134,6 +135,7 @@ connect = "1s"
 response_headers = "2m"
 upstream_idle = "30s"
 request_headers = "3s"
+keep_alive = "2m"
 body_idle = "20s"
 shutdown = "2m"
 tunnel_idle = "2h"
@@ -200,7 +202,7 @@ site hosts: moodle.example.edu, moodle.example.edu:8443, 192.0.2.1, [2001:db8::1
 session cookie: MoodleSessionprod (path /moodle/)
 balance: least-sessions
 sessions: at most 5000; forgotten after 2h 30m idle when logged in, 15m when anonymous
-timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s, body idle 20s, tunnel idle 2h, uploads at least 2KiB/s over 30s and 3h in all
+timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s, client keep-alive 2m, body idle 20s, tunnel idle 2h, uploads at least 2KiB/s over 30s and 3h in all
 limits: request head 64KiB and 200 header lines (431 beyond), URI 16KiB (414 beyond), body 100MB (413 beyond), read whole before a node is contacted up to 128KiB, on disk up to 32MiB (1GiB at once, in /var/cache/moodle-gateway); 50000 connections and 2000 requests in flight (503 beyond); 250 streams per HTTP/2 connection
 session store: shared: a student whose node is down goes to another node at once
 shutdown: in-flight requests get 2m to finish
@@ -226,6 +228,7 @@ routing: SCORM files (/moodle/pluginfile.php/*/mod_scorm/..., and the same files
     );
     assert_eq!(c.session.failover_hold, Duration::from_secs(45));
     assert_eq!(c.timeouts.tunnel_idle, Duration::from_secs(7200));
+    assert_eq!(c.timeouts.keep_alive, Duration::from_secs(120));
     assert_eq!(c.limits.max_header_bytes, 65536);
     assert_eq!(c.limits.max_body_bytes, 100_000_000);
     assert_eq!(c.limits.buffer_body_bytes, 128 * 1024);
@@ -285,7 +288,7 @@ upstream_idle = "400 days""#;
 11: session.logged_in_idle: "8" is not a duration (like "5s", "90s" or "8h30m")
 12: session.anonymous_idle: expected a duration string (like "90s"), found integer
 14: timeouts.connect: "0s" must be greater than 0
-15: timeouts.read: unknown key (expected one of: connect, response_headers, upstream_idle, request_headers, body_idle, shutdown, tunnel_idle, upload_min_rate, upload_rate_window, upload)
+15: timeouts.read: unknown key (expected one of: connect, response_headers, upstream_idle, request_headers, keep_alive, body_idle, shutdown, tunnel_idle, upload_min_rate, upload_rate_window, upload)
 16: timeouts.upstream_idle: "400 days" is longer than a year"#,
     );
     check("site = 3", "1: site: expected a table, found integer");

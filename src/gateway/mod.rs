@@ -472,23 +472,21 @@ impl Gateway {
             }
             // The request's wait for its own node, if it has to: one for all its tries.
             let mut hold = None;
-            let mut admission = None;
-            let forwarded = match self.route(kind, known, &mut hold, settings).await {
-                Ok(route) => match self.admission(route, known, work, &mut ask, settings).await {
-                    Ok(admitted) => {
-                        admission = Some(admitted);
-                        let waited = &mut served.waited;
-                        let forward =
-                            self.forward(route, known, request, peer, ask, waited, hold, settings);
-                        forward.await
-                    }
-                    Err(error) => Err(error),
-                },
-                Err(error) => Err(error),
+            let waited = &mut served.waited;
+            let forwarded = async {
+                let route = self.route(kind, known, &mut hold, settings).await?;
+                let admission = self
+                    .admission(route, known, work, &mut ask, settings)
+                    .await?;
+                let forward =
+                    self.forward(route, known, request, peer, ask, waited, hold, settings);
+                let forwarded = forward.await;
+                // The turns go back with the node's answer head: the node is done with
+                // the session's lock and the start by then.
+                drop(admission);
+                forwarded
             };
-            // The turns are given back with the node's answer head: the node is done
-            // with the session's lock and the start by then.
-            drop(admission);
+            let forwarded = forwarded.await;
             let (route, mut response, took) = match forwarded {
                 Ok(forwarded) => forwarded,
                 Err(error) => return self.failed_for(error, app),

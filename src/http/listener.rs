@@ -87,9 +87,12 @@ impl<B> ResponseBody for B where
 /// How one listener serves its connections.
 #[derive(Clone)]
 pub(crate) struct Listening {
-    /// The deadline for a request head, which hyper also applies to a keep-alive
-    /// connection waiting for its next request.
+    /// The deadline for a request head, from its first byte; also the TLS
+    /// handshake's, and on hyper's HTTP/1.1 the whole wait for the next request.
     request_headers: Duration,
+    /// How long an answered connection may idle before its next request (HTTP/1.1)
+    /// or with no stream open (HTTP/2).
+    keep_alive: Duration,
     max_headers: usize,
     /// hyper's buffer limit for one HTTP/1.1 connection (see [`http1_buffer`]).
     http1_buffer: usize,
@@ -111,6 +114,7 @@ impl Listening {
     pub(crate) fn plain(limits: &LimitsConfig, timeouts: &Timeouts) -> Self {
         Self {
             request_headers: timeouts.request_headers,
+            keep_alive: timeouts.keep_alive,
             max_headers: limits.max_headers,
             http1_buffer: http1_buffer(limits.max_header_bytes),
             max_connections: limits.max_connections,
@@ -459,6 +463,11 @@ struct Serving {
 impl Serving {
     fn new(how: Listening) -> Self {
         let mut http1 = hyper::server::conn::http1::Builder::new();
+        // hyper starts its head deadline as soon as it waits for a head, so on the
+        // rare connection handed to it (a chunked upload, `Expect`, an upgrade) an
+        // idle wait is held to `request_headers`, not `keep_alive`: its deadline
+        // cannot tell an idle client from a slow head, and slowloris is the one
+        // that must not win.
         http1
             .timer(TokioTimer::new())
             .header_read_timeout(how.request_headers)
@@ -476,11 +485,13 @@ impl Serving {
             .max_concurrent_streams(how.http2_max_streams)
             .max_header_list_size(64 * 1024)
             // A peer gone without a FIN (a phone that lost its signal) is found by a
-            // ping it does not answer, while a stream waits on the node.
+            // ping it does not answer, while a stream waits on the node (and while
+            // idle, which frees its place before `keep_alive` would).
             .keep_alive_interval(Some(how.request_headers))
             .keep_alive_timeout(how.request_headers);
         let limits = server::Limits {
             request_headers: how.request_headers,
+            keep_alive: how.keep_alive,
             max_headers: how.max_headers,
             head_bytes: how.http1_buffer,
             pass_lines: how.pass_lines,
@@ -608,7 +619,7 @@ async fn serve_tls<S, B>(
         let mut stop = std::pin::pin!(async {
             tokio::select! {
                 () = closed(closing) => {}
-                () = streams.idle(how.request_headers) => {
+                () = streams.idle(how.keep_alive) => {
                     tracing::debug!(%peer, "HTTP/2 connection idle: closed");
                 }
             }

@@ -22,6 +22,7 @@ pub(crate) mod splice;
 pub mod spool;
 pub mod stall;
 pub(crate) mod streams;
+pub mod tickets;
 pub mod tls;
 pub mod tunnel;
 pub mod upload;

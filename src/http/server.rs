@@ -93,9 +93,12 @@ const BODY_PARTS: usize = 10;
 /// How the listener's settings bound one connection.
 #[derive(Debug, Clone)]
 pub(crate) struct Limits {
-    /// The deadline for a request head, from the moment the connection waits for
-    /// it (a keep-alive connection waiting for its next request included).
+    /// The deadline for a request head: from its first byte on a kept connection,
+    /// from the connection's start for its first request.
     pub request_headers: Duration,
+    /// How long a connection that has answered a request may wait for the first
+    /// byte of the next one.
+    pub keep_alive: Duration,
     /// `limits.max_headers`.
     pub max_headers: usize,
     /// The most bytes a head may take before it is complete.
@@ -393,7 +396,8 @@ where
         writer,
         out: Outgoing::default(),
         deadline: Deadline::after(limits.request_headers),
-        waiting: false,
+        waiting: Waiting::No,
+        answered: false,
         back: Arc::new(Mutex::new(None)),
         taken: 0,
         partial: 0,
@@ -462,11 +466,14 @@ struct Connection {
     reading: Option<Reading>,
     writer: WriteHalf,
     out: Outgoing<BODY_PARTS>,
-    /// The request-head deadline, one timer for the connection's life, moved later
-    /// for each head on the coarse clock.
+    /// The deadline for the next request (its first byte, then its whole head),
+    /// one timer for the connection's life, moved on the coarse clock.
     deadline: Deadline,
-    /// The deadline is set for the head being waited for.
-    waiting: bool,
+    /// What the deadline is set for.
+    waiting: Waiting,
+    /// A request came on this connection: waiting with nothing of the next one
+    /// read is idling between clicks, not sending a head slowly.
+    answered: bool,
     back: Arc<Return>,
     /// Bytes the socket took since it last refused a write or took part of one,
     /// up to [`PROVEN`].
@@ -477,6 +484,23 @@ struct Connection {
     spans: Vec<Span>,
     /// The last answer's header map, emptied: the next request's.
     cached: Option<HeaderMap>,
+}
+
+/// What a connection waits for, and so which limit its deadline keeps.
+///
+/// Why two: a student reads a page for many seconds before the next click, and a
+/// connection closed meanwhile costs that click a new TCP and TLS handshake
+/// (`keep_alive`, nginx's 75 s); a head trickled a byte at a time (slowloris) must
+/// still be cut short (`request_headers`, from the head's first byte, so that
+/// idling first buys a slow head no time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// A request is in flight: the deadline is not watched.
+    No,
+    /// A kept connection with nothing of its next request read: `keep_alive`.
+    Idle,
+    /// A request head, begun or (a new connection's first) not: `request_headers`.
+    Head,
 }
 
 /// What comes next on a connection.
@@ -561,8 +585,8 @@ impl Connection {
         left == 0
     }
 
-    /// Waits for the next request head, under the head deadline and while the
-    /// listener stays open.
+    /// Waits for the next request head, under the keep-alive deadline until its
+    /// first byte and the head deadline from then, and while the listener stays open.
     fn poll_head(
         &mut self,
         cx: &mut Context<'_>,
@@ -586,7 +610,8 @@ impl Connection {
                     &mut self.cached,
                 ) {
                     Parsed::Head(head) => {
-                        self.waiting = false;
+                        self.waiting = Waiting::No;
+                        self.answered = true;
                         self.partial = 0;
                         return Poll::Ready(Next::Request(head));
                     }
@@ -615,12 +640,26 @@ impl Connection {
                 Poll::Ready(Ok(_)) => continue,
                 Poll::Pending => {}
             }
-            if !self.waiting {
-                self.waiting = true;
-                self.deadline.set(limits.request_headers);
+            let now = if self.answered && reading.buf.is_empty() {
+                Waiting::Idle
+            } else {
+                Waiting::Head
+            };
+            if self.waiting != now {
+                // Idle to head: the head's first byte came just now.
+                self.waiting = now;
+                self.deadline.set(match now {
+                    Waiting::Idle => limits.keep_alive,
+                    Waiting::Head | Waiting::No => limits.request_headers,
+                });
             }
             if self.deadline.poll_passed(cx) {
-                tracing::debug!("request head not complete within timeouts.request_headers");
+                match now {
+                    Waiting::Idle => tracing::debug!("idle past timeouts.keep_alive: closed"),
+                    Waiting::Head | Waiting::No => {
+                        tracing::debug!("request head not complete within timeouts.request_headers")
+                    }
+                }
                 return Poll::Ready(Next::Close);
             }
             return Poll::Pending;

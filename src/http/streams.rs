@@ -1,10 +1,10 @@
 //! The open streams of one HTTP/2 connection: when the connection has had none for
-//! `timeouts.request_headers` it is closed, and a stream whose client grants it no
+//! `timeouts.keep_alive` it is closed, and a stream whose client grants it no
 //! flow-control window for `timeouts.body_idle` lets go of its node.
 //!
-//! Why: hyper closes an idle HTTP/1.1 connection itself (its head deadline), but an
-//! HTTP/2 connection with no stream open stays for as long as the client likes, so a
-//! few hundred idle ones hold every place under `max_connections`. And a stream's
+//! Why: the HTTP/1.1 side closes an idle connection itself (its keep-alive
+//! deadline), but an HTTP/2 connection with no stream open stays for as long as the
+//! client likes, so a few hundred idle ones hold every place under `max_connections`. And a stream's
 //! send waits for window without polling its body, so neither the body's idle limit
 //! ([`crate::http::body::IdleLimited`]) nor the socket's ([`crate::http::stall`])
 //! sees a client that reads the connection but never opens the stream's window:

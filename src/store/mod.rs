@@ -41,6 +41,7 @@ mod heartbeat;
 mod link;
 mod resync;
 mod supervise;
+mod tickets;
 mod wire;
 mod writer;
 
@@ -435,4 +436,14 @@ pub fn table_secret(config: &RedisConfig) -> [u8; 16] {
     let mut secret = [0u8; 16];
     secret.copy_from_slice(&digest[..16]);
     secret
+}
+
+/// The secret the site's TLS ticket keys are sealed under in Redis: every gateway
+/// derives the same one from `store.secret`, and reading Redis alone opens none.
+pub fn ticket_secret(config: &RedisConfig) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&config.secret)
+        .expect("HMAC takes a key of any length");
+    mac.update(b"moodle-gateway tls ticket keys v1");
+    mac.finalize().into_bytes().into()
 }

@@ -112,6 +112,11 @@ impl Keys {
         format!("{}gateways", self.prefix)
     }
 
+    /// The TLS ticket key of one period, sealed under `store.secret`.
+    pub fn ticket_key(&self, period: u64) -> String {
+        format!("{}tls-ticket:{period}", self.prefix)
+    }
+
     /// The channel.
     pub fn events(&self) -> &str {
         &self.events

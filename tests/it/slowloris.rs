@@ -1,5 +1,6 @@
 //! Clients that hold connections instead of using them: hundreds trickling a request
-//! head a byte at a time, an idle keep-alive connection, and more connections than
+//! head a byte at a time, an idle keep-alive connection (kept for `keep_alive`, its
+//! next head then held to `request_headers`), and more connections than
 //! `limits.max_connections` allows. None of them may keep a student's request from
 //! being answered, and each is closed by the gateway, not left to the client.
 
@@ -74,28 +75,91 @@ async fn slow_request_heads_are_cut_off_while_students_are_served() {
     );
 }
 
-#[tokio::test]
-async fn an_idle_keep_alive_connection_is_closed_after_request_headers() {
-    // The head deadline starts when the connection waits for a request, so an idle
-    // keep-alive connection is held no longer than a slow head would be.
-    let gateway = gateway("timeouts.request_headers = \"1s\"").await;
+/// A connection that has been answered a request, and the instant the answer was in.
+async fn answered(gateway: &TestGateway) -> (RawConn, Instant) {
     let mut conn = RawConn::connect(gateway.addr).await;
     conn.send(b"GET /course/view.php HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
+    let response = conn.response(CLIENT_TIMEOUT, false).await.unwrap();
+    assert_eq!(response.status, 200);
+    (conn, Instant::now())
+}
+
+/// How long after `since` the gateway closed `conn`, which sends nothing meanwhile;
+/// panics if it is still open `limit` after `since`.
+async fn closed_after(conn: &mut RawConn, since: Instant, limit: Duration) -> Duration {
+    let left = limit.saturating_sub(since.elapsed());
+    match conn.afterwards(left).await {
+        AfterwardsRaw::Closed => since.elapsed(),
+        other => panic!("after {:?}: {other:?}, not closed", since.elapsed()),
+    }
+}
+
+#[tokio::test]
+async fn a_connection_idle_for_less_than_keep_alive_is_reused_and_one_idle_past_it_is_closed() {
+    let gateway = gateway("timeouts.request_headers = \"1s\"\ntimeouts.keep_alive = \"3s\"").await;
+    let (mut conn, _) = answered(&gateway).await;
+    // Idle past request_headers, as a student reading a page: still open, and it
+    // carries the next click.
     assert_eq!(
-        conn.response(CLIENT_TIMEOUT, false).await.unwrap().status,
-        200
-    );
-    // Kept alive for the next click at first...
-    assert_eq!(
-        conn.afterwards(Duration::from_millis(300)).await,
+        conn.afterwards(Duration::from_millis(1800)).await,
         AfterwardsRaw::Open
     );
-    // ...and closed once idle for request_headers (1 s), with room to spare.
+    conn.send(b"GET /course/view.php HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let again = conn.response(CLIENT_TIMEOUT, false).await.unwrap();
+    assert_eq!(again.status, 200);
+    // Idle past keep_alive (3 s) after that: closed, not before, with room to spare
+    // both ways.
+    let closed = closed_after(&mut conn, Instant::now(), Duration::from_secs(10)).await;
+    assert!(
+        closed >= Duration::from_millis(2500),
+        "closed after {closed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_head_trickled_on_a_kept_connection_is_cut_at_request_headers_from_its_first_byte() {
+    let gateway = gateway("timeouts.request_headers = \"1s\"\ntimeouts.keep_alive = \"20s\"").await;
+    let (mut conn, _) = answered(&gateway).await;
+    // Idle first, longer than request_headers: that time does not count against
+    // the head.
     assert_eq!(
-        conn.afterwards(Duration::from_secs(3)).await,
-        AfterwardsRaw::Closed
+        conn.afterwards(Duration::from_millis(1500)).await,
+        AfterwardsRaw::Open
+    );
+    let first_byte = Instant::now();
+    let trickled = async {
+        for byte in b"GET /course/view.php HTTP/1.1\r\nHost: x\r\nX-Slow: "
+            .iter()
+            .cycle()
+        {
+            if conn.send(&[*byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    // The writes go on until one fails after the close; at most keep_alive's 20 s.
+    let _ = tokio::time::timeout(Duration::from_secs(15), trickled).await;
+    let cut = first_byte.elapsed();
+    // Cut about request_headers (1 s) after the first byte: neither at once nor
+    // as late as keep_alive. A write fails a round trip or two after the close.
+    assert!(cut >= Duration::from_millis(800), "cut after {cut:?}");
+    assert!(cut < Duration::from_secs(10), "cut after {cut:?}");
+}
+
+#[tokio::test]
+async fn a_new_connection_that_sends_nothing_gets_request_headers_not_keep_alive() {
+    let gateway = gateway("timeouts.request_headers = \"1s\"\ntimeouts.keep_alive = \"20s\"").await;
+    let opened = Instant::now();
+    let mut conn = RawConn::connect(gateway.addr).await;
+    let closed = closed_after(&mut conn, opened, Duration::from_secs(10)).await;
+    assert!(
+        closed >= Duration::from_millis(800),
+        "closed after {closed:?}"
     );
 }
 

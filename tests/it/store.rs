@@ -847,3 +847,42 @@ async fn behind_sentinel_a_primary_with_a_password_is_reached_with_the_primarys_
     );
     assert_eq!(gateway.app.gateway().store().is_up(), Some(true));
 }
+
+/// A student whose address moved to another gateway (keepalived, a restart)
+/// resumes their TLS session there: every gateway seals tickets with the site's
+/// keys, kept in Redis, over TLS 1.3 and 1.2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn a_ticket_one_gateway_issued_resumes_the_session_on_another() {
+    use crate::tls::{client_config, serve_tls, visit, TestCert};
+    use rustls::HandshakeKind::{Full, Resumed};
+    let site = Site::start(1, &[], "").await;
+    let cert = TestCert::new("shared-tickets");
+    let mut https = Vec::new();
+    for name in ["gw-a", "gw-b"] {
+        let text = site.config(name, "state.file = \"\"");
+        https.push(serve_tls(&text, &cert).await.0);
+    }
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        // Both gateways read the site's keys from Redis within a second or so of
+        // their start: until then each seals with its own.
+        let mut tries = 0;
+        let resumed = loop {
+            let browser = client_config(&cert, b"http/1.1", &[version]);
+            assert_eq!(visit(https[0], &browser).await, Full);
+            let elsewhere = visit(https[1], &browser).await;
+            tries += 1;
+            if elsewhere == Resumed || tries == 50 {
+                break elsewhere;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(resumed, Resumed, "{version:?}");
+    }
+    // In Redis: this period's key and the next, made ahead for the turn.
+    let keys = site.redis.command(&["KEYS", "*tls-ticket:*"]).unwrap();
+    assert!(
+        matches!(&keys, redis::Value::Array(k) if k.len() == 2),
+        "{keys:?}"
+    );
+}

@@ -18,13 +18,13 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::{TcpListener, TcpStream};
 
 /// A self-signed certificate for `localhost`, written where the gateway reads it.
-struct TestCert {
+pub struct TestCert {
     dir: std::path::PathBuf,
     der: CertificateDer<'static>,
 }
 
 impl TestCert {
-    fn new(name: &str) -> Self {
+    pub fn new(name: &str) -> Self {
         let key = rcgen::KeyPair::generate().unwrap();
         let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
         let cert = params.self_signed(&key).unwrap();
@@ -56,7 +56,12 @@ async fn gateway(cluster: &Cluster, cert: &TestCert) -> (SocketAddr, SocketAddr)
 async fn gateway_with(cluster: &Cluster, cert: &TestCert, extra: &str) -> (SocketAddr, SocketAddr) {
     let extra = format!("state.file = \"\"\n{extra}");
     let text = cluster.config_toml("127.0.0.1:0", None, &extra);
-    let config = Config::parse(&text, Path::new("."), Default::default()).unwrap();
+    serve_tls(&text, cert).await
+}
+
+/// A gateway of config `text` serving `cert`; its HTTPS and redirect addresses.
+pub async fn serve_tls(text: &str, cert: &TestCert) -> (SocketAddr, SocketAddr) {
+    let config = Config::parse(text, Path::new("."), Default::default()).unwrap();
     let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let redirect = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addrs = (public.local_addr().unwrap(), redirect.local_addr().unwrap());
@@ -75,18 +80,36 @@ async fn tls_connect(
     cert: &TestCert,
     alpn: &[u8],
 ) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let config = client_config(cert, alpn, rustls::DEFAULT_VERSIONS);
+    connect_with(addr, &config).await
+}
+
+/// A client that trusts `cert` and offers `alpn` over `versions`; it keeps the
+/// sessions it is given in a store its clones share, as a browser does.
+pub fn client_config(
+    cert: &TestCert,
+    alpn: &[u8],
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.der.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![alpn.to_vec()];
+    config
+}
+
+pub async fn connect_with(
+    addr: SocketAddr,
+    config: &rustls::ClientConfig,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let name = ServerName::try_from("localhost").unwrap();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config.clone()));
     connector.connect(name, tcp).await.unwrap()
 }
 
@@ -253,13 +276,13 @@ async fn h2_after_one_request(
 }
 
 /// Idle HTTP/2 connections holding every place under `max_connections` are closed
-/// after `request_headers` without a stream, as idle HTTP/1.1 ones are, so the next
+/// after `keep_alive` without a stream, as idle HTTP/1.1 ones are, so the next
 /// student gets in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http2_connections_are_closed_so_the_next_student_gets_in() {
     let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
     let cert = TestCert::new("h2idle");
-    let extra = "limits.max_connections = 2\ntimeouts.request_headers = \"1s\"";
+    let extra = "limits.max_connections = 2\ntimeouts.keep_alive = \"1s\"";
     let (https, _) = gateway_with(&cluster, &cert, extra).await;
     let mut idle = Vec::new();
     for _ in 0..2 {
@@ -287,4 +310,72 @@ async fn idle_http2_connections_are_closed_so_the_next_student_gets_in() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert!(next.is_some(), "the next student was turned away");
+}
+
+/// An HTTP/2 connection idle for longer than `request_headers` carries the next
+/// request, and one idle past `keep_alive` is closed: not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_kept_for_keep_alive_then_closed() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let cert = TestCert::new("h2kept");
+    let extra = "timeouts.request_headers = \"1s\"\ntimeouts.keep_alive = \"3s\"";
+    let (https, _) = gateway_with(&cluster, &cert, extra).await;
+    let (mut h2, connection) = h2_after_one_request(https, &cert).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1800)).await;
+    assert!(!connection.is_finished(), "closed after 1.8 s idle");
+    let request = Request::get("https://localhost/login/index.php")
+        .version(Version::HTTP_2)
+        .body(Body::empty())
+        .unwrap();
+    let response = h2.send_request(request).await.expect("the kept connection");
+    assert_eq!(response.status(), 200);
+    body_text(response).await;
+    let idle = std::time::Instant::now();
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(15), connection).await;
+    assert!(closed.is_ok(), "still open 15 s after its last answer");
+    let after = idle.elapsed();
+    assert!(
+        after >= std::time::Duration::from_millis(2500),
+        "closed {after:?} after its last answer"
+    );
+}
+
+/// A student whose connection closed comes back with an abbreviated handshake (the
+/// gateway's ticket), over TLS 1.3 and 1.2, and the click is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_student_who_reconnects_resumes_the_tls_session() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let cert = TestCert::new("resume");
+    let (https, _) = gateway(&cluster, &cert).await;
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let browser = client_config(&cert, b"http/1.1", &[version]);
+        let mut handshakes = Vec::new();
+        for _ in 0..2 {
+            handshakes.push(Some(visit(https, &browser).await));
+        }
+        let want = [rustls::HandshakeKind::Full, rustls::HandshakeKind::Resumed].map(Some);
+        assert_eq!(handshakes, want, "{version:?}");
+    }
+}
+
+/// One page over a new HTTP/1.1 connection to `https`, then closed: how its
+/// handshake went. The answer is read, and with it the TLS 1.3 tickets sent before
+/// it, so that `browser` holds them for its next connection.
+pub async fn visit(https: SocketAddr, browser: &rustls::ClientConfig) -> rustls::HandshakeKind {
+    let stream = connect_with(https, browser).await;
+    let handshake = stream.get_ref().1.handshake_kind().unwrap();
+    let (mut h1, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    let request = Request::get("/login/index.php")
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    let response = h1.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    body_text(response).await;
+    drop(h1);
+    let _ = connection.await;
+    handshake
 }

@@ -257,6 +257,18 @@ fn tunnel_idle_is_a_duration() {
 }
 
 #[test]
+fn keep_alive_is_bounded_between_a_second_and_an_hour() {
+    let want = "1: timeouts.keep_alive: must be between 1s and 1h";
+    check("timeouts.keep_alive = \"2h\"", want);
+    check("timeouts.keep_alive = \"500ms\"", want);
+    let want = r#"1: timeouts.keep_alive: "0s" must be greater than 0"#;
+    check("timeouts.keep_alive = \"0s\"", want);
+    let bounds = ["1s", "1h"].map(|d| valid(&format!("timeouts.keep_alive = \"{d}\"")));
+    let bounds = bounds.map(|c| c.timeouts.keep_alive.as_secs());
+    assert_eq!(bounds, [1, 3600]);
+}
+
+#[test]
 fn wwwroot_gives_the_site_its_path_host_and_probe() {
     let c = valid(
         "[site]\nwwwroot = \"HTTPS://Moodle.Example.edu:8443/moodle/\"\n\

@@ -17,6 +17,7 @@ const PATIENCE: Duration = Duration::from_secs(5);
 fn limits() -> Limits {
     Limits {
         request_headers: Duration::from_secs(2),
+        keep_alive: Duration::from_secs(4),
         max_headers: 100,
         head_bytes: 16 * 1024,
         pass_lines: true,
