@@ -7,6 +7,7 @@
 # times before and during the surge, the newcomers' time to log in, errors, students
 # logged out, and the newcomers let in out of arrival order. Nothing is asserted
 # about time. Release matters: the test's CARGO_BIN_EXE gateway follows the profile.
+# SURGE_NEWCOMERS=280 runs a bigger morning instead: 280 newcomers within 3 s.
 # Needs what tests/moodle/run.sh needs (it installs it when missing) and haproxy
 # (installed here when missing). About two minutes once built.
 set -euo pipefail

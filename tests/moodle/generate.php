@@ -5,7 +5,8 @@
 // SCORM activity from a real package shipped with Moodle, a file resource, and
 // for each student the keys of the token URL forms; and as many newcomers, enrolled
 // the same way, for the surge (accounts of their own, so that a newcomer logging in
-// never shares an account with a student already logged in).
+// never shares an account with a student already logged in); and a timed quiz of
+// true/false questions, two a page, for the exam-start scenario.
 //
 //   MOODLE_DIRROOT=… (plus config.php's variables) php generate.php --students=N --newcomers=M
 define('CLI_SCRIPT', true);
@@ -56,6 +57,54 @@ $resourcefile = $file($resourcefiles[0]);
 $resourcefile['url'] = '/pluginfile.php/' . $resourcecontext->id . '/mod_resource/content/'
     . $resource->revision . '/' . rawurlencode($resourcefiles[0]->get_filename());
 
+// The quiz: a time limit (so Moodle asks for a confirmation before the attempt
+// starts), QUIZ_QUESTIONS true/false questions, QUIZ_PER_PAGE a page. The questions
+// are made through the question type's own save_question(), as the question editing
+// form does: Moodle's question generator needs PHPUnit's environment.
+require_once($CFG->dirroot . '/mod/quiz/locallib.php');
+require_once($CFG->libdir . '/questionlib.php');
+const QUIZ_QUESTIONS = 10;
+const QUIZ_PER_PAGE = 2;
+$quiz = $gen->create_module('quiz', ['course' => $course->id, 'name' => 'Gateway exam',
+    'timelimit' => 30 * 60, 'questionsperpage' => QUIZ_PER_PAGE, 'grade' => QUIZ_QUESTIONS,
+    'preferredbehaviour' => 'deferredfeedback', 'shuffleanswers' => 0]);
+$quizcontext = context_module::instance($quiz->cmid);
+$category = question_make_default_categories([$quizcontext]);
+$questions = [];
+for ($n = 1; $n <= QUIZ_QUESTIONS; $n++) {
+    $right = $n % 2;
+    $form = (object) [
+        'category' => $category->id . ',' . $category->contextid,
+        'name' => "Gateway question $n",
+        'questiontext' => ['format' => FORMAT_HTML, 'text' => "Statement $n is " . ($right ? 'true' : 'false') . '.'],
+        'generalfeedback' => ['format' => FORMAT_HTML, 'text' => ''],
+        'defaultmark' => 1,
+        'penalty' => 1,
+        'correctanswer' => (string) $right,
+        'feedbacktrue' => ['format' => FORMAT_HTML, 'text' => ''],
+        'feedbackfalse' => ['format' => FORMAT_HTML, 'text' => ''],
+        'status' => \core_question\local\bank\question_version_status::QUESTION_STATUS_READY,
+    ];
+    $question = (object) ['qtype' => 'truefalse', 'createdby' => 0, 'idnumber' => null,
+        'status' => $form->status];
+    $question = question_bank::get_qtype('truefalse')->save_question($question, $form);
+    quiz_add_quiz_question($question->id, $quiz);
+    $questions[] = ['id' => (int) $question->id, 'right' => (string) $right];
+}
+\mod_quiz\quiz_settings::create($quiz->id)->get_grade_calculator()->recompute_quiz_sumgrades();
+$slots = $DB->get_records('quiz_slots', ['quizid' => $quiz->id], 'slot');
+$byslot = [];
+foreach ($slots as $slot) {
+    $entry = $DB->get_record('question_references', ['component' => 'mod_quiz',
+        'questionarea' => 'slot', 'itemid' => $slot->id], '*', MUST_EXIST);
+    $version = $DB->get_record('question_versions', ['questionbankentryid' => $entry->questionbankentryid],
+        '*', MUST_EXIST);
+    $right = array_values(array_filter($questions, fn($q) => $q['id'] == $version->questionid))[0]['right'];
+    // Moodle numbers pages from 1 here, and from 0 in attempt.php's page parameter.
+    $byslot[] = ['slot' => (int) $slot->slot, 'page' => (int) $slot->page - 1,
+        'question_id' => (int) $version->questionid, 'right' => $right];
+}
+
 $scoes = $DB->get_records('scorm_scoes', ['scorm' => $scorm->id, 'scormtype' => 'sco'], 'sortorder');
 $sco = reset($scoes);
 
@@ -101,6 +150,13 @@ echo json_encode([
         'cmid' => (int) $resource->cmid,
         'context_id' => (int) $resourcecontext->id,
         'file' => $resourcefile,
+    ],
+    'quiz' => [
+        'id' => (int) $quiz->id,
+        'cmid' => (int) $quiz->cmid,
+        'timelimit' => 30 * 60,
+        'pages' => (int) ceil(QUIZ_QUESTIONS / QUIZ_PER_PAGE),
+        'slots' => $byslot,
     ],
     'students' => $students,
     'newcomers' => $arrivals,

@@ -293,12 +293,24 @@ impl Gateway {
         admin: SocketAddr,
         client: &HttpClient,
     ) -> Gateway {
+        let binary = Path::new(env!("CARGO_BIN_EXE_moodle-gateway"));
+        Gateway::start_binary(binary, config, public, admin, client)
+    }
+
+    /// [`Gateway::start`] with another build of the gateway (a measure's "before").
+    pub fn start_binary(
+        binary: &Path,
+        config: &str,
+        public: SocketAddr,
+        admin: SocketAddr,
+        client: &HttpClient,
+    ) -> Gateway {
         let dir = Scratch::new("gateway");
         let path = dir.path().join("config.toml");
         std::fs::write(&path, config).unwrap();
         std::fs::write(dir.path().join("admin.token"), format!("{TOKEN}\n")).unwrap();
         std::fs::write(dir.path().join("route.secret"), format!("{ROUTE_SECRET}\n")).unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_moodle-gateway"));
+        let mut command = Command::new(binary);
         command
             .current_dir(dir.path())
             .arg("run")

@@ -11,6 +11,8 @@
 //! at two, the gateway without a cap, and HAProxy with `maxconn 2` per node and a
 //! plain queue; what the students saw, side by side.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,9 +21,10 @@ use http::{Method, StatusCode};
 
 use crate::cluster::{admin_addr, config_for, surge_section, Cluster, Gateway, Store};
 use crate::haproxy::Haproxy;
+use crate::quiz;
 use crate::site::{script, Site, StoredFile, PHP_INI};
 use crate::student::{between, http_client, Browser};
-use crate::surge::{self, percentiles, Plan, Record, Stage, EXAM_MORNING, SMALL_POOL};
+use crate::surge::{self, percentiles, Plan, Record, Stage, BIG_MORNING, EXAM_MORNING, SMALL_POOL};
 
 /// The file's size, and how many timed downloads each way (after one untimed).
 const MIB: u64 = 50;
@@ -232,6 +235,7 @@ struct Round {
 /// dashboards, course pages and SCORM tracking POSTs, every one a PHP script), so
 /// no side needs the offload or the data server.
 pub fn surge() {
+    let plan = surge_plan();
     let site = Arc::new(Site::restore());
     let cluster = Cluster::start_with(&site, Store::NodeLocal, false, SMALL_POOL);
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -246,13 +250,23 @@ pub fn surge() {
         warm_up(&cluster, &stage).await;
         let mut rounds = Vec::new();
         for side in [Side::Capped, Side::Uncapped, Side::Haproxy] {
-            rounds.push(surge_round(&cluster, &stage, side).await);
+            rounds.push(surge_round(&cluster, &stage, side, plan).await);
             // The nodes finish what the last side left them (sessions written).
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
         rounds
     });
-    print_surge(&rounds);
+    print_surge(&rounds, plan);
+}
+
+/// The surge to measure: `SURGE_NEWCOMERS=280` for the big morning (280 newcomers
+/// within 3 s), else the exam morning's 120.
+fn surge_plan() -> Plan {
+    match std::env::var("SURGE_NEWCOMERS").as_deref() {
+        Ok("280") => BIG_MORNING,
+        Ok(other) if !other.is_empty() => panic!("SURGE_NEWCOMERS: 120 or 280, not {other}"),
+        _ => EXAM_MORNING,
+    }
 }
 
 /// A small surge behind the uncapped gateway, not measured: every script of the
@@ -282,7 +296,7 @@ async fn warm_up(cluster: &Cluster, stage: &Stage) {
 }
 
 /// One side in front of the cluster on wwwroot's address, the surge, the side gone.
-async fn surge_round(cluster: &Cluster, stage: &Stage, side: Side) -> Round {
+async fn surge_round(cluster: &Cluster, stage: &Stage, side: Side, plan: Plan) -> Round {
     let client = &stage.client;
     let admin = admin_addr();
     let config = config_for(cluster, admin);
@@ -300,10 +314,10 @@ async fn surge_round(cluster: &Cluster, stage: &Stage, side: Side) -> Round {
     };
     let (record, gateway_lines) = match &gateway {
         Some(gateway) => {
-            let (record, seen) = surge::run_watched(stage, EXAM_MORNING, gateway).await;
+            let (record, seen) = surge::run_watched(stage, plan, gateway).await;
             (record, surge::gateway_figures(gateway, seen).await)
         }
-        None => (surge::run(stage, EXAM_MORNING).await, Vec::new()),
+        None => (surge::run(stage, plan).await, Vec::new()),
     };
     let waiting_pages = record.waiting_pages();
     for line in surge::figures(&record).iter().chain(&gateway_lines) {
@@ -318,8 +332,7 @@ async fn surge_round(cluster: &Cluster, stage: &Stage, side: Side) -> Round {
 }
 
 /// The side-by-side table.
-fn print_surge(rounds: &[Round]) {
-    let plan = EXAM_MORNING;
+fn print_surge(rounds: &[Round], plan: Plan) {
     eprintln!(
         "\nmeasure_surge: {} logged-in students (a request, then {:?}), then {} newcomers within {:?}; \
          4 nodes with {SMALL_POOL} PHP workers each; node-local sessions, no offload (no SCORM file in the load)",
@@ -380,6 +393,235 @@ fn print_surge(rounds: &[Round]) {
                 round.side.name(),
                 errors.len()
             );
+            for error in errors.iter().take(5) {
+                eprintln!("  {error}");
+            }
+        }
+    }
+    eprintln!();
+}
+
+/// What stands in front of the nodes in one round of the quiz measure.
+enum Front {
+    /// A gateway build (this one, or `GATEWAY_BEFORE`'s), capped or not.
+    Gateway {
+        name: String,
+        binary: Option<PathBuf>,
+        cap: bool,
+    },
+    /// HAProxy, `maxconn` = the workers per node, an attempt in progress first.
+    Haproxy,
+}
+
+impl Front {
+    fn name(&self) -> &str {
+        match self {
+            Front::Gateway { name, .. } => name,
+            Front::Haproxy => "HAProxy, maxconn 2, quiz first",
+        }
+    }
+}
+
+/// One round of the quiz measure: the front, what the students saw, what Moodle
+/// stored.
+struct QuizRound {
+    name: String,
+    record: quiz::Record,
+    attempts: BTreeMap<u64, quiz::Attempt>,
+}
+
+/// The quiz's start (`quiz::EXAM_START`) behind each front in turn on one restored
+/// site and one cluster (two PHP workers a node, node-local sessions, no offload),
+/// then the table. `GATEWAY_BEFORE` names another gateway binary to run first, with
+/// the cap: a "before" beside this build's "after".
+pub fn quiz() {
+    let site = Arc::new(Site::restore());
+    let cluster = Cluster::start_with(&site, Store::NodeLocal, false, SMALL_POOL);
+    let mut fronts = Vec::new();
+    if let Some(before) = std::env::var_os("GATEWAY_BEFORE") {
+        fronts.push(Front::Gateway {
+            name: "before, max_active 2".into(),
+            binary: Some(PathBuf::from(before)),
+            cap: true,
+        });
+    }
+    fronts.push(Front::Gateway {
+        name: "gateway, max_active 2".into(),
+        binary: None,
+        cap: true,
+    });
+    fronts.push(Front::Gateway {
+        name: "gateway, no cap".into(),
+        binary: None,
+        cap: false,
+    });
+    fronts.push(Front::Haproxy);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let rounds = runtime.block_on(async {
+        let client = http_client();
+        cluster.warm(&client).await;
+        let stage = Stage {
+            origin: cluster.wwwroot(),
+            site: site.clone(),
+            client: client.clone(),
+        };
+        quiz_warm_up(&cluster, &stage).await;
+        let mut rounds = Vec::new();
+        for front in &fronts {
+            rounds.push(quiz_round(&cluster, &stage, front).await);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        rounds
+    });
+    print_quiz(&rounds);
+}
+
+/// A small exam start behind the uncapped gateway, not measured: the quiz's scripts
+/// compiled and Moodle's caches filled before the first front measured.
+async fn quiz_warm_up(cluster: &Cluster, stage: &Stage) {
+    let started = Instant::now();
+    let admin = admin_addr();
+    let config = config_for(cluster, admin);
+    let gateway = Gateway::start(&config, cluster.public, admin, &stage.client);
+    let small = quiz::Plan {
+        early: 4,
+        class: 16,
+        logins: Duration::from_secs(2),
+        before: Duration::from_secs(1),
+        after: Duration::from_secs(1),
+        ..quiz::EXAM_START
+    };
+    let record = quiz::run(stage, small).await;
+    drop(gateway);
+    let errors = record.errors();
+    assert!(errors.is_empty(), "the warm-up: {errors:#?}");
+    eprintln!("measure_quiz: warmed up in {:.1?}", started.elapsed());
+}
+
+/// One front on wwwroot's address, the exam start, the front gone.
+async fn quiz_round(cluster: &Cluster, stage: &Stage, front: &Front) -> QuizRound {
+    let client = &stage.client;
+    let admin = admin_addr();
+    let after = quiz::last_attempt_id(&stage.site);
+    let (gateway, haproxy) = match front {
+        Front::Gateway { binary, cap, .. } => {
+            let mut config = config_for(cluster, admin);
+            if *cap {
+                config += &surge_section(SMALL_POOL);
+            }
+            let gateway = match binary {
+                Some(binary) => {
+                    Gateway::start_binary(binary, &config, cluster.public, admin, client)
+                }
+                None => Gateway::start(&config, cluster.public, admin, client),
+            };
+            (Some(gateway), None)
+        }
+        Front::Haproxy => (None, Some(Haproxy::start_with(cluster, SMALL_POOL, true))),
+    };
+    let (record, seen) = match &gateway {
+        Some(gateway) => surge::watched(gateway, quiz::run(stage, quiz::EXAM_START)).await,
+        None => (quiz::run(stage, quiz::EXAM_START).await, Default::default()),
+    };
+    let attempts = quiz::attempts(&stage.site, after);
+    for line in quiz::figures(&record) {
+        eprintln!("measure_quiz [{}]: {line}", front.name());
+    }
+    if let Some(gateway) = &gateway {
+        for line in surge::gateway_figures(gateway, seen).await {
+            eprintln!("measure_quiz [{}]: {line}", front.name());
+        }
+        let losses = gateway.losses().await;
+        if !losses.is_empty() {
+            eprintln!(
+                "measure_quiz [{}]: the gateway counted losses {losses:?}",
+                front.name()
+            );
+        }
+    }
+    drop((gateway, haproxy));
+    QuizRound {
+        name: front.name().to_string(),
+        record,
+        attempts,
+    }
+}
+
+/// The side-by-side table of the quiz measure.
+fn print_quiz(rounds: &[QuizRound]) {
+    let plan = quiz::EXAM_START;
+    eprintln!(
+        "\nmeasure_quiz: {} students answering (a page turn every {:?}-{:?}, an autosave every {} turns), \
+         then a class of {} clicking \"Start attempt\" within {:?}, five pages each and submit; \
+         4 nodes with {SMALL_POOL} PHP workers each; node-local sessions, no offload",
+        plan.early, plan.think.0, plan.think.1, plan.autosave_every, plan.class, plan.clicks
+    );
+    let trio = |(p50, p95, max): (f64, f64, f64)| format!("{p50:.0}/{p95:.0}/{max:.0}");
+    let duo = |(p50, p95, _): (f64, f64, f64)| format!("{p50:.0}/{p95:.0}");
+    eprintln!(
+        "{:<32} {:>11} {:>11} {:>11} {:>16} {:>8} {:>9} {:>6} {:>5} {:>12} {:>9}",
+        "side",
+        "turn before",
+        "turn during",
+        "turn after",
+        "first page ms",
+        "wave s",
+        "autosaves",
+        "errors",
+        "lost",
+        "out of order",
+        "finished",
+    );
+    eprintln!(
+        "{:<32} {:>11} {:>11} {:>11} {:>16} {:>8} {:>9} {:>6} {:>5} {:>12}",
+        "",
+        "p50/p95 ms",
+        "p50/p95 ms",
+        "p50/p95 ms",
+        "p50/p95/max",
+        "",
+        "failed",
+        "",
+        "",
+        "all/per node"
+    );
+    for round in rounds {
+        let record = &round.record;
+        let [before, during, after] = record.turn_times();
+        let first = record.first_page_times();
+        let (pairs, swapped) = record.start_order(&round.attempts);
+        let (node_pairs, node_swapped) = record.start_order_per_node(&round.attempts);
+        let order = format!(
+            "{:.1}/{:.1}%",
+            swapped as f64 * 100.0 / pairs.max(1) as f64,
+            node_swapped as f64 * 100.0 / node_pairs.max(1) as f64
+        );
+        let finished = (record.early.iter().chain(&record.class))
+            .filter(|t| {
+                t.finished
+                    && (round.attempts.get(&t.user_id)).is_some_and(|a| a.state == "finished")
+            })
+            .count();
+        let (start, end) = record.wave;
+        eprintln!(
+            "{:<32} {:>11} {:>11} {:>11} {:>16} {:>8.1} {:>9} {:>6} {:>5} {:>12} {:>9}",
+            round.name,
+            duo(percentiles(&before)),
+            duo(percentiles(&during)),
+            duo(percentiles(&after)),
+            trio(percentiles(&first)),
+            (end - start).as_secs_f64(),
+            record.autosave_failures(),
+            record.errors().len(),
+            record.lost().len(),
+            order,
+            format!("{finished}/{}", record.early.len() + record.class.len()),
+        );
+    }
+    for round in rounds {
+        let errors = round.record.errors();
+        if !errors.is_empty() {
+            eprintln!("\n{}: {} errors, the first:", round.name, errors.len());
             for error in errors.iter().take(5) {
                 eprintln!("  {error}");
             }

@@ -17,8 +17,9 @@ use crate::processes::{run, wait_until, Proc, Scratch};
 /// Students the generator creates (the scenarios use at most this many).
 pub const STUDENTS: usize = 24;
 /// Newcomers' accounts the generator creates for the surge (accounts of their own:
-/// nobody in the surge logs in as a student who is already logged in).
-pub const NEWCOMERS: usize = 120;
+/// nobody in the surge logs in as a student who is already logged in), enough for
+/// the big surge; the quiz's class uses the first of them.
+pub const NEWCOMERS: usize = 280;
 
 /// Bump when the install steps below change in a way the hashed scripts do not show.
 const SETUP_VERSION: &str = "real-moodle-setup-1";
@@ -40,6 +41,7 @@ pub struct SiteData {
     pub course_id: u64,
     pub scorm: Scorm,
     pub resource: Resource,
+    pub quiz: Quiz,
     pub students: Vec<StudentAccount>,
     /// The surge's newcomers, enrolled like the students.
     pub newcomers: Vec<StudentAccount>,
@@ -63,6 +65,26 @@ pub struct Resource {
     pub file: StoredFile,
 }
 
+/// The timed quiz: true/false questions, two a page.
+#[derive(Debug, Deserialize)]
+pub struct Quiz {
+    pub id: u64,
+    pub cmid: u64,
+    /// Its time limit, in seconds.
+    pub timelimit: u64,
+    pub pages: u64,
+    /// Every slot, in order.
+    pub slots: Vec<QuizSlot>,
+}
+
+/// One slot of the quiz.
+#[derive(Debug, Deserialize)]
+pub struct QuizSlot {
+    pub slot: u32,
+    /// The right answer's value: "1" (true) or "0" (false).
+    pub right: String,
+}
+
 /// A file in Moodle's `files` table.
 #[derive(Debug, Clone, Deserialize)]
 pub struct StoredFile {
@@ -78,6 +100,8 @@ pub struct StoredFile {
 /// A student account.
 #[derive(Debug, Clone, Deserialize)]
 pub struct StudentAccount {
+    /// Moodle's user id.
+    pub id: u64,
     pub username: String,
     pub password: String,
     pub fullname: String,

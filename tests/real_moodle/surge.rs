@@ -29,9 +29,6 @@ const PAGE_ACCEPT: &str = "text/html,application/xhtml+xml,application/xml;q=0.9
 /// gateway's line but post_patience, and past `timeout queue` of the HAProxy anchor.
 const REQUEST_LIMIT: Duration = Duration::from_secs(90);
 
-/// The longest a newcomer keeps following waiting pages before giving up (an error).
-const NEWCOMER_LIMIT: Duration = Duration::from_secs(150);
-
 /// The most rounds (a course page and a tracking POST, two pauses) one logged-in
 /// student makes: a bound should the surge never end.
 const MAX_ROUNDS: usize = 200;
@@ -50,6 +47,16 @@ pub const EXAM_MORNING: Plan = Plan {
     before: Duration::from_secs(10),
     think: Duration::from_secs(1),
     room_cookie: "MoodleGatewayPlace",
+    patience: Duration::from_secs(150),
+};
+
+/// A bigger morning: 280 newcomers within 3 s, more than a room opening at its
+/// default 5 s can let in before the later ones have waited that long.
+pub const BIG_MORNING: Plan = Plan {
+    newcomers: 280,
+    arrivals: Duration::from_secs(3),
+    patience: Duration::from_secs(300),
+    ..EXAM_MORNING
 };
 
 /// The shape of one surge.
@@ -68,6 +75,9 @@ pub struct Plan {
     /// The waiting room's cookie (`surge.room_cookie`): a 503 setting it is the
     /// waiting page, any other 5xx an error.
     pub room_cookie: &'static str,
+    /// The longest a newcomer keeps following waiting pages before giving up (an
+    /// error).
+    pub patience: Duration,
 }
 
 /// One answer a logged-in student got, and when the request went.
@@ -212,7 +222,7 @@ pub async fn run(stage: &Stage, plan: Plan) -> Record {
         let at = start + plan.arrivals.mul_f64(i as f64 / plan.newcomers as f64);
         newcomers.spawn(async move {
             tokio::time::sleep_until(at).await;
-            arrive(&stage, &account, plan.room_cookie).await
+            arrive(&stage, &account, plan).await
         });
     }
     let mut newcomers = joined(newcomers).await;
@@ -464,7 +474,7 @@ async fn track(
 
 /// One newcomer: the login page (through as many waiting pages as it takes), the
 /// login, the course.
-async fn arrive(stage: &Stage, account: &StudentAccount, room_cookie: &str) -> Newcomer {
+async fn arrive(stage: &Stage, account: &StudentAccount, plan: Plan) -> Newcomer {
     let mut b = Browser::new(http_client(), &stage.origin);
     b.accept = Some(PAGE_ACCEPT);
     b.limit = REQUEST_LIMIT;
@@ -477,7 +487,7 @@ async fn arrive(stage: &Stage, account: &StudentAccount, room_cookie: &str) -> N
         waiting_pages: 0,
         errors: Vec::new(),
     };
-    let Some(form) = admitted(&mut b, room_cookie, &mut me).await else {
+    let Some(form) = admitted(&mut b, plan, &mut me).await else {
         return me;
     };
     let text = form.text();
@@ -519,7 +529,7 @@ async fn arrive(stage: &Stage, account: &StudentAccount, room_cookie: &str) -> N
 
 /// The login form, after following every waiting page as a browser does: wait the
 /// `Refresh` seconds and ask for the same page again, the place cookie in the jar.
-async fn admitted(b: &mut Browser, room_cookie: &str, me: &mut Newcomer) -> Option<Page> {
+async fn admitted(b: &mut Browser, plan: Plan, me: &mut Newcomer) -> Option<Page> {
     loop {
         let hops = match b.try_get("/login/index.php").await {
             Ok(hops) => hops,
@@ -529,9 +539,9 @@ async fn admitted(b: &mut Browser, room_cookie: &str, me: &mut Newcomer) -> Opti
             }
         };
         let page = hops.last().unwrap();
-        if let Some(refresh) = waiting_page(page, room_cookie) {
+        if let Some(refresh) = waiting_page(page, plan.room_cookie) {
             me.waiting_pages += 1;
-            if me.arrived.elapsed() + refresh > NEWCOMER_LIMIT {
+            if me.arrived.elapsed() + refresh > plan.patience {
                 me.errors.push(format!(
                     "still in the waiting room after {:?}",
                     me.arrived.elapsed()
@@ -714,11 +724,20 @@ pub struct LineSeen {
 
 /// [`run`], with `gateway` in front, looking at its line every 200 ms meanwhile.
 pub async fn run_watched(stage: &Stage, plan: Plan, gateway: &Gateway) -> (Record, LineSeen) {
+    watched(gateway, run(stage, plan)).await
+}
+
+/// Runs `scenario` with `gateway` in front, looking at its line every 200 ms until
+/// the scenario is over.
+pub async fn watched<T>(
+    gateway: &Gateway,
+    scenario: impl std::future::Future<Output = T>,
+) -> (T, LineSeen) {
     let done = AtomicBool::new(false);
-    let surge = async {
-        let record = run(stage, plan).await;
+    let scenario = async {
+        let out = scenario.await;
         done.store(true, Ordering::Relaxed);
-        record
+        out
     };
     let watch = async {
         let mut seen = LineSeen::default();
@@ -734,7 +753,7 @@ pub async fn run_watched(stage: &Stage, plan: Plan, gateway: &Gateway) -> (Recor
         }
         seen
     };
-    tokio::join!(surge, watch)
+    tokio::join!(scenario, watch)
 }
 
 /// What the gateway saw and counted of a surge: its line, the room, the requests

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The quiz measure on real Moodle: 16 students are answering a timed quiz (a page
+# turn every 1-2 s, an autosave every third turn), then a class of 120, logged in and
+# on the quiz's page, clicks "Start attempt" within one second, answers its five
+# pages and submits; on one site and four nodes with 2 PHP workers each, behind the
+# gateway with [surge] max_active = 2, behind the gateway without a cap, and behind
+# HAProxy with maxconn 2 per node and a priority class for attempts in progress. It
+# prints, per side, the early students' page-turn times before, during and after the
+# start wave, each class student's time from the click to the first question page,
+# autosave failures, errors, lost sessions, and attempts created out of click order.
+# Nothing is asserted about time. Release matters: the test's CARGO_BIN_EXE gateway
+# follows the profile.
+#
+#   GATEWAY_BEFORE=/path/to/moodle-gateway bench/quiz.sh
+#
+# runs that binary first (with the cap) beside this build: a before and after in
+# one run (build it in another worktree with `cargo build --release`).
+# Needs what tests/moodle/run.sh needs (it installs it when missing) and haproxy
+# (installed here when missing). About ten minutes once built.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+tests/moodle/deps.sh
+
+if ! command -v haproxy >/dev/null 2>&1; then
+    echo "quiz.sh: installing haproxy"
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        sudo="sudo"
+    fi
+    $sudo apt-get update
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y haproxy
+fi
+
+exec cargo test --locked --release --test real_moodle measure_quiz -- --ignored --nocapture --test-threads=1 "$@"
