@@ -767,7 +767,7 @@ pub async fn gateway_figures(gateway: &Gateway, seen: LineSeen) -> Vec<String> {
         series.map(|(_, value)| value).sum()
     };
     let mut waits = String::from("gateway's queue wait per class:");
-    for class in ["logged_in", "anonymous", "newcomer"] {
+    for class in ["working", "logged_in", "anonymous", "newcomer"] {
         let label = format!("{{class=\"{class}\"}}");
         let total = get(&format!("moodle_gateway_queue_wait_seconds_sum{label}"));
         let count = get(&format!("moodle_gateway_queue_wait_seconds_count{label}"));
