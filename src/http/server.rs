@@ -1361,6 +1361,8 @@ mod date {
     }
 }
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod halves;
 #[cfg(test)]
 mod tests;
