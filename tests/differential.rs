@@ -238,8 +238,21 @@ fn chunked_body() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+/// 512 cases each (well under a second), or `PROPTEST_CASES` for a longer run.
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(512);
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(config())]
 
     #[test]
     fn request_heads_read_as_the_reference_and_hyper_read_them(bytes in request_head()) {
