@@ -482,10 +482,20 @@ pub fn check_request(bytes: &[u8], with_hyper: bool) -> Result<(), String> {
                 request,
                 body_len,
                 consumed,
-                ..
+                keep_alive,
             },
             RefRead::Head(head),
         ) => {
+            // RFC 9112 9.3: HTTP/1.1 persists unless `close`; HTTP/1.0 only
+            // with `keep-alive`.
+            let keep = if head.minor == 1 {
+                !head.connection_says(b"close")
+            } else {
+                head.connection_says(b"keep-alive") && !head.connection_says(b"close")
+            };
+            if *keep_alive != keep {
+                return Err(format!("keep-alive: ours {keep_alive}, reference {keep}"));
+            }
             let version = if head.minor == 1 {
                 http::Version::HTTP_11
             } else {
