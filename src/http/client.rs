@@ -1080,5 +1080,7 @@ impl AnswerHead {
     }
 }
 
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(test)]
 mod tests;

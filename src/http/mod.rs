@@ -27,3 +27,13 @@ pub mod tls;
 pub mod tunnel;
 pub mod upload;
 pub(crate) mod wire;
+
+/// Entry points for the fuzz targets (`fuzz/`) and the differential tests, which
+/// feed the HTTP/1.1 parsers and writer bytes without a listener or a node: the
+/// request head parser, the node answer reader and the students' side serving one
+/// connection. Not for the gateway's use.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::client::fuzzing::*;
+    pub use super::server::fuzzing::*;
+}

@@ -1400,6 +1400,8 @@ mod date {
     }
 }
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod halves;
 #[cfg(test)]
 mod tests;
