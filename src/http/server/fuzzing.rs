@@ -71,6 +71,7 @@ where
 {
     let limits = Limits {
         request_headers: std::time::Duration::from_secs(10),
+        keep_alive: std::time::Duration::from_secs(75),
         max_headers: 100,
         head_bytes: 16 * 1024,
         pass_lines: true,
