@@ -93,6 +93,9 @@ mod tests {
             .with_writer(move || writer.clone())
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
+        // Another test's thread may have cached these callsites as "never" while no
+        // subscriber was listening: ask every callsite again (a flake seen under load).
+        tracing::callsite::rebuild_interest_cache();
         let reload: Reload = Arc::new(|| Err(vec!["no file".into()]));
         let uri = "/affinity/lookup?session=raw-session-id-secret";
         assert_eq!(call(admin(reload), "GET", uri).await, StatusCode::NOT_FOUND);
