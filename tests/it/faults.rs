@@ -470,3 +470,36 @@ async fn an_upload_to_a_node_that_never_reads_is_answered() {
     // top of it (a 504), with the PHP worker held all that time.
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
 }
+
+/// A node's `Content-Length` spelt oddly (a repeated list, two lines, leading
+/// zeros) reaches the student as one plain number, as HAProxy rewrites it: a
+/// client or cache behind the gateway never meets a spelling it could read
+/// another way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_content_length_reaches_the_student_as_one_plain_number() {
+    let (node, _) = scripted(|head| {
+        let length = if head.contains("/list") {
+            "Content-Length: 5, 5\r\n"
+        } else if head.contains("/lines") {
+            "Content-Length: 5\r\nContent-Length: 5\r\n"
+        } else {
+            "Content-Length: 0005\r\n"
+        };
+        let answer = format!("HTTP/1.1 200 OK\r\n{length}\r\nhello");
+        (answer.into_bytes(), Then::KeepOpen)
+    })
+    .await;
+    let gateway = gateway_for(node, "").await;
+    for path in ["/list", "/lines", "/zeros"] {
+        let mut raw = RawConn::connect(gateway.addr).await;
+        let head = format!("GET {path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
+        raw.send(head.as_bytes()).await.unwrap();
+        let seen = raw.response(WITHIN, false).await.unwrap();
+        assert_eq!(seen.status, 200, "{path}");
+        assert_eq!(seen.body, b"hello", "{path}");
+        let lengths: Vec<&str> = (seen.head.lines())
+            .filter(|l| l.to_ascii_lowercase().starts_with("content-length:"))
+            .collect();
+        assert_eq!(lengths, ["content-length: 5"], "{path}");
+    }
+}
