@@ -62,6 +62,9 @@ pub enum GatewayError {
     HeadersTooLarge,
     /// The request target is over `max_uri_bytes`.
     UriTooLong,
+    /// An HTTP version the listener does not speak: `HTTP/1.2`, `HTTP/2.0` in a
+    /// request line, or HTTP/2's connection preface on a plain HTTP/1.1 port.
+    VersionNotSupported,
     /// The body is over `max_body_bytes`.
     PayloadTooLarge,
     /// More requests in flight than `max_in_flight`.
@@ -111,6 +114,7 @@ impl GatewayError {
             Self::UnknownHost => StatusCode::MISDIRECTED_REQUEST,
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::UriTooLong => StatusCode::URI_TOO_LONG,
+            Self::VersionNotSupported => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::FileExportUnreachable
             | Self::FileExportFailed
@@ -148,6 +152,9 @@ impl GatewayError {
             Self::UnknownHost => "misdirected request: this server does not serve that host\n",
             Self::HeadersTooLarge => "request header fields too large\n",
             Self::UriTooLong => "uri too long\n",
+            Self::VersionNotSupported => {
+                "http version not supported: this port speaks HTTP/1.1; HTTP/2 is offered over TLS only\n"
+            }
             Self::PayloadTooLarge => "payload too large\n",
             Self::Overloaded => {
                 concat!(
@@ -199,6 +206,7 @@ impl GatewayError {
             Self::MalformedRequest
                 | Self::HeadersTooLarge
                 | Self::UriTooLong
+                | Self::VersionNotSupported
                 | Self::PayloadTooLarge
                 | Self::ClientTimeout
                 | Self::UploadTooSlow
@@ -291,6 +299,7 @@ impl GatewayError {
             Self::UnknownHost => "unknown_host",
             Self::HeadersTooLarge => "headers_too_large",
             Self::UriTooLong => "uri_too_long",
+            Self::VersionNotSupported => "version_not_supported",
             Self::PayloadTooLarge => "payload_too_large",
             Self::Overloaded => "overloaded",
             Self::LineFull => "line_full",
@@ -369,6 +378,7 @@ mod tests {
             (GatewayError::UnknownHost, 421),
             (GatewayError::HeadersTooLarge, 431),
             (GatewayError::UriTooLong, 414),
+            (GatewayError::VersionNotSupported, 505),
             (GatewayError::PayloadTooLarge, 413),
             (GatewayError::Overloaded, 503),
             (GatewayError::LineFull, 503),

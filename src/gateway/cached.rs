@@ -14,7 +14,7 @@ use http::{Method, Request, Response};
 use http_body_util::Full;
 
 use super::Gateway;
-use crate::http::asset_cache::{Fill, Lookup, Role, FILL_WAIT};
+use crate::http::asset_cache::{Fill, Lookup, Role, Wants, FILL_WAIT};
 use crate::http::wire::{request_values, PassesLines};
 
 /// What the cache says of one request.
@@ -52,20 +52,18 @@ impl Gateway {
                 .map(|c| c.to_ascii_lowercase()),
         );
         key.push_str(target);
-        let encoding = request_values(request, &ACCEPT_ENCODING)
-            .next()
-            .unwrap_or_default();
-        let encoding = String::from_utf8_lossy(encoding);
+        // Every line, wherever the listener keeps it: the node reads them all.
+        let wants = Wants::of(request_values(request, &ACCEPT_ENCODING));
         let role = if *method == Method::HEAD {
             Role::Head
         } else {
             Role::First
         };
-        let mut looked = self.cache.lookup(&key, &encoding, role);
+        let mut looked = self.cache.lookup(&key, &wants, role);
         if let Lookup::Wait(mut filling) = looked {
             // One node request per URL at a time; the others read what it kept.
             let _ = tokio::time::timeout(FILL_WAIT, filling.wait_for(|&done| done)).await;
-            looked = self.cache.lookup(&key, &encoding, Role::Waited);
+            looked = self.cache.lookup(&key, &wants, Role::Waited);
         }
         match looked {
             Lookup::Hit(entry) => Cached::Hit(entry.answer(method, headers)),

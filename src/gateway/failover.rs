@@ -114,6 +114,7 @@ impl Gateway {
                     passed,
                     hygiene,
                     settings.bounds,
+                    peer.reuse(),
                 );
                 let Failed {
                     error,

@@ -10,6 +10,18 @@
 //! `Vary` of at most `Accept-Encoding`, and a body that arrived whole within the
 //! largest entry. Anything else passes through untouched and is not kept.
 //!
+//! What an entry keeps of the node's answer: every header line but the hop-by-hop
+//! ones (RFC 9110 7.6.1: `Connection` and the lines it names, `Keep-Alive`,
+//! `Transfer-Encoding`, `TE`, `Trailer`, `Upgrade`, `Proxy-*`) and those a hit
+//! writes afresh (`Content-Length`, `Age`, `Date`), as RFC 9111 3.1 stores a
+//! response: `X-Content-Type-Options`, CORS, CSP, `Strict-Transport-Security`,
+//! `Accept-Ranges` and any header of the site's own reach every browser as they
+//! reached the first. (`Set-Cookie` never: an answer with one is not kept.)
+//!
+//! A variant is filed under the coding the node will answer in, read from every
+//! `Accept-Encoding` line of the request as PHP reads them (see [`coding`]), and a
+//! hit is served only in a coding the browser accepts.
+//!
 //! Why one mutex: lookups happen only for revisioned assets, never for a student's
 //! page, and each holds the lock for a hash lookup and a recency bump. An entry is an
 //! `Arc` handed out under the lock and served outside it; its body is a `Bytes` that
@@ -35,19 +47,38 @@ use tokio::sync::watch;
 
 use crate::http::body::BoxError;
 use crate::http::splice::{Pipe, Splice};
-use crate::http::wire::PassedLines;
+use crate::http::wire::{names_lines, PassedLines};
 
-/// The headers an entry keeps, as the node sent them.
-const KEPT: [HeaderName; 8] = [
-    header::CONTENT_TYPE,
-    header::ETAG,
-    header::CACHE_CONTROL,
-    header::EXPIRES,
-    header::LAST_MODIFIED,
-    header::CONTENT_ENCODING,
-    header::VARY,
-    header::CONTENT_DISPOSITION,
+mod coding;
+
+pub use coding::{Coding, Wants};
+
+/// The headers an entry does not keep: hop-by-hop (RFC 9110 7.6.1; `Proxy-*` by
+/// [`kept`]), and those a hit writes itself.
+const NOT_KEPT: [HeaderName; 9] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::CONTENT_LENGTH,
+    header::AGE,
+    header::DATE,
+    header::SET_COOKIE,
 ];
+
+/// Whether an entry keeps a header line named `name` of an answer whose
+/// `Connection` lines are `connection`.
+fn kept(name: &HeaderName, connection: &[&HeaderValue]) -> bool {
+    let name = name.as_str();
+    !(NOT_KEPT.iter().any(|not| not.as_str() == name)
+        || name == "keep-alive"
+        || name.starts_with("proxy-")
+        || connection.iter().any(|value| {
+            (value.as_bytes().split(|&b| b == b','))
+                .any(|token| token.trim_ascii().eq_ignore_ascii_case(name.as_bytes()))
+        }))
+}
 
 /// Of those, what a 304 repeats (RFC 9110 15.4.5).
 const ON_304: [HeaderName; 5] = [
@@ -64,8 +95,9 @@ pub struct Entry {
     headers: HeaderMap,
     body: Bytes,
     stored: Instant,
-    /// The request's `Accept-Encoding` it was filled for, when the answer varies on it.
-    encoding: Option<String>,
+    /// The coding the node answers requests like the one it was filled for, when
+    /// the answer varies on `Accept-Encoding`.
+    variant: Option<Coding>,
 }
 
 /// What a lookup found.
@@ -160,13 +192,21 @@ impl AssetCache {
         })
     }
 
-    /// The answer for `key` (host, path and query) to a request with
-    /// `accept_encoding`, or who fills it.
-    pub fn lookup(self: &Arc<Self>, key: &str, accept_encoding: &str, role: Role) -> Lookup {
+    /// The answer for `key` (host, path and query) to a request with the
+    /// `Accept-Encoding` `wants`, or who fills it.
+    pub fn lookup(self: &Arc<Self>, key: &str, wants: &Wants, role: Role) -> Lookup {
+        let node_coding = wants.node_coding();
         let mut inner = self.lock();
         let tick = inner.tick + 1;
+        let mut refused = false;
         let found = inner.urls.get_mut(key).and_then(|url| {
-            let entry = url.variants.iter().find(|e| e.serves(accept_encoding))?;
+            let entry = url.variants.iter().find(|e| e.serves(node_coding))?;
+            // The node's own answer to this request, in a coding the browser did
+            // not accept (PHP reads `gzip;q=0` as gzip): never from memory.
+            refused = !entry.accepted_by(wants);
+            if refused {
+                return None;
+            }
             let was = std::mem::replace(&mut url.at, tick);
             Some((entry.clone(), url.key.clone(), was))
         });
@@ -178,6 +218,8 @@ impl AssetCache {
             return Lookup::Hit(entry);
         }
         // A miss is a request that goes to a node; a wait that ends in a hit is a hit.
+        // A refused coding neither fills nor waits: the fill would be the same answer.
+        let role = if refused { Role::Head } else { role };
         match (inner.filling.get(key), role) {
             (Some(filling), Role::First) => return Lookup::Wait(filling.subscribe()),
             (_, Role::Head) | (Some(_), Role::Waited) => {
@@ -191,7 +233,7 @@ impl AssetCache {
         Lookup::Fill(Fill {
             cache: self.clone(),
             key: key.to_owned(),
-            encoding: accept_encoding.to_owned(),
+            coding: node_coding,
             finished: false,
         })
     }
@@ -236,7 +278,7 @@ impl AssetCache {
             at: 0,
         });
         let (same, others): (Vec<_>, Vec<_>) =
-            (url.variants.drain(..)).partition(|e| e.encoding == entry.encoding);
+            (url.variants.drain(..)).partition(|e| e.variant == entry.variant);
         url.variants = others;
         url.variants.push(Arc::new(entry));
         let was = std::mem::replace(&mut url.at, tick);
@@ -266,10 +308,17 @@ impl AssetCache {
 }
 
 impl Entry {
-    fn serves(&self, accept_encoding: &str) -> bool {
-        self.encoding
-            .as_deref()
-            .is_none_or(|e| e == accept_encoding)
+    /// Whether it is the node's answer to a request it answers in `coding`.
+    fn serves(&self, coding: Coding) -> bool {
+        self.variant.is_none_or(|v| v == coding)
+    }
+
+    /// Whether its coding is one the browser accepts.
+    fn accepted_by(&self, wants: &Wants) -> bool {
+        (self.headers.get_all(header::CONTENT_ENCODING).iter())
+            .map(|value| Some(value.as_bytes()))
+            .chain([None])
+            .all(|coding| wants.accepts(coding))
     }
 
     /// The answer to a `GET` or `HEAD` with `request` headers: 304 when its
@@ -331,7 +380,8 @@ fn etag_listed(list: &[u8], etag: &[u8]) -> bool {
 pub struct Fill {
     cache: Arc<AssetCache>,
     key: String,
-    encoding: String,
+    /// The coding the node answers the filling request in.
+    coding: Coding,
     finished: bool,
 }
 
@@ -354,9 +404,12 @@ impl Fill {
         };
         // Copied, not shared: a node's header values are slices of the buffer its
         // answer was read into (16 KiB), which a kept entry would otherwise hold.
-        let mut headers = HeaderMap::new();
-        for name in KEPT {
-            for value in parts.headers.get_all(&name) {
+        let mut headers = HeaderMap::with_capacity(parts.headers.keys_len());
+        let connection: Vec<&HeaderValue> = (parts.headers.get_all(header::CONNECTION).iter())
+            .filter(|value| names_lines(value.as_bytes()))
+            .collect();
+        for (name, value) in &parts.headers {
+            if kept(name, &connection) {
                 let mut copy =
                     HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
                 copy.set_sensitive(value.is_sensitive());
@@ -364,7 +417,7 @@ impl Fill {
             }
         }
         let fill = Filling {
-            encoding: encoding.then(|| self.encoding.clone()),
+            variant: encoding.then_some(self.coding),
             fill: self,
             headers,
             collected: BytesMut::new(),
@@ -441,7 +494,7 @@ fn keepable(status: StatusCode, headers: &HeaderMap) -> Option<bool> {
 #[derive(Debug)]
 struct Filling {
     fill: Fill,
-    encoding: Option<String>,
+    variant: Option<Coding>,
     headers: HeaderMap,
     collected: BytesMut,
     /// The `Content-Length`, when the node sent one: hyper stops polling a body
@@ -451,14 +504,21 @@ struct Filling {
 
 impl Filling {
     /// The whole body is here: keep it.
-    fn kept(mut self: Box<Self>) {
+    fn kept(self) {
+        let Filling {
+            mut fill,
+            variant,
+            headers,
+            collected,
+            ..
+        } = self;
         let entry = Entry {
-            headers: std::mem::take(&mut self.headers),
-            body: std::mem::take(&mut self.collected).freeze(),
+            headers,
+            body: collected.freeze(),
             stored: Instant::now(),
-            encoding: self.encoding.take(),
+            variant,
         };
-        self.fill.finish(Some(entry));
+        fill.finish(Some(entry));
     }
 }
 
@@ -508,7 +568,7 @@ where
                         let whole = Some(filling.collected.len() as u64) == filling.length;
                         if whole {
                             if let Some(filling) = this.filling.take() {
-                                filling.kept();
+                                (*filling).kept();
                             }
                         }
                     }
@@ -521,7 +581,7 @@ where
                     .as_ref()
                     .is_some_and(|f| f.length.is_none_or(|n| n == f.collected.len() as u64));
                 if let Some(filling) = filling.filter(|_| whole) {
-                    filling.kept();
+                    (*filling).kept();
                 }
             }
             // An error or a body cut short: nothing kept (the fill drops).

@@ -974,6 +974,19 @@ fn chunk_size(line: &[u8]) -> Result<u64, ClientError> {
     Ok(size)
 }
 
+/// Leaves one `Content-Length` line in `headers`, spelt as the number `len` is
+/// (`5, 5` or two lines of `5`, or `0005`, become `5`), as HAProxy rewrites it: a
+/// client or cache behind the gateway must not meet a spelling it may read
+/// another way. Lengths that differ never get here (a framing error).
+fn one_length(headers: &mut HeaderMap, len: u64) {
+    let mut digits = [0; 20];
+    let canonical = itoa(len, &mut digits);
+    let mut lines = headers.get_all(CONTENT_LENGTH).iter();
+    if !matches!((lines.next(), lines.next()), (Some(one), None) if one.as_bytes() == canonical) {
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
+    }
+}
+
 /// What an answer's head says about its framing and its connection, gathered
 /// while its lines are turned into a `HeaderMap` (one pass, no lookups after).
 struct AnswerHead {
@@ -1049,6 +1062,9 @@ impl AnswerHead {
             // connection is not trusted with another exchange (9112 6.3).
             headers.remove(CONTENT_LENGTH);
             self.close = true;
+        }
+        if let (None, Some(Ok(len))) = (self.chunked, self.length) {
+            one_length(headers, len);
         }
         if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
             return Ok(None);

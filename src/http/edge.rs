@@ -2,9 +2,15 @@
 //! framed one way only, for exactly one host this site serves.
 //!
 //! Why here, before routing: each rule stops something that would otherwise reach
-//! PHP. A request that is both `Content-Length` and `chunked` is read one way by one
-//! server and another way by the next (request smuggling); hyper re-frames what it
-//! forwards, but refusing the ambiguity is cheaper than reasoning about it. A forged
+//! PHP. A request that is both `Content-Length` and `Transfer-Encoding` is read one
+//! way by one server and another way by the next (request smuggling): RFC 9112 6.1
+//! lets a server reject it, and a proxy that forwards it must drop the length. The
+//! gateway rejects it, 400 and the connection closed, the safest of the two: the
+//! listener's own parser does so before anything else reads the request, and this
+//! rule catches any other way in. (On a connection already handed to hyper's server,
+//! after a chunked upload or an upgrade on it, hyper reads such a request as
+//! chunked, drops the length and closes after answering: the other way 6.1 allows.
+//! The node never sees both either way.) A forged
 //! or second `Host` becomes Moodle's idea of its own address in password-reset
 //! mails. Sizes are checked with the status each one has (414, 431, 413) so a
 //! client learns what was wrong, and the connection is closed after framing errors
@@ -14,7 +20,8 @@
 //! header map the request already has.
 
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-use http::{Method, Request, Version};
+use http::uri::PathAndQuery;
+use http::{Method, Request, Uri, Version};
 
 use crate::config::LimitsConfig;
 use crate::error::GatewayError;
@@ -85,8 +92,8 @@ impl EdgeRules {
         if target + request.method().as_str().len() + 12 + lines.bytes > self.max_header_bytes {
             return Err(GatewayError::HeadersTooLarge);
         }
-        // hyper already drops Content-Length when Transfer-Encoding is present (and
-        // closes the connection after answering); this catches any other way in.
+        // Both framings: refused and closed (see the module's note). The listener's
+        // parser refuses it first; this catches any other way in.
         if lines.transfer_encoding.0 > 0 && lines.content_length.is_some() {
             return Err(GatewayError::MalformedRequest);
         }
@@ -109,7 +116,7 @@ impl EdgeRules {
         if lines.host.0 == 0 {
             request.headers_mut().insert(HOST, host);
         }
-        Ok(())
+        slash_empty_path(request)
     }
 
     /// Whether `host` (as the request names it) is one of ours. An entry without a
@@ -125,6 +132,29 @@ impl EdgeRules {
             wanted.eq_ignore_ascii_case(entry.as_bytes())
         })
     }
+}
+
+/// An absolute-form target with an empty path (`GET http://host?x=1`) goes on with
+/// the path `/` (RFC 9112 3.2.2), as nginx sends it: PHP drops a request line
+/// `GET ?x=1`. Only that rare form pays for the new target.
+fn slash_empty_path<B>(request: &mut Request<B>) -> Result<(), GatewayError> {
+    let uri = request.uri();
+    let empty = uri.authority().is_some()
+        && uri
+            .path_and_query()
+            .is_none_or(|p| !p.as_str().starts_with('/'));
+    if !empty {
+        return Ok(());
+    }
+    let target = match uri.query() {
+        Some(query) => format!("/?{query}"),
+        None => "/".to_owned(),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query =
+        Some(PathAndQuery::try_from(target).map_err(|_| GatewayError::MalformedRequest)?);
+    *request.uri_mut() = Uri::from_parts(parts).map_err(|_| GatewayError::MalformedRequest)?;
+    Ok(())
 }
 
 /// The request target's length as the client sent it.
@@ -343,6 +373,24 @@ mod tests {
             .headers_mut()
             .insert(HOST, HeaderValue::from_static("moodle.example.edu"));
         assert_eq!(r.admit(&mut other), Err(GatewayError::MalformedRequest));
+    }
+
+    #[test]
+    fn an_absolute_form_target_with_an_empty_path_goes_on_with_the_path_slash() {
+        for (target, sent) in [
+            ("http://moodle.example.edu?x=1", "/?x=1"),
+            ("http://moodle.example.edu", "/"),
+            ("http://moodle.example.edu/my/?x=1", "/my/?x=1"),
+        ] {
+            let mut asked = Request::get(target).body(()).unwrap();
+            asked
+                .headers_mut()
+                .insert(HOST, HeaderValue::from_static("moodle.example.edu"));
+            rules(&[]).admit(&mut asked).unwrap();
+            let uri = asked.uri();
+            assert_eq!(uri.path_and_query().unwrap().as_str(), sent, "{target}");
+            assert_eq!(uri.authority().unwrap(), "moodle.example.edu");
+        }
     }
 
     #[test]

@@ -149,7 +149,15 @@ impl Offload {
             authority: &self.authority,
             conns: &self.conns,
         };
-        let fetched = proxy::forward(pool, export, request, None, Hygiene::Due(peer), bounds);
+        let fetched = proxy::forward(
+            pool,
+            export,
+            request,
+            None,
+            Hygiene::Due(peer),
+            bounds,
+            peer.reuse(),
+        );
         let file = fetched.await.map_err(|Failed { error, .. }| {
             let error = match error {
                 GatewayError::UpstreamTimeout => GatewayError::FileExportTimeout,

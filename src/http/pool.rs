@@ -13,6 +13,22 @@
 //! FIN. A request that a reused connection could not even start to send (the node
 //! closed it in that very moment) is sent again on another connection: it comes
 //! back untouched, so nothing can reach a node twice.
+//!
+//! Which kept connection a request may take ([`Reuse`]): a student's first request
+//! on a new connection of theirs gets only a connection that has been quiet for
+//! [`QUIET`], or a new one. Why: a node that sent bytes after an answer that looked
+//! complete (a PHP script writing on after its `Content-Length`, a late error page)
+//! would hand them to the next request on that connection as its answer. The check
+//! when a connection is taken sees bytes that have arrived, never those still on
+//! their way; a connection another student used a moment ago is exactly one whose
+//! late bytes may still be on their way. HAProxy's default (`http-reuse safe`)
+//! gives a client's first request a connection of its own always; waiting for
+//! quiet instead keeps that guarantee for the late bytes that matter (a node's
+//! stray answer comes within milliseconds to a few hundred), and still saves the
+//! connect on a site that is not at its peak. A student's later requests take any
+//! kept connection, as with HAProxy: a student has by then been answered over this
+//! pool and a failed reuse is retried on a fresh connection (see
+//! [`Lease::send`]).
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -38,6 +54,20 @@ use crate::http::splice::{Pipe, Splice};
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
 use crate::http::wire::PassedLines;
+
+/// How long a kept connection must have been idle before a student's first request
+/// may take it (see the module's note): longer than a node's late bytes take.
+pub const QUIET: Duration = Duration::from_secs(1);
+
+/// Which kept connections a request may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reuse {
+    /// Any kept connection still open (a student's later requests).
+    Any,
+    /// Only one idle for [`QUIET`] or more (a student's first request on a new
+    /// connection, and anything of unknown origin).
+    Quiet,
+}
 
 /// Idle connections kept per upstream. More than this many concurrent requests to
 /// one node open connections that are closed after their exchange instead of kept:
@@ -70,14 +100,15 @@ impl Pool {
         self.idle
     }
 
-    /// A connection to `authority`: an idle one from `conns` if one is still open,
-    /// else a new one. The flag says whether it was reused.
+    /// A connection to `authority`: an idle one from `conns` that `reuse` allows if
+    /// one is still open, else a new one. The flag says whether it was reused.
     pub async fn lease(
         &self,
         authority: &Authority,
         conns: &Arc<Conns>,
+        reuse: Reuse,
     ) -> Result<(Lease, bool), ConnectError> {
-        if let Some(lease) = conns.take(self.idle) {
+        if let Some(lease) = conns.take(self.idle, reuse) {
             return Ok((lease, true));
         }
         let stream = tokio::time::timeout(self.connect, TcpStream::connect(authority.as_str()))
@@ -172,15 +203,28 @@ impl Conns {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The most recently used connection that is still open and was idle at most
-    /// `limit`. Closed and expired ones met on the way are dropped (outside the lock).
-    fn take(self: &Arc<Self>, limit: Duration) -> Option<Lease> {
+    /// The most recently used connection that `reuse` allows, still open and idle
+    /// at most `limit`. Closed and expired ones met on the way are dropped (outside
+    /// the lock).
+    fn take(self: &Arc<Self>, limit: Duration, reuse: Reuse) -> Option<Lease> {
         let mut noop = Context::from_waker(Waker::noop());
         loop {
-            let mut idle = self.lock().pop_back()?;
+            let mut idle = {
+                let mut list = self.lock();
+                let at = match reuse {
+                    Reuse::Any => list.len().checked_sub(1)?,
+                    // Older ones are quieter still: the newest of those quiet enough.
+                    Reuse::Quiet => list.iter().rposition(|idle| idle.idle_for() >= QUIET)?,
+                };
+                list.remove(at)?
+            };
             if idle.idle_for() > limit {
-                // Everything older is older still.
-                let expired = std::mem::take(&mut *self.lock());
+                // Everything older is older still: the list's front.
+                let expired: Vec<Idle> = {
+                    let mut list = self.lock();
+                    let old = list.iter().take_while(|i| i.idle_for() > limit).count();
+                    list.drain(..old).collect()
+                };
                 drop((idle, expired));
                 return None;
             }
@@ -531,8 +575,8 @@ mod tests {
     async fn the_sweep_drops_connections_the_node_closed_and_keeps_the_rest() {
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
-        let (one, _) = pool().lease(&authority, &conns).await.unwrap();
-        let (two, _) = pool().lease(&authority, &conns).await.unwrap();
+        let (one, _) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
+        let (two, _) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
         one.release();
         two.release();
         let (first, _second) = (streams.recv().await.unwrap(), streams.recv().await.unwrap());
@@ -566,7 +610,7 @@ mod tests {
     async fn a_kept_connection_closed_as_it_is_taken_hands_the_request_back() {
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
-        let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
+        let (lease, _) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
         let answered = lease.send(get(), None, None, false, Duration::from_secs(10));
         let node_side = async {
             let mut stream = streams.recv().await.unwrap();
@@ -583,7 +627,7 @@ mod tests {
         http_body_util::BodyExt::collect(body).await.unwrap();
         assert_eq!(conns.len(), 1, "the connection was kept");
 
-        let (lease, reused) = pool().lease(&authority, &conns).await.unwrap();
+        let (lease, reused) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
         assert!(reused);
         drop(stream);
         // Lets the node's FIN arrive before the request is sent.
@@ -618,7 +662,7 @@ mod tests {
         let file = crate::http::splice::patterned(LENGTH);
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
-        let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
+        let (lease, _) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
         let answered = lease.send(get(), None, None, false, Duration::from_secs(10));
         let mut node_stream = streams.recv().await.unwrap();
         let mut head = [0u8; 1024];
@@ -680,7 +724,7 @@ mod tests {
         );
 
         // The kept connection carries the next exchange from its first byte.
-        let (lease, reused) = pool().lease(&authority, &conns).await.unwrap();
+        let (lease, reused) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
         assert!(reused);
         let answered = lease.send(get(), None, None, true, Duration::from_secs(10));
         let node_side = async {
@@ -698,10 +742,25 @@ mod tests {
     async fn the_sweep_drops_connections_idle_past_the_limit() {
         let (authority, _streams) = node().await;
         let conns = Arc::new(Conns::default());
-        let (lease, _) = pool().lease(&authority, &conns).await.unwrap();
+        let (lease, _) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
         lease.release();
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(conns.prune(Duration::from_millis(1)), 0);
         assert!(conns.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_first_request_takes_only_a_connection_seen_quiet() {
+        let (authority, _streams) = node().await;
+        let conns = Arc::new(Conns::default());
+        let (lease, _) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
+        lease.release();
+        assert!(conns.take(Duration::from_secs(60), Reuse::Quiet).is_none());
+        assert_eq!(conns.len(), 1, "left for a later request");
+        let later = conns.take(Duration::from_secs(60), Reuse::Any);
+        later.expect("any request may take it").release();
+        // Once quiet, a first request may take it too.
+        conns.lock().back_mut().unwrap().since = Duration::ZERO;
+        assert!(conns.take(Duration::MAX, Reuse::Quiet).is_some());
     }
 }

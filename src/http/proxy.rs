@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use crate::http::body::{
 use crate::http::client::ClientError;
 use crate::http::fault::ConnectFault;
 use crate::http::offload;
-use crate::http::pool::{ConnectError, Conns, NodeBody, Pool, SendError};
+use crate::http::pool::{ConnectError, Conns, NodeBody, Pool, Reuse, SendError};
 use crate::http::spool::Spool;
 use crate::http::upload::{RequestBody, Upload};
 use crate::http::wire::{names_lines, PassedLines};
@@ -55,7 +56,7 @@ pub struct Bounds {
 
 /// One client connection, as the requests on it are forwarded: built once when the
 /// connection is accepted, so a request does not format its peer's address again.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Client {
     /// The TCP peer address.
     pub ip: IpAddr,
@@ -63,6 +64,8 @@ pub struct Client {
     pub tls: bool,
     /// `ip` as an `X-Forwarded-For` value.
     forwarded_for: HeaderValue,
+    /// A request on this connection has been forwarded (see [`Peer::first`]).
+    forwarded: AtomicBool,
 }
 
 impl Client {
@@ -72,17 +75,20 @@ impl Client {
             ip,
             tls,
             forwarded_for: ip_header_value(ip),
+            forwarded: AtomicBool::new(false),
         }
     }
 
     /// What a request on this connection is forwarded as; `trusted` says whether
-    /// the peer is one of `trusted_proxies`.
+    /// the peer is one of `trusted_proxies`. The first call on a connection makes
+    /// its [`Peer::first`].
     pub fn peer(&self, trusted: bool) -> Peer<'_> {
         Peer {
             ip: self.ip,
             trusted,
             tls: self.tls,
             forwarded_for: &self.forwarded_for,
+            first: !self.forwarded.swap(true, Ordering::Relaxed),
         }
     }
 }
@@ -98,6 +104,21 @@ pub struct Peer<'a> {
     pub tls: bool,
     /// `ip` as a header value.
     forwarded_for: &'a HeaderValue,
+    /// The connection's first request on its way to a node: it takes only a
+    /// quiet kept node connection ([`Reuse::Quiet`]).
+    pub first: bool,
+}
+
+impl Peer<'_> {
+    /// Which kept node connections the request may take: a student's first
+    /// request only a quiet one (see [`crate::http::pool`]).
+    pub fn reuse(&self) -> Reuse {
+        if self.first {
+            Reuse::Quiet
+        } else {
+            Reuse::Any
+        }
+    }
 }
 
 /// Whether the student reached the public side over HTTPS, as far as the gateway can
@@ -221,6 +242,7 @@ pub fn forward<'a>(
     passed: Option<&'a PassedLines>,
     hygiene: Hygiene<'a>,
     bounds: Bounds,
+    reuse: Reuse,
 ) -> impl Future<Output = Result<Response<IdleLimited>, Failed>> + 'a {
     async move {
         let Target {
@@ -232,7 +254,7 @@ pub fn forward<'a>(
         // The connection first: a request whose node cannot be reached goes back as it
         // was handed in, before any header hygiene of this try, so another node can
         // take it as is.
-        let first = match pool.lease(authority, conns).await {
+        let first = match pool.lease(authority, conns, reuse).await {
             Ok(lease) => lease,
             Err(error) => {
                 let fault = connect_failed(name, &error);
@@ -279,7 +301,7 @@ pub fn forward<'a>(
                     ..
                 }) if reused => {
                     request = unsent;
-                    next = match pool.lease(authority, conns).await {
+                    next = match pool.lease(authority, conns, reuse).await {
                         Ok(lease) => lease,
                         Err(error) => return Err(connect_failed(name, &error).error().into()),
                     };

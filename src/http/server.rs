@@ -42,6 +42,7 @@ use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::clock::Deadline;
+use crate::error::GatewayError;
 use crate::http::body::BoxError;
 use crate::http::client::NODE_BUFFER;
 use crate::http::listener::Stopping;
@@ -86,6 +87,10 @@ const HEAD_READ: usize = 4096;
 /// leaves in one `writev` with it: a splice moves each piece with two calls
 /// instead, which pays only over many pieces (not measured below this size).
 const SPLICE_FROM: u64 = PIPE_FILL as u64;
+
+/// The largest unread body rest a connection reads away to carry another request
+/// ([`Connection::reclaim`]); past it, closing costs the student less.
+const DRAIN_MAX: u64 = 64 * 1024;
 
 /// Three chunks with their framing (size line, data, CRLF) and the last chunk.
 const BODY_PARTS: usize = 10;
@@ -208,6 +213,28 @@ struct Reading {
 }
 
 impl Reading {
+    /// Reads away the `left` bytes of a body nobody read, as far as they have
+    /// arrived (no wait): `true` when all of it was here. A rest over
+    /// [`DRAIN_MAX`] is not read at all: the connection closes instead.
+    fn drain(&mut self, mut left: u64) -> bool {
+        if left > DRAIN_MAX {
+            return false;
+        }
+        let mut noop = Context::from_waker(std::task::Waker::noop());
+        loop {
+            let here = self.buf.len().min(left as usize);
+            self.buf.advance(here);
+            left -= here as u64;
+            if left == 0 {
+                return true;
+            }
+            match self.poll_fill(&mut noop, NODE_BUFFER) {
+                Poll::Ready(Ok(read)) if read > 0 => {}
+                _ => return false,
+            }
+        }
+    }
+
     /// Reads more into the buffer, with room for `room` bytes: `Ok(0)` when the
     /// student closed.
     fn poll_fill(&mut self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<usize>> {
@@ -412,6 +439,14 @@ where
                 return Ended::Closed;
             }
             Next::HandOver(read) => return connection.hand_over(read),
+            Next::Refuse(error) => {
+                let mut keep_alive = false;
+                let answer = error.response();
+                let answered = Version::HTTP_11;
+                let _ = (connection.respond(answer, &Method::GET, answered, &mut keep_alive)).await;
+                connection.close().await;
+                return Ended::Closed;
+            }
         };
         let Head {
             request,
@@ -509,6 +544,10 @@ enum Waiting {
 enum Next {
     Request(Head),
     Close,
+    /// A request this side refuses itself, with the connection closed after the
+    /// answer: its framing or version cannot be trusted, and hyper's server would
+    /// answer it less clearly (see [`refusal`]).
+    Refuse(GatewayError),
     /// A request for hyper, with the bytes read so far.
     HandOver(BytesMut),
 }
@@ -571,18 +610,27 @@ struct Cut;
 impl Connection {
     /// Takes the read side back from the request's body if it is done with it,
     /// and says whether the connection can carry another request: not when the
-    /// body left its rest unread (where the next request would start), nor while
-    /// a body still holds the read side (an answer before the end of its upload).
+    /// body left a rest unread that has not all arrived (where the next request
+    /// would start), nor while a body still holds the read side (an answer before
+    /// the end of its upload).
+    ///
+    /// Why a rest that has arrived is read away: an answer the stack gave without
+    /// reading the body (a 421 for an unknown host, a 405) says nothing against
+    /// the request's framing, and hyper's server, which answers the same request
+    /// on a connection handed to it, reads such a rest away and goes on. Both
+    /// sides keep the connection then, and close it only after an answer that
+    /// says `Connection: close` ([`GatewayError::closes_connection`]).
     fn reclaim(&mut self) -> bool {
         if self.reading.is_some() {
             return true;
         }
         let back = self.back.lock().ok().and_then(|mut back| back.take());
-        let Some((reading, left)) = back else {
+        let Some((mut reading, left)) = back else {
             return false;
         };
+        let drained = left == 0 || reading.drain(left);
         self.reading = Some(reading);
-        left == 0
+        drained
     }
 
     /// Waits for the next request head, under the keep-alive deadline until its
@@ -617,8 +665,12 @@ impl Connection {
                     }
                     Parsed::Partial => self.partial = reading.buf.len(),
                     Parsed::ForHyper => {
-                        return Poll::Ready(Next::HandOver(std::mem::take(&mut reading.buf)))
+                        if let Some(error) = refusal(&reading.buf, false) {
+                            return Poll::Ready(Next::Refuse(error));
+                        }
+                        return Poll::Ready(Next::HandOver(std::mem::take(&mut reading.buf)));
                     }
+                    Parsed::Refuse(error) => return Poll::Ready(Next::Refuse(error)),
                     Parsed::ForHyperFrom(head) => {
                         let mut read = BytesMut::from(&head[..]);
                         read.extend_from_slice(&reading.buf);
@@ -629,7 +681,11 @@ impl Connection {
                 self.partial = reading.buf.len();
             }
             if reading.buf.len() >= limits.head_bytes {
-                // Too large a head: hyper's to refuse (431).
+                // Too large a head: a request line that has not ended is a 414 of
+                // ours; otherwise the lines are too many, hyper's to refuse (431).
+                if let Some(error) = refusal(&reading.buf, true) {
+                    return Poll::Ready(Next::Refuse(error));
+                }
                 return Poll::Ready(Next::HandOver(std::mem::take(&mut reading.buf)));
             }
             if stopping.poll_stopped(cx) {
@@ -961,6 +1017,8 @@ impl Connection {
 enum Parsed {
     Head(Head),
     Partial,
+    /// A request refused here (both `Content-Length` and `Transfer-Encoding`).
+    Refuse(GatewayError),
     /// A request for hyper's server; nothing was taken from the buffer.
     ForHyper,
     /// The same, found after its head was taken from the buffer.
@@ -1057,6 +1115,9 @@ fn parse(
     let mut keep_alive = version == Version::HTTP_11;
     let mut close = false;
     let mut passed = PassedLines::default();
+    // Lines that send the request to hyper's server, once every line is read:
+    // `Transfer-Encoding` is looked at with `Content-Length` first.
+    let (mut for_hyper, mut chunked, mut lengths) = (false, false, 0);
     // Every line into the map after all: more than `PassedLines` holds, an empty
     // value, or a `Connection` naming lines, which the proxy removes from the map.
     let mut whole = !pass;
@@ -1078,10 +1139,11 @@ fn parse(
             return Parsed::ForHyper;
         };
         if name == header::CONTENT_LENGTH {
+            lengths += 1;
             match (body_len, request_length(line.value)) {
                 (None, Some(len)) => body_len = Some(len),
                 // Two lengths, or one that is not a number: hyper's to judge.
-                _ => return Parsed::ForHyper,
+                _ => for_hyper = true,
             }
         } else if name == header::CONNECTION {
             if close || has_token(line.value, b"close") {
@@ -1091,14 +1153,21 @@ fn parse(
                 keep_alive = has_token(line.value, b"keep-alive");
             }
             whole |= names_lines(line.value);
-        } else if name == header::TRANSFER_ENCODING
-            || name == header::EXPECT
-            || name == header::UPGRADE
-        {
-            return Parsed::ForHyper;
+        } else if name == header::TRANSFER_ENCODING {
+            (chunked, for_hyper) = (true, true);
+        } else if name == header::EXPECT || name == header::UPGRADE {
+            for_hyper = true;
         }
         // The head is at most a few tens of KiB: offsets fit.
         spans.push((name, offset(line.value) as u32, line.value.len() as u32));
+    }
+    if chunked && lengths > 0 {
+        // Framed two ways (RFC 9112 6.1): refused and closed, the safest answer to
+        // a smuggling attempt. hyper's server would read it as chunked.
+        return Parsed::Refuse(GatewayError::MalformedRequest);
+    }
+    if for_hyper {
+        return Parsed::ForHyper;
     }
     if whole && !passed.is_empty() {
         // Again from the start, every line into the map in the student's order.
@@ -1141,6 +1210,34 @@ fn parse(
         keep_alive,
         passed,
     })
+}
+
+/// The answer this side gives itself to a head hyper's server would answer less
+/// clearly, from the bytes read so far (`full`: as many as a head may take).
+///
+/// - HTTP/2's preface (`PRI * HTTP/2.0`) on this HTTP/1.1 port: a 505 that says
+///   HTTP/2 is offered over TLS (ALPN), where hyper closes without a word. An h2c
+///   client reads it as a failed connection and says so; a person with `curl
+///   --http2-prior-knowledge` or `nc` reads why.
+/// - A request line whose version is well formed but not 1.0 or 1.1 (`HTTP/1.2`,
+///   `HTTP/2.0`, `HTTP/3`): 505, where hyper answers 400.
+/// - A request line that has not ended when the buffer is full: 414, where hyper
+///   answers 431 for the head.
+fn refusal(buf: &[u8], full: bool) -> Option<GatewayError> {
+    if buf.starts_with(b"PRI * HTTP/2.0\r\n") {
+        tracing::debug!("HTTP/2 preface on the HTTP/1.1 port (h2c is not served): 505, closed");
+        return Some(GatewayError::VersionNotSupported);
+    }
+    let Some(end) = memchr::memchr(b'\n', buf) else {
+        return full.then_some(GatewayError::UriTooLong);
+    };
+    let line = buf[..end].strip_suffix(b"\r").unwrap_or(&buf[..end]);
+    let version = line.rsplit(|&b| b == b' ').next()?;
+    let numbers = version.strip_prefix(b"HTTP/")?;
+    let well_formed = matches!(numbers, [major, b'.', minor] if major.is_ascii_digit() && minor.is_ascii_digit())
+        || matches!(numbers, [major] if major.is_ascii_digit());
+    let ours = numbers == b"1.1" || numbers == b"1.0";
+    (well_formed && !ours && line.contains(&b' ')).then_some(GatewayError::VersionNotSupported)
 }
 
 /// A request line's name: a browser's usual spelling without a parse, any other

@@ -11,7 +11,7 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use crate::support::{self, config_for, named_upstream, send, TestGateway};
+use crate::support::{self, config_for, named_upstream, send, RawConn, TestGateway};
 
 /// A real past theme revision.
 const STYLES: &str = "/theme/styles.php/boost/1700000000_1/all";
@@ -70,9 +70,9 @@ async fn twenty_first_visits_at_once_cost_one_node_request_and_get_moodles_bytes
     );
     let later = send(&url, "GET", &[], Body::empty()).await;
     assert!(later.headers.contains_key("age"), "from memory");
-    assert!(
-        !later.headers.contains_key("x-upstream"),
-        "no node answered"
+    assert_eq!(
+        later.headers["x-upstream"], "web1",
+        "the node's own lines, kept with its answer"
     );
     let revisit = send(
         &url,
@@ -231,4 +231,119 @@ async fn each_accepted_coding_gets_the_answer_kept_for_it() {
     assert_eq!(asking("gzip").await, "gzipped css");
     assert_eq!(asking("identity").await, CSS);
     assert_eq!(hits.load(Ordering::SeqCst), 2, "both from memory");
+}
+
+/// A node that compresses as PHP's `zlib.output_compression` does: when the
+/// `Accept-Encoding` lines, joined as the web server joins them, hold `gzip`.
+/// With `vary` false its web server forgets to say `Vary: Accept-Encoding`.
+async fn php_node(hits: Arc<AtomicUsize>, vary: bool) -> std::net::SocketAddr {
+    support::upstream(move |request: Request<Incoming>| {
+        let hits = hits.clone();
+        async move {
+            hits.fetch_add(1, Ordering::SeqCst);
+            let joined = (request.headers().get_all("accept-encoding").iter())
+                .map(|v| v.to_str().unwrap())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let gzip = joined.contains("gzip");
+            let mut response = Response::builder()
+                .header("cache-control", "public, max-age=7776000, immutable")
+                .header("content-type", "text/css; charset=utf-8")
+                .header("x-content-type-options", "nosniff")
+                .header("strict-transport-security", "max-age=31536000")
+                .header("access-control-allow-origin", "*")
+                .header("accept-ranges", "none");
+            if gzip {
+                response = response.header("content-encoding", "gzip");
+            }
+            if gzip && vary {
+                response = response.header("vary", "Accept-Encoding");
+            }
+            let body = if gzip { "gzipped css" } else { CSS };
+            response.body(Body::from(body)).unwrap()
+        }
+    })
+    .await
+}
+
+/// The review's poisoning: an empty `Accept-Encoding` line, then `gzip`. The node
+/// reads both and compresses; a browser that sends none must still get plain bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_accept_encoding_lines_never_give_gzip_to_a_browser_that_sent_none() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let gateway = gateway(php_node(hits.clone(), true).await, "").await;
+    let mut raw = RawConn::connect(gateway.addr).await;
+    let head = format!(
+        "GET {STYLES} HTTP/1.1\r\nHost: {}\r\nAccept-Encoding: \r\nAccept-Encoding: gzip\r\n\r\n",
+        gateway.addr
+    );
+    raw.send(head.as_bytes()).await.unwrap();
+    let first = raw.response(Duration::from_secs(5), false).await.unwrap();
+    assert_eq!(first.header("content-encoding"), Some("gzip"));
+    for _ in 0..2 {
+        let plain = send(&gateway.url(STYLES), "GET", &[], Body::empty()).await;
+        assert_eq!(plain.status, StatusCode::OK);
+        assert!(!plain.headers.contains_key("content-encoding"));
+        assert_eq!(plain.body.as_ref(), CSS.as_bytes(), "identity bytes");
+    }
+    let zipped = send(
+        &gateway.url(STYLES),
+        "GET",
+        &[("accept-encoding", "gzip, deflate, br")],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(zipped.body.as_ref(), b"gzipped css");
+    assert!(
+        zipped.headers.contains_key("age"),
+        "the first one's, from memory"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "one fill for each coding");
+}
+
+/// A gzip answer kept without `Vary` (a web server that forgot it) goes from
+/// memory only to browsers that accept gzip; PHP compresses for `gzip;q=0` (its
+/// search reads no q-value), and the gateway never answers that browser with the
+/// gzip bytes it keeps either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_coding_goes_only_to_a_browser_that_accepts_it() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let gateway = gateway(php_node(hits.clone(), false).await, "").await;
+    let url = gateway.url(STYLES);
+    let asking = |coding: &'static str| {
+        let url = url.clone();
+        async move { send(&url, "GET", &[("accept-encoding", coding)], Body::empty()).await }
+    };
+    assert_eq!(asking("gzip").await.body.as_ref(), b"gzipped css");
+    assert!(asking("gzip").await.headers.contains_key("age"), "kept");
+    for refusing in ["identity", "br", "gzip;q=0"] {
+        let seen = asking(refusing).await;
+        assert!(
+            !seen.headers.contains_key("age"),
+            "{refusing}: not from memory"
+        );
+    }
+    let plain = send(&url, "GET", &[], Body::empty()).await;
+    assert_eq!(plain.body.as_ref(), CSS.as_bytes());
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        5,
+        "the node answered each of them"
+    );
+}
+
+/// What the node's web server adds (security headers, CORS, ranges) reaches the
+/// browser on a hit as it did on the fill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_keeps_the_nodes_security_and_site_headers() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let gateway = gateway(php_node(hits.clone(), true).await, "").await;
+    send(&gateway.url(STYLES), "GET", &[], Body::empty()).await;
+    let hit = send(&gateway.url(STYLES), "GET", &[], Body::empty()).await;
+    assert!(hit.headers.contains_key("age"), "from memory");
+    assert_eq!(hit.headers["x-content-type-options"], "nosniff");
+    assert_eq!(hit.headers["strict-transport-security"], "max-age=31536000");
+    assert_eq!(hit.headers["access-control-allow-origin"], "*");
+    assert_eq!(hit.headers["accept-ranges"], "none");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
 }

@@ -130,13 +130,17 @@ fn framing_cases() -> Vec<Case> {
     let cl_te_smuggle = format!("0\r\n\r\n{SMUGGLED}");
     let te_cl_smuggle = format!("{:x}\r\n{SMUGGLED}\r\n0\r\n\r\n", SMUGGLED.len());
     vec![
-        // Both framings at once: hyper takes Transfer-Encoding, drops Content-Length
-        // and closes the connection after answering (RFC 9112 §6.3), so the node
-        // sees one chunked request and nothing hidden in the body ever reaches it.
-        case("CL then TE", post("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", "0\r\n\r\n")).answers(&[200, 400]).closed(),
-        case("TE then CL", post("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", "0\r\n\r\n")).answers(&[200, 400]).closed(),
-        case("CL.TE smuggling a request in the body", post(&format!("Content-Length: {}\r\nTransfer-Encoding: chunked\r\n", cl_te_smuggle.len()), &cl_te_smuggle)).answers(&[200, 400]).closed(),
-        case("TE.CL smuggling a request in a chunk", post("Transfer-Encoding: chunked\r\nContent-Length: 4\r\n", &te_cl_smuggle)).answers(&[200, 400]).closed(),
+        // Both framings at once: refused with 400 and closed (RFC 9112 6.1 allows a
+        // server to reject it), so the node never sees any of it.
+        case("CL then TE", post("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", "0\r\n\r\n")).refused(),
+        case("TE then CL", post("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", "0\r\n\r\n")).refused(),
+        case("CL.TE smuggling a request in the body", post(&format!("Content-Length: {}\r\nTransfer-Encoding: chunked\r\n", cl_te_smuggle.len()), &cl_te_smuggle)).refused(),
+        case("TE.CL smuggling a request in a chunk", post("Transfer-Encoding: chunked\r\nContent-Length: 4\r\n", &te_cl_smuggle)).refused(),
+        case("CL, Expect and TE", post("Content-Length: 5\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n", "0\r\n\r\n")).refused(),
+        // A 4xx that says nothing against the framing keeps the connection on both
+        // parsers: the unread body is read away and the next request answered.
+        case("a refused POST with a length, then a GET", format!("POST /mod/forum/post.php HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 5\r\n\r\nhello{}", get("/course/view.php?id=1", ""))).under(Setup::Hosts).answers(&[421]).answers(&[200]).open().node(1),
+        case("a refused chunked POST, then a GET", format!("POST /mod/forum/post.php HTTP/1.1\r\nHost: evil.example\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n{}", get("/course/view.php?id=1", ""))).under(Setup::Hosts).answers(&[421]).answers(&[200]).open().node(1),
         case("two different Content-Lengths", post("Content-Length: 5\r\nContent-Length: 6\r\n", "hello!")).refused(),
         case("Content-Length -1", post("Content-Length: -1\r\n", "")).refused(),
         case("Content-Length +5", post("Content-Length: +5\r\n", "hello")).refused(),
@@ -315,9 +319,39 @@ fn target_cases() -> Vec<Case> {
             "HTTP/2.0 on an HTTP/1 connection",
             format!("GET / HTTP/2.0\r\nHost: {HOST}\r\n\r\n"),
         )
-        .answers(&[400, 405])
+        .answers(&[505])
         .closed()
         .node(0),
+        case(
+            "HTTP/1.2",
+            format!("GET / HTTP/1.2\r\nHost: {HOST}\r\n\r\n"),
+        )
+        .answers(&[505])
+        .closed()
+        .node(0),
+        case(
+            "HTTP/2 preface without h2c",
+            "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        )
+        .answers(&[505])
+        .closed()
+        .node(0)
+        .check(says_http2_is_over_tls),
+        case(
+            "URI of 66 KiB",
+            get(&format!("/course/view.php?q={}", "a".repeat(66 * 1024)), ""),
+        )
+        .answers(&[414])
+        .closed()
+        .node(0),
+        case(
+            "absolute-form with an empty path",
+            get(&format!("http://{HOST}?x=1"), ""),
+        )
+        .answers(&[200])
+        .open()
+        .node(1)
+        .check(an_empty_path_reaches_the_node_as_slash),
         case(
             "lowercase method",
             format!("get /course/view.php?id=1 HTTP/1.1\r\nHost: {HOST}\r\n\r\n"),
@@ -325,6 +359,24 @@ fn target_cases() -> Vec<Case> {
         .answers(&[400, 405])
         .node(0),
     ]
+}
+
+fn says_http2_is_over_tls(outcome: &Outcome) -> Result<(), String> {
+    let body = outcome
+        .responses
+        .first()
+        .map(|r| String::from_utf8_lossy(&r.body));
+    match body {
+        Some(body) if body.contains("HTTP/2 is offered over TLS") => Ok(()),
+        other => Err(format!("the answer said {other:?}")),
+    }
+}
+
+fn an_empty_path_reaches_the_node_as_slash(outcome: &Outcome) -> Result<(), String> {
+    match outcome.received.as_slice() {
+        [seen] if seen.uri == "/?x=1" => Ok(()),
+        other => Err(format!("the node saw {other:?}")),
+    }
 }
 
 fn bare_lf_is_refused_or_served_once(outcome: &Outcome) -> Result<(), String> {

@@ -396,9 +396,14 @@ async fn an_upload_the_node_answers_early_gets_the_answer_then_a_closed_connecti
 async fn requests_one_after_another_share_one_node_connection() {
     let (node, arrivals) = connection_counting_node().await;
     let gateway = gateway_for(node, "").await;
+    // One browser's connection: a first request from a new one would take only a
+    // node connection that has been quiet (`pool::QUIET`).
+    let browser = support::client();
     for i in 0..10 {
-        let seen = support::get(&gateway.url(&format!("/course/view.php?id={i}"))).await;
-        assert_eq!(seen.status, 200, "request {i}");
+        let url = gateway.url(&format!("/course/view.php?id={i}"));
+        let seen = browser.get(url.parse().unwrap()).await.unwrap();
+        assert_eq!(seen.status(), 200, "request {i}");
+        seen.into_body().collect().await.unwrap();
     }
     let arrivals = wait_for_arrivals(&arrivals, 10).await;
     assert!(
@@ -469,4 +474,141 @@ async fn an_upload_to_a_node_that_never_reads_is_answered() {
     // The node's fault, told at `body_idle`: not a wait for response headers on
     // top of it (a 504), with the PHP worker held all that time.
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+}
+
+/// A node's `Content-Length` spelt oddly (a repeated list, two lines, leading
+/// zeros) reaches the student as one plain number, as HAProxy rewrites it: a
+/// client or cache behind the gateway never meets a spelling it could read
+/// another way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_content_length_reaches_the_student_as_one_plain_number() {
+    let (node, _) = scripted(|head| {
+        let length = if head.contains("/list") {
+            "Content-Length: 5, 5\r\n"
+        } else if head.contains("/lines") {
+            "Content-Length: 5\r\nContent-Length: 5\r\n"
+        } else {
+            "Content-Length: 0005\r\n"
+        };
+        let answer = format!("HTTP/1.1 200 OK\r\n{length}\r\nhello");
+        (answer.into_bytes(), Then::KeepOpen)
+    })
+    .await;
+    let gateway = gateway_for(node, "").await;
+    for path in ["/list", "/lines", "/zeros"] {
+        let mut raw = RawConn::connect(gateway.addr).await;
+        let head = format!("GET {path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
+        raw.send(head.as_bytes()).await.unwrap();
+        let seen = raw.response(WITHIN, false).await.unwrap();
+        assert_eq!(seen.status, 200, "{path}");
+        assert_eq!(seen.body, b"hello", "{path}");
+        let lengths: Vec<&str> = (seen.head.lines())
+            .filter(|l| l.to_ascii_lowercase().starts_with("content-length:"))
+            .collect();
+        assert_eq!(lengths, ["content-length: 5"], "{path}");
+    }
+}
+
+/// A node that sends late stray bytes: the first answer on each connection is
+/// complete (`first`), then ~300 ms later a whole stray answer follows on the same
+/// connection (`stray`); a later request there is answered (`fresh`) only after it.
+async fn late_stray_node() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut read, write) = stream.into_split();
+                let write = Arc::new(tokio::sync::Mutex::new(write));
+                let stray_sent = Arc::new(tokio::sync::Notify::new());
+                let mut buf = Vec::new();
+                let mut answered = 0;
+                loop {
+                    let end = loop {
+                        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break end;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match read.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let probe = buf.starts_with(b"GET /theme/image.php");
+                    buf.drain(..end + 4);
+                    let answer = |body: &str| {
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        )
+                    };
+                    if probe {
+                        let _ = write
+                            .lock()
+                            .await
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                            .await;
+                        continue;
+                    }
+                    answered += 1;
+                    if answered == 1 {
+                        let _ = write
+                            .lock()
+                            .await
+                            .write_all(answer("first").as_bytes())
+                            .await;
+                        let (write, sent) = (write.clone(), stray_sent.clone());
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                            let _ = write
+                                .lock()
+                                .await
+                                .write_all(answer("stray").as_bytes())
+                                .await;
+                            sent.notify_one();
+                        });
+                    } else {
+                        stray_sent.notified().await;
+                        let _ = write
+                            .lock()
+                            .await
+                            .write_all(answer("fresh").as_bytes())
+                            .await;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A node's late stray bytes never reach another student's first request: a
+/// kept node connection goes to a student's first request only once it has been
+/// quiet (`pool::QUIET`), and the stray answer is then seen and the connection
+/// dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_late_stray_bytes_never_reach_another_students_first_request() {
+    let gateway = gateway_for(late_stray_node().await, "").await;
+    let ask = |path: &'static str| {
+        let addr = gateway.addr;
+        async move {
+            let mut raw = RawConn::connect(addr).await;
+            let head = format!("GET {path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
+            raw.send(head.as_bytes()).await.unwrap();
+            let seen = raw.response(WITHIN, false).await.unwrap();
+            String::from_utf8_lossy(&seen.body).into_owned()
+        }
+    };
+    assert_eq!(ask("/course/view.php?id=1").await, "first");
+    // Another student, a moment later, while the stray answer is on its way.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        ask("/course/view.php?id=2").await,
+        "first",
+        "a connection of its own"
+    );
+    // And once the stray bytes have come: the connection that holds them is dropped.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let later = ask("/course/view.php?id=3").await;
+    assert_ne!(later, "stray", "never another student's bytes");
 }

@@ -426,8 +426,18 @@ async fn keep_alive_connections_to_a_node_are_reused() {
         }
     });
     let gateway = in_front_of(node, "").await;
+    // One browser's connection: a first request from a new one would take only a
+    // node connection that has been quiet (`pool::QUIET`).
+    let browser = support::client();
     for _ in 0..20 {
-        assert_eq!(support::get(&gateway.url("/my/")).await.status, 200);
+        let seen = browser
+            .get(gateway.url("/my/").parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(seen.status(), 200);
+        http_body_util::BodyExt::collect(seen.into_body())
+            .await
+            .unwrap();
     }
     assert_eq!(
         connections.load(Ordering::SeqCst),

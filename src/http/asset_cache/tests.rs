@@ -38,7 +38,7 @@ async fn fill(
     encoding: &str,
     response: Response<Full<Bytes>>,
 ) -> Bytes {
-    let Lookup::Fill(fill) = cache.lookup(key, encoding, Role::First) else {
+    let Lookup::Fill(fill) = cache.lookup(key, &asking(encoding), Role::First) else {
         panic!("expected to fill {key}");
     };
     fill.keep(response)
@@ -49,8 +49,13 @@ async fn fill(
         .to_bytes()
 }
 
+/// A request's `Accept-Encoding` of one line, or none for "".
+fn asking(line: &str) -> Wants {
+    Wants::of((!line.is_empty()).then_some(line.as_bytes()))
+}
+
 fn hit(cache: &Arc<AssetCache>, key: &str, encoding: &str) -> Option<Arc<Entry>> {
-    match cache.lookup(key, encoding, Role::Head) {
+    match cache.lookup(key, &asking(encoding), Role::Head) {
         Lookup::Hit(entry) => Some(entry),
         _ => None,
     }
@@ -74,7 +79,7 @@ async fn a_public_revisioned_answer_is_kept_as_moodle_sent_it_and_served_with_an
     assert_eq!(h["content-type"], "text/css; charset=utf-8");
     assert_eq!(h["content-length"], "19");
     assert_eq!(h["age"], "0");
-    assert!(!h.contains_key("x-upstream"), "no node answered");
+    assert_eq!(h["x-upstream"], "web1", "the node's own lines are kept");
     let body = answer.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body.as_ref(), b"body { color: red }");
     let head = entry.answer(&Method::HEAD, &HeaderMap::new());
@@ -225,14 +230,14 @@ async fn the_bound_lets_the_least_recently_used_go_and_a_too_large_answer_is_not
 #[tokio::test]
 async fn while_one_request_fills_a_url_the_others_wait_and_then_read_it_from_memory() {
     let cache = AssetCache::new(1 << 20, 1 << 16);
-    let Lookup::Fill(filler) = cache.lookup("u", "", Role::First) else {
+    let Lookup::Fill(filler) = cache.lookup("u", &asking(""), Role::First) else {
         panic!()
     };
-    let Lookup::Wait(mut waiting) = cache.lookup("u", "", Role::First) else {
+    let Lookup::Wait(mut waiting) = cache.lookup("u", &asking(""), Role::First) else {
         panic!("one fill at a time")
     };
     assert!(
-        matches!(cache.lookup("u", "", Role::Head), Lookup::Pass),
+        matches!(cache.lookup("u", &asking(""), Role::Head), Lookup::Pass),
         "a HEAD never waits"
     );
     let body = filler.keep(css()).into_body();
@@ -240,7 +245,7 @@ async fn while_one_request_fills_a_url_the_others_wait_and_then_read_it_from_mem
     body.collect().await.unwrap();
     waiting.changed().await.unwrap();
     assert!(matches!(
-        cache.lookup("u", "", Role::Waited),
+        cache.lookup("u", &asking(""), Role::Waited),
         Lookup::Hit(_)
     ));
     assert_eq!(
@@ -253,10 +258,10 @@ async fn while_one_request_fills_a_url_the_others_wait_and_then_read_it_from_mem
 #[tokio::test]
 async fn a_fill_that_keeps_nothing_sends_every_waiter_to_the_node_at_once() {
     let cache = AssetCache::new(1 << 20, 1 << 16);
-    let Lookup::Fill(filler) = cache.lookup("u", "", Role::First) else {
+    let Lookup::Fill(filler) = cache.lookup("u", &asking(""), Role::First) else {
         panic!()
     };
-    let Lookup::Wait(mut waiting) = cache.lookup("u", "", Role::First) else {
+    let Lookup::Wait(mut waiting) = cache.lookup("u", &asking(""), Role::First) else {
         panic!()
     };
     let cookie = node(200, &[("cache-control", CSS), ("set-cookie", "a=b")], "x");
@@ -264,13 +269,13 @@ async fn a_fill_that_keeps_nothing_sends_every_waiter_to_the_node_at_once() {
     waiting.changed().await.unwrap();
     // The first waiter back fills again; the next does not wait behind it.
     assert!(matches!(
-        cache.lookup("u", "", Role::Waited),
+        cache.lookup("u", &asking(""), Role::Waited),
         Lookup::Fill(_)
     ));
-    let Lookup::Fill(again) = cache.lookup("u", "", Role::Waited) else {
+    let Lookup::Fill(again) = cache.lookup("u", &asking(""), Role::Waited) else {
         panic!()
     };
-    let Lookup::Pass = cache.lookup("u", "", Role::Waited) else {
+    let Lookup::Pass = cache.lookup("u", &asking(""), Role::Waited) else {
         panic!("no second wait")
     };
     drop(again);
@@ -279,7 +284,7 @@ async fn a_fill_that_keeps_nothing_sends_every_waiter_to_the_node_at_once() {
 #[tokio::test]
 async fn a_body_with_a_length_is_kept_once_that_much_came_as_hyper_stops_polling_there() {
     let cache = AssetCache::new(1 << 20, 1 << 16);
-    let Lookup::Fill(fill) = cache.lookup("k", "", Role::First) else {
+    let Lookup::Fill(fill) = cache.lookup("k", &asking(""), Role::First) else {
         panic!()
     };
     let mut sized = css();
@@ -290,7 +295,7 @@ async fn a_body_with_a_length_is_kept_once_that_much_came_as_hyper_stops_polling
     // hyper reads the one frame a length says there is, and never asks again.
     body.frame().await.unwrap().unwrap();
     assert!(hit(&cache, "k", "").is_some());
-    let Lookup::Fill(fill) = cache.lookup("short", "", Role::First) else {
+    let Lookup::Fill(fill) = cache.lookup("short", &asking(""), Role::First) else {
         panic!()
     };
     let mut short = css();
@@ -299,4 +304,117 @@ async fn a_body_with_a_length_is_kept_once_that_much_came_as_hyper_stops_polling
         .insert("content-length", HeaderValue::from_static("40"));
     fill.keep(short).into_body().collect().await.unwrap();
     assert!(hit(&cache, "short", "").is_none(), "cut short: not kept");
+}
+
+#[tokio::test]
+async fn an_answer_is_filed_under_what_the_node_read_from_every_accept_encoding_line() {
+    let cache = AssetCache::new(1 << 20, 1 << 16);
+    let gzipped = || {
+        node(
+            200,
+            &[
+                ("cache-control", CSS),
+                ("vary", "Accept-Encoding"),
+                ("content-encoding", "gzip"),
+            ],
+            "zipped",
+        )
+    };
+    // An empty line, then `gzip`: PHP reads ", gzip" and compresses.
+    let Lookup::Fill(fill) = cache.lookup("js", &Wants::of([&b""[..], b"gzip"]), Role::First)
+    else {
+        panic!()
+    };
+    fill.keep(gzipped()).into_body().collect().await.unwrap();
+    assert!(
+        hit(&cache, "js", "").is_none(),
+        "no Accept-Encoding: not the gzip variant"
+    );
+    assert!(hit(&cache, "js", "identity").is_none());
+    assert!(
+        hit(&cache, "js", "gzip, br").is_some(),
+        "PHP answers it alike"
+    );
+}
+
+#[tokio::test]
+async fn a_coding_the_browser_did_not_accept_is_never_served_from_memory() {
+    let cache = AssetCache::new(1 << 20, 1 << 16);
+    // A web server that compressed without saying `Vary`.
+    let unsaid = node(
+        200,
+        &[("cache-control", CSS), ("content-encoding", "gzip")],
+        "zipped",
+    );
+    fill(&cache, "css", "gzip", unsaid).await;
+    assert!(hit(&cache, "css", "gzip").is_some());
+    for refusing in ["", "identity", "br", "gzip;q=0", "*;q=0"] {
+        assert!(hit(&cache, "css", refusing).is_none(), "{refusing:?}");
+    }
+    // PHP compresses for `gzip;q=0` (its search reads no q-value): the variant is
+    // the gzip one, and the browser goes to the node instead.
+    let varied = node(
+        200,
+        &[
+            ("cache-control", CSS),
+            ("vary", "Accept-Encoding"),
+            ("content-encoding", "gzip"),
+        ],
+        "zipped",
+    );
+    fill(&cache, "js", "gzip", varied).await;
+    assert!(matches!(
+        cache.lookup("js", &asking("gzip;q=0"), Role::First),
+        Lookup::Pass
+    ));
+}
+
+#[tokio::test]
+async fn a_hit_carries_the_nodes_end_to_end_lines_and_none_of_its_hop_by_hop_ones() {
+    let cache = AssetCache::new(1 << 20, 1 << 16);
+    let kept = [
+        ("x-content-type-options", "nosniff"),
+        ("access-control-allow-origin", "*"),
+        ("content-security-policy", "default-src 'self'"),
+        ("strict-transport-security", "max-age=31536000"),
+        ("accept-ranges", "none"),
+        ("x-site", "moodle.example.edu"),
+        ("server", "Apache"),
+        ("content-language", "en"),
+    ];
+    let dropped = [
+        ("connection", "x-hop"),
+        ("x-hop", "1"),
+        ("keep-alive", "timeout=5"),
+        ("proxy-authenticate", "Basic"),
+        ("proxy-connection", "keep-alive"),
+        ("transfer-encoding", "chunked"),
+        ("trailer", "x-checksum"),
+        ("upgrade", "h2c"),
+        ("te", "trailers"),
+        ("age", "50"),
+        ("date", "Tue, 01 Dec 2026 09:00:00 GMT"),
+    ];
+    let lines: Vec<_> = [("cache-control", CSS)]
+        .into_iter()
+        .chain(kept)
+        .chain(dropped)
+        .collect();
+    fill(&cache, "k", "", node(200, &lines, "body")).await;
+    let answer = hit(&cache, "k", "")
+        .unwrap()
+        .answer(&Method::GET, &HeaderMap::new());
+    let h = answer.headers();
+    for (name, value) in kept {
+        assert_eq!(
+            h.get(name).map(|v| v.to_str().unwrap()),
+            Some(value),
+            "{name}"
+        );
+    }
+    for (name, _) in dropped.into_iter().filter(|(n, _)| *n != "age") {
+        assert!(!h.contains_key(name), "{name}");
+    }
+    assert_eq!(h["age"], "0", "its own age, not the node's");
+    assert_eq!(h["content-length"], "4");
 }
