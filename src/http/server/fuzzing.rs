@@ -31,6 +31,9 @@ pub enum RequestRead {
     },
     /// Left to hyper's server, which answers it.
     ForHyper,
+    /// Refused by this side with this status, the connection closed (a request
+    /// framed two ways).
+    Refused(u16),
 }
 
 /// Parses `bytes` as the first read of a connection with `max_headers` as
@@ -47,6 +50,7 @@ pub fn parse_request(bytes: &[u8], max_headers: usize, pass_lines: bool) -> Requ
     ) {
         Parsed::Partial => RequestRead::Partial,
         Parsed::ForHyper | Parsed::ForHyperFrom(_) => RequestRead::ForHyper,
+        Parsed::Refuse(error) => RequestRead::Refused(error.status().as_u16()),
         Parsed::Head(head) => {
             let mut request = head.request;
             if let Some(passed) = head.passed {
