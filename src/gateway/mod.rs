@@ -448,12 +448,9 @@ impl Gateway {
             // The node will ignore how the student asked for a file; the export must not.
             let asked = settings.offload.as_ref().map(|_| Asked::of(&request));
             // What a logged-in student is in the middle of orders the students'
-            // line; read only for them, and a quiz start waits at its node's gate.
-            let mut work = None;
-            let class = surge::class_of(known, || {
-                let read = self.site.work(uri.path(), asked_for.is_post);
-                *work.insert(read)
-            });
+            // line, and a quiz start waits at its node's gate.
+            let work = moodle::work(kind, asked_for.is_post);
+            let class = surge::class_of(known, work);
             served.class = Some(class);
             let mut ask = surge::ask(&settings.surge, class, asked_for.is_post, arrived);
             // The Moodle app reads JSON: the gateway's own answers to it are JSON too.
@@ -560,10 +557,7 @@ impl Gateway {
 
     /// The gateway's own error page, counted.
     fn failed(&self, error: GatewayError) -> Response<ProxyBody> {
-        self.metrics.own_answer(error.status().as_u16());
-        if let Some(limit) = error.limit() {
-            self.metrics.rejected(limit);
-        }
+        self.count_failure(error);
         error.response().map(Either::Right)
     }
 

@@ -34,12 +34,11 @@ const LOOK_AGAIN: Duration = Duration::from_millis(250);
 static TURNED_AWAY: Every = Every::new(Duration::from_secs(10));
 
 /// The class of a request by the session it carries and, for a logged-in student,
-/// by what the request is in the middle of (`work`, read only then): a session
-/// recovered from its route cookie counts as logged in, the safe side (as the table
-/// records it).
-pub(super) fn class_of(known: Option<Known>, work: impl FnOnce() -> Work) -> Class {
+/// by what the request is in the middle of: a session recovered from its route
+/// cookie counts as logged in, the safe side (as the table records it).
+pub(super) fn class_of(known: Option<Known>, work: Work) -> Class {
     match known.map(|k| k.state) {
-        Some(SessionState::LoggedIn) => match work() {
+        Some(SessionState::LoggedIn) => match work {
             // A start has its own pace, at its node's gate (see `admission`); once
             // through, nothing may hold it up: its student's timer starts with it.
             Work::InProgress | Work::QuizStart => Class::Working,
@@ -78,14 +77,14 @@ pub(super) struct Admission<'a> {
 impl Gateway {
     /// The turns a request waits for before its node's line, on a capped node
     /// only: its session's (a request on its session's node), then (a quiz start)
-    /// the node's start gate. A start that
-    /// waited at the gate stands in the line from the moment it passed: the gate
-    /// was its wait, and students already answering go first.
+    /// the node's start gate. A start that waited at the gate stands in the line
+    /// from the moment it passed: the gate was its wait, and students already
+    /// answering go first.
     pub(super) async fn admission(
         &self,
         route: Route,
         known: Option<Known>,
-        work: Option<Work>,
+        work: Work,
         ask: &mut Ask,
         settings: &Settings,
     ) -> Result<Admission<'_>, GatewayError> {
@@ -114,7 +113,7 @@ impl Gateway {
             }
             admission._turn = Some(turn);
         }
-        if work == Some(Work::QuizStart) {
+        if work == Work::QuizStart {
             let starts = upstream.slots.starts();
             let asked = Instant::now();
             let start = starts.enter(settings.surge.post_patience).await;

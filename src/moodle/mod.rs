@@ -28,7 +28,7 @@ pub use pages::{
     course_ids, in_maintenance, linked, login_token, page_settings, resource_ids,
     reverse_proxy_abused, PageSettings, Revisions,
 };
-pub use work::Work;
+pub use work::{work, Work};
 
 use paths::{file_script, normalise_path, serves_scorm};
 
@@ -51,6 +51,11 @@ pub enum PageKind {
     Login,
     /// `/login/logout.php`: a rotation on its response means a new anonymous session.
     Logout,
+    /// `/mod/quiz/startattempt.php`: its POST creates a quiz attempt (see `work`).
+    QuizStart,
+    /// A script of an open quiz attempt: `attempt.php`, `processattempt.php`,
+    /// `autosave.ajax.php`, `summary.php` (see `work`).
+    QuizAttempt,
     /// Any other script.
     Other,
 }
@@ -173,18 +178,13 @@ impl Site {
         Ok(RequestKind::Page(match rel {
             "/login/index.php" => PageKind::Login,
             "/login/logout.php" => PageKind::Logout,
+            "/mod/quiz/startattempt.php" => PageKind::QuizStart,
+            "/mod/quiz/attempt.php"
+            | "/mod/quiz/processattempt.php"
+            | "/mod/quiz/autosave.ajax.php"
+            | "/mod/quiz/summary.php" => PageKind::QuizAttempt,
             _ => PageKind::Other,
         }))
-    }
-
-    /// What a logged-in student's request for `path` is in the middle of (see
-    /// `work`): the order of the students' line on a busy node. Outside the site, or
-    /// on a path PHP could read two ways, it is new work: no place is gained.
-    pub fn work(&self, path: &str, is_post: bool) -> Work {
-        let Ok(normal) = normalise_path(path) else {
-            return Work::New;
-        };
-        (self.within(&normal)).map_or(Work::New, |rel| work::work(rel, is_post))
     }
 
     /// Whether a request comes from the Moodle app rather than a browser: the app's

@@ -431,6 +431,12 @@ fn segments_split_byte_by_byte_are_the_segments_str_split_gives() {
     }
 }
 
+/// What a request to `uri` on `site` is in the middle of, as the gateway reads it:
+/// from the kind `classify` found.
+fn work_of(site: &Site, uri: &str, post: bool) -> Work {
+    work(kind(site, uri).unwrap(), post)
+}
+
 #[test]
 fn an_open_attempts_pages_autosave_and_finish_are_work_in_progress() {
     for (uri, post) in [
@@ -448,8 +454,7 @@ fn an_open_attempts_pages_autosave_and_finish_are_work_in_progress() {
     ] {
         for (site, prefix) in [(root(), ""), (sub(), "/moodle")] {
             let uri = format!("{prefix}{uri}");
-            let path = uri.split('?').next().unwrap();
-            assert_eq!(site.work(path, post), Work::InProgress, "{uri}");
+            assert_eq!(work_of(&site, &uri, post), Work::InProgress, "{uri}");
         }
     }
 }
@@ -457,30 +462,30 @@ fn an_open_attempts_pages_autosave_and_finish_are_work_in_progress() {
 #[test]
 fn a_quiz_start_and_the_pages_around_an_attempt_are_not_work_in_progress() {
     let site = root();
-    let start = site.work("/mod/quiz/startattempt.php", true);
+    let start = work_of(&site, "/mod/quiz/startattempt.php", true);
     assert_eq!(start, Work::QuizStart);
     // The GET shows the preflight form; only the POST creates an attempt.
-    let form = site.work("/mod/quiz/startattempt.php", false);
+    let form = work_of(&site, "/mod/quiz/startattempt.php?cmid=7", false);
     assert_eq!(form, Work::New);
     for page in [
         "/my/",
-        "/course/view.php",
-        "/mod/quiz/view.php",
-        "/mod/quiz/review.php",
+        "/course/view.php?id=3",
+        "/mod/quiz/view.php?id=3",
+        "/mod/quiz/review.php?attempt=12",
     ] {
-        assert_eq!(site.work(page, false), Work::New, "{page}");
+        assert_eq!(work_of(&site, page, false), Work::New, "{page}");
     }
 }
 
 #[test]
-fn outside_the_site_or_read_two_ways_nothing_is_work_in_progress() {
+fn outside_the_site_a_quiz_script_is_no_quiz() {
     let site = sub();
-    assert_eq!(site.work("/mod/quiz/autosave.ajax.php", false), Work::New);
-    assert_eq!(site.work("/moodle/mod/quiz/%2e%2e%2fx", false), Work::New);
-    assert_eq!(
-        site.work("/moodle/mod/quiz/startattempt.php", true),
-        Work::QuizStart
-    );
+    let outside = work_of(&site, "/mod/quiz/attempt.php", false);
+    assert_eq!(outside, Work::New);
+    let start = work_of(&site, "/mod/quiz/startattempt.php", true);
+    assert_eq!(start, Work::InProgress, "a POST, but no start");
+    let inside = work_of(&site, "/moodle/mod/quiz/startattempt.php", true);
+    assert_eq!(inside, Work::QuizStart);
 }
 
 #[test]

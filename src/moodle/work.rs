@@ -25,6 +25,8 @@
 //! themselves, so a request that dresses itself up gains its own student nothing
 //! over the crowd, which is kept apart by the session's state, not by this.
 
+use super::{PageKind, RequestKind};
+
 /// What a logged-in student's request is in the middle of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Work {
@@ -38,29 +40,12 @@ pub enum Work {
     New,
 }
 
-impl Work {
-    /// Every kind, for the labels of `/metrics`.
-    pub const ALL: [Work; 3] = [Work::InProgress, Work::QuizStart, Work::New];
-
-    /// The label in `/metrics`, the dashboard and the access log.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Work::InProgress => "in_progress",
-            Work::QuizStart => "quiz_start",
-            Work::New => "new",
-        }
-    }
-}
-
-/// What `rel` (a path relative to the site, as PHP reads it) is in the middle of,
-/// for a POST when `is_post`.
-pub(super) fn work(rel: &str, is_post: bool) -> Work {
-    match rel {
-        "/mod/quiz/startattempt.php" if is_post => Work::QuizStart,
-        "/mod/quiz/attempt.php"
-        | "/mod/quiz/processattempt.php"
-        | "/mod/quiz/autosave.ajax.php"
-        | "/mod/quiz/summary.php" => Work::InProgress,
+/// What a request of kind `kind` is in the middle of, for a POST when `is_post`.
+/// A pure reading of what `Site::classify` found: the path is not read again.
+pub fn work(kind: RequestKind, is_post: bool) -> Work {
+    match kind {
+        RequestKind::Page(PageKind::QuizStart) if is_post => Work::QuizStart,
+        RequestKind::Page(PageKind::QuizAttempt) => Work::InProgress,
         _ if is_post => Work::InProgress,
         _ => Work::New,
     }
