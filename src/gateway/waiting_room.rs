@@ -45,8 +45,10 @@ use page::Figures;
 pub use page::BUILT_IN;
 use ticket::{Ticket, Tickets};
 
-/// The quickest the page refreshes itself: the first in line are let in within it.
-const QUICKEST_REFRESH: Duration = Duration::from_secs(2);
+/// The quickest the page refreshes itself: the visitors next in line are let in
+/// within it of their turn, so it is also how far out of arrival order two of them
+/// can get in (a second is a few newcomers at the nodes' pace).
+const QUICKEST_REFRESH: Duration = Duration::from_secs(1);
 /// The slowest: a long line is not asked again and again for nothing.
 const SLOWEST_REFRESH: Duration = Duration::from_secs(20);
 /// A visitor not seen for this many refreshes has left the line (their place stays
@@ -155,7 +157,7 @@ impl WaitingRoom {
         line.visitors.insert(key, now);
         drop(line);
         metrics.waiting_page();
-        let figures = figures(load, room.opens_at, place);
+        let figures = figures(load, room.opens_at, place, allowance);
         let template = room.page.as_deref().unwrap_or(BUILT_IN);
         let body = page::render(template, figures);
         let ticket = Ticket {
@@ -242,15 +244,27 @@ fn allowance(load: Load, opens_at: Duration, capacity: usize) -> usize {
 
 /// What a visitor at `place` (0-based) is told: the time for the lines to come
 /// back under the bound, plus the visitors ahead at the pace slots free.
-fn figures(load: Load, opens_at: Duration, place: usize) -> Figures {
+///
+/// The refresh is half the time until the visitor's place comes within the
+/// `allowance`, not a share of the whole wait: each is asked back sooner the closer
+/// it is to its turn, so the first in line come back first and get in first. With
+/// the refresh a share of the wait, visitors of a few seconds apart refreshed in
+/// the phase of their arrival, and whoever happened to ask first once the line
+/// eased went in before those ahead of them.
+fn figures(load: Load, opens_at: Duration, place: usize, allowance: usize) -> Figures {
     let pace = load.pace.max(0.1);
     let ahead = Duration::from_secs_f64((place + 1) as f64 / pace);
     let backlog = (load.expected_wait()).map_or(opens_at, |e| e.saturating_sub(opens_at));
     let wait = (backlog + ahead).min(Duration::from_secs(24 * 3600));
+    let until_turn = if allowance == 0 {
+        wait
+    } else {
+        Duration::from_secs_f64((place + 1).saturating_sub(allowance) as f64 / pace)
+    };
     Figures {
         place: place + 1,
         wait,
-        refresh: (wait / 3).clamp(QUICKEST_REFRESH, SLOWEST_REFRESH),
+        refresh: (until_turn / 2).clamp(QUICKEST_REFRESH, SLOWEST_REFRESH),
     }
 }
 

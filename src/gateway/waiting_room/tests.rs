@@ -237,3 +237,26 @@ fn only_a_page_view_can_be_held() {
     )));
     assert!(!is_page_view(&asking(Method::GET, None)));
 }
+
+#[tokio::test]
+async fn the_next_in_line_are_asked_back_sooner_than_those_far_behind() {
+    fn refresh(page: &str) -> u64 {
+        page.split(' ').nth(5).unwrap().parse().unwrap()
+    }
+    let room = WaitingRoom::new(&SECRET);
+    let mut visitors: Vec<Visitor> = (0..60).map(|_| Visitor::default()).collect();
+    let mut pages = Vec::new();
+    for visitor in &mut visitors {
+        pages.push(visitor.ask(&room, load(SURGE)).await.unwrap_err());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // In the surge nobody's turn is near: the line is past the bound for everyone.
+    assert!(refresh(&pages[0]) >= 5, "{}", pages[0]);
+    // The line eases: 20 may go. The 21st is next and comes back within a second;
+    // the 60th, 40 visitors (4 s at the nodes' pace) behind, waits longer.
+    let next = visitors[20].ask(&room, load(EASED)).await.unwrap_err();
+    let last = visitors[59].ask(&room, load(EASED)).await.unwrap_err();
+    assert_eq!(place(&next), 21);
+    assert_eq!(refresh(&next), 1, "{next}");
+    assert!(refresh(&last) > refresh(&next), "{last} / {next}");
+}
