@@ -15,6 +15,12 @@
 #
 # runs that binary first (with the cap) beside this build: a before and after in
 # one run (build it in another worktree with `cargo build --release`).
+#
+#   MOODLE_NODE_CPU=0.35 bench/quiz.sh
+#
+# gives each web node 0.35 of a core of its own (a CPU cgroup; needs root): the four
+# nodes otherwise share this machine's cores, so one node's starts slow every other
+# node's page turns, which a site of separate servers does not see.
 # Needs what tests/moodle/run.sh needs (it installs it when missing) and haproxy
 # (installed here when missing). About ten minutes once built.
 set -euo pipefail

@@ -56,6 +56,8 @@ pub struct Node {
     /// `<microseconds> <URI>` of each script it ran (prepend.php).
     pub requests: PathBuf,
     _php: Proc,
+    /// Dropped after the PHP server: a cgroup can only go once it is empty.
+    _cpu: Option<CpuShare>,
 }
 
 /// Four web nodes and a data server, all with `$CFG->wwwroot` = the gateway's address.
@@ -204,7 +206,11 @@ fn start_node(
     }
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut php = Command::new("php");
+    let cpu = CpuShare::from_env(name);
+    let mut php = match &cpu {
+        Some(cpu) => cpu.command("php"),
+        None => Command::new("php"),
+    };
     php.args(PHP_INI)
         .arg("-d")
         .arg(format!(
@@ -241,6 +247,65 @@ fn start_node(
         log,
         requests: dir.join("requests.log"),
         _php: proc,
+        _cpu: cpu,
+    }
+}
+
+/// A web node's own share of the CPU, for the measures: `MOODLE_NODE_CPU=0.35`
+/// runs each node's PHP in a CPU cgroup capped at 0.35 of a core. On this machine
+/// every node shares the same two cores, so a class's starts on one node slow the
+/// page turns on all the others, which no per-node rule of a front can prevent and
+/// which a site of separate servers does not see; with a share each, a node is a
+/// small server of its own, and a front's rules are measured for what they can do.
+/// Needs root and the cgroup `cpu` controller (v1 or v2); unset, nothing changes.
+struct CpuShare {
+    dir: PathBuf,
+}
+
+impl CpuShare {
+    fn from_env(name: &str) -> Option<CpuShare> {
+        let share: f64 = std::env::var("MOODLE_NODE_CPU").ok()?.parse().ok()?;
+        assert!(
+            share > 0.0 && share <= 64.0,
+            "MOODLE_NODE_CPU is a share of one core, as 0.35"
+        );
+        let quota = (share * 100_000.0) as u64;
+        let leaf = format!("moodle-gateway-test-{}-{name}", std::process::id());
+        let (dir, file, value) = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            let dir = Path::new("/sys/fs/cgroup").join(leaf);
+            (dir, "cpu.max", format!("{quota} 100000"))
+        } else {
+            let dir = Path::new("/sys/fs/cgroup/cpu").join(leaf);
+            (dir, "cpu.cfs_quota_us", quota.to_string())
+        };
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("MOODLE_NODE_CPU: a cgroup at {}: {e}", dir.display()));
+        std::fs::write(dir.join(file), value)
+            .unwrap_or_else(|e| panic!("MOODLE_NODE_CPU: {}/{file}: {e}", dir.display()));
+        eprintln!("real-moodle: {name} runs on {share} of a core");
+        Some(CpuShare { dir })
+    }
+
+    /// `program`, started inside the cgroup (the shell moves itself in, then execs).
+    fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("sh");
+        command
+            .args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
+            .arg(self.dir.join("cgroup.procs"))
+            .arg(program);
+        command
+    }
+}
+
+impl Drop for CpuShare {
+    fn drop(&mut self) {
+        // The PHP server's group was just killed: give its processes a moment to go.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 

@@ -403,11 +403,12 @@ fn print_surge(rounds: &[Round], plan: Plan) {
 
 /// What stands in front of the nodes in one round of the quiz measure.
 enum Front {
-    /// A gateway build (this one, or `GATEWAY_BEFORE`'s), capped or not.
+    /// A gateway build (this one, or `GATEWAY_BEFORE`'s), with these `[surge]`
+    /// lines (none: no cap).
     Gateway {
         name: String,
         binary: Option<PathBuf>,
-        cap: bool,
+        surge: Option<String>,
     },
     /// HAProxy, `maxconn` = the workers per node, an attempt in progress first.
     Haproxy,
@@ -430,7 +431,7 @@ struct QuizRound {
     attempts: BTreeMap<u64, quiz::Attempt>,
 }
 
-/// The quiz's start (`quiz::EXAM_START`) behind each front in turn on one restored
+/// The quiz's start (`quiz::EXAM_READING`) behind each front in turn on one restored
 /// site and one cluster (two PHP workers a node, node-local sessions, no offload),
 /// then the table. `GATEWAY_BEFORE` names another gateway binary to run first, with
 /// the cap: a "before" beside this build's "after".
@@ -442,18 +443,25 @@ pub fn quiz() {
         fronts.push(Front::Gateway {
             name: "before, max_active 2".into(),
             binary: Some(PathBuf::from(before)),
-            cap: true,
+            surge: Some(surge_section(SMALL_POOL)),
         });
     }
     fronts.push(Front::Gateway {
         name: "gateway, max_active 2".into(),
         binary: None,
-        cap: true,
+        surge: Some(surge_section(SMALL_POOL)),
+    });
+    // The gate as wide as the cap: starts then wait only in the line, as work in
+    // progress, so this row shows what the gate itself buys.
+    fronts.push(Front::Gateway {
+        name: "gateway, max_active 2, no gate".into(),
+        binary: None,
+        surge: Some(surge_section(SMALL_POOL) + &format!("quiz_starts = {SMALL_POOL}\n")),
     });
     fronts.push(Front::Gateway {
         name: "gateway, no cap".into(),
         binary: None,
-        cap: false,
+        surge: None,
     });
     fronts.push(Front::Haproxy);
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -504,10 +512,10 @@ async fn quiz_round(cluster: &Cluster, stage: &Stage, front: &Front) -> QuizRoun
     let admin = admin_addr();
     let after = quiz::last_attempt_id(&stage.site);
     let (gateway, haproxy) = match front {
-        Front::Gateway { binary, cap, .. } => {
+        Front::Gateway { binary, surge, .. } => {
             let mut config = config_for(cluster, admin);
-            if *cap {
-                config += &surge_section(SMALL_POOL);
+            if let Some(surge) = surge {
+                config += surge;
             }
             let gateway = match binary {
                 Some(binary) => {
@@ -520,8 +528,11 @@ async fn quiz_round(cluster: &Cluster, stage: &Stage, front: &Front) -> QuizRoun
         Front::Haproxy => (None, Some(Haproxy::start_with(cluster, SMALL_POOL, true))),
     };
     let (record, seen) = match &gateway {
-        Some(gateway) => surge::watched(gateway, quiz::run(stage, quiz::EXAM_START)).await,
-        None => (quiz::run(stage, quiz::EXAM_START).await, Default::default()),
+        Some(gateway) => surge::watched(gateway, quiz::run(stage, quiz::EXAM_READING)).await,
+        None => (
+            quiz::run(stage, quiz::EXAM_READING).await,
+            Default::default(),
+        ),
     };
     let attempts = quiz::attempts(&stage.site, after);
     for line in quiz::figures(&record) {
@@ -549,12 +560,19 @@ async fn quiz_round(cluster: &Cluster, stage: &Stage, front: &Front) -> QuizRoun
 
 /// The side-by-side table of the quiz measure.
 fn print_quiz(rounds: &[QuizRound]) {
-    let plan = quiz::EXAM_START;
+    let plan = quiz::EXAM_READING;
     eprintln!(
         "\nmeasure_quiz: {} students answering (a page turn every {:?}-{:?}, an autosave every {} turns), \
-         then a class of {} clicking \"Start attempt\" within {:?}, five pages each and submit; \
-         4 nodes with {SMALL_POOL} PHP workers each; node-local sessions, no offload",
-        plan.early, plan.think.0, plan.think.1, plan.autosave_every, plan.class, plan.clicks
+         then a class of {} clicking \"Start attempt\" within {:?}, five pages each (read for {:?}-{:?}) \
+         and submit; 4 nodes with {SMALL_POOL} PHP workers each; node-local sessions, no offload",
+        plan.early,
+        plan.think.0,
+        plan.think.1,
+        plan.autosave_every,
+        plan.class,
+        plan.clicks,
+        plan.class_think.0,
+        plan.class_think.1
     );
     let trio = |(p50, p95, max): (f64, f64, f64)| format!("{p50:.0}/{p95:.0}/{max:.0}");
     let duo = |(p50, p95, _): (f64, f64, f64)| format!("{p50:.0}/{p95:.0}");

@@ -41,8 +41,9 @@ const ROOM_PATIENCE: Duration = Duration::from_secs(300);
 /// The most page turns an early student makes: a bound should the wave never end.
 const MAX_TURNS: usize = 400;
 
-/// The exam start of the test and the measure: 16 students already answering, then
-/// a class of 120 clicking within a second.
+/// The exam start of the test: 16 students already answering, then a class of 120
+/// clicking within a second and answering as fast as the early group, so that the
+/// test's run stays short and the nodes are as busy as they can be made.
 pub const EXAM_START: Plan = Plan {
     early: 16,
     class: 120,
@@ -51,7 +52,18 @@ pub const EXAM_START: Plan = Plan {
     clicks: Duration::from_secs(1),
     after: Duration::from_secs(5),
     think: (Duration::from_millis(1000), Duration::from_millis(2000)),
+    class_think: (Duration::from_millis(1000), Duration::from_millis(2000)),
     autosave_every: 3,
+};
+
+/// The exam start of the measure: the same, but the class reads each page before it
+/// turns it (two true/false questions: 15 to 45 s), as a class does. With the test's
+/// one or two seconds a page, the class's own answers are then the nodes' load
+/// and the start wave is lost in it; here the wave is the start itself. The early
+/// group keeps its quick turns: they are the measuring probe.
+pub const EXAM_READING: Plan = Plan {
+    class_think: (Duration::from_secs(15), Duration::from_secs(45)),
+    ..EXAM_START
 };
 
 /// The shape of one exam start.
@@ -69,8 +81,10 @@ pub struct Plan {
     pub clicks: Duration,
     /// The early group keeps answering this long after the class has submitted.
     pub after: Duration,
-    /// A student's pause before each page turn, spread evenly between these.
+    /// An early student's pause before each page turn, spread evenly between these.
     pub think: (Duration, Duration),
+    /// The same for a class student.
+    pub class_think: (Duration, Duration),
     /// Every this many page turns, an autosave goes before the turn.
     pub autosave_every: usize,
 }
@@ -579,7 +593,11 @@ impl<'a> Exam<'a> {
             fields.retain(|(k, _)| k != "nextpage");
             fields.push(("nextpage".into(), next.to_string()));
         }
-        let (low, high) = self.plan.think;
+        let (low, high) = if self.index < self.plan.early {
+            self.plan.think
+        } else {
+            self.plan.class_think
+        };
         let spread = (self.index * 7 + self.turns * 13) % 100;
         let think = low + (high - low).mul_f64(spread as f64 / 100.0);
         self.turns += 1;
