@@ -15,14 +15,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 tests/moodle/deps.sh
 
-if ! command -v haproxy >/dev/null 2>&1; then
-    echo "surge.sh: installing haproxy"
-    sudo=""
-    if [ "$(id -u)" -ne 0 ]; then
-        sudo="sudo"
-    fi
-    $sudo apt-get update
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y haproxy
-fi
+. bench/lib/haproxy.sh
 
 exec cargo test --locked --release --test real_moodle measure_surge -- --ignored --nocapture --test-threads=1 "$@"
