@@ -255,7 +255,7 @@ public, at most {} in all and {} each, answered from memory\n",
                 r.cookie
             ),
         };
-        let starts = match u.quiz_starts {
+        let mut starts = match u.quiz_starts {
             QuizStarts::PerNode(0) => "not paced: they wait in the line like any page".to_owned(),
             QuizStarts::Auto => "at most half of each node's cap at once (at least one), the \
                                  rest waiting at the node's gate in click order"
@@ -265,6 +265,9 @@ public, at most {} in all and {} each, answered from memory\n",
                  the node's gate in click order"
             ),
         };
+        if u.quiz_starts != QuizStarts::PerNode(0) && matches!(self.store, StoreConfig::Redis(_)) {
+            starts += ", counted for the whole site in Redis (every gateway's starts)";
+        }
         let session = match u.session_max_active {
             0 => "no limit".to_owned(),
             n => format!("at most {n} at once at its node, the rest waiting in order"),

@@ -25,6 +25,7 @@ use crate::http::wire::PassesLines;
 use crate::logs::Every;
 use crate::moodle::Work;
 use crate::sessions::affinity::SessionState;
+use crate::store::{Leased, StartLease};
 
 /// How often a waiting request looks whether its node can still serve it.
 const LOOK_AGAIN: Duration = Duration::from_millis(250);
@@ -72,6 +73,8 @@ pub(super) fn ask(surge: &SurgeConfig, class: Class, is_post: bool, arrived: Ins
 pub(super) struct Admission<'a> {
     _turn: Option<Turn<'a>>,
     _start: Option<StartPermit>,
+    /// With a shared store, the start's place in the site's share of its node.
+    _lease: Option<StartLease>,
 }
 
 impl Gateway {
@@ -91,6 +94,7 @@ impl Gateway {
         let mut admission = Admission {
             _turn: None,
             _start: None,
+            _lease: None,
         };
         let Some(upstream) = settings.upstream(route).filter(|u| u.slots.cap() > 0) else {
             return Ok(admission);
@@ -116,14 +120,32 @@ impl Gateway {
         if work == Work::QuizStart {
             let starts = upstream.slots.starts();
             let asked = Instant::now();
-            let start = starts.enter(settings.surge.post_patience).await;
+            let patience = settings.surge.post_patience;
+            let start = starts.enter(patience).await;
             let start = start.map_err(|ended| self.turned_away(upstream, ask.class, ended))?;
-            let waited = asked.elapsed();
-            self.metrics.quiz_start_waited(waited);
-            if start.waited {
+            let mut waited = start.waited;
+            admission._start = Some(start);
+            // Then, with several gateways, the site's share: the node's
+            // `quiz_starts` counts every gateway's starts.
+            if starts.share() > 0 {
+                let site = self
+                    .store
+                    .start_lease(&upstream.name, starts.share(), asked + patience);
+                match site.await {
+                    Leased::Held(lease) => {
+                        waited |= lease.waited;
+                        admission._lease = Some(lease);
+                    }
+                    Leased::Alone => {}
+                    Leased::TimedOut => {
+                        return Err(self.turned_away(upstream, ask.class, Ended::Timeout))
+                    }
+                }
+            }
+            self.metrics.quiz_start_waited(asked.elapsed());
+            if waited {
                 ask.arrived = Instant::now();
             }
-            admission._start = Some(start);
         }
         Ok(admission)
     }

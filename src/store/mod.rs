@@ -40,6 +40,7 @@ mod agree;
 mod heartbeat;
 mod link;
 mod resync;
+mod starts;
 mod supervise;
 mod tickets;
 mod wire;
@@ -60,6 +61,7 @@ use crate::sessions::affinity::{AffinityTable, Limits, SessionKey, SessionState}
 
 pub use agree::Checked;
 use link::Link;
+pub use starts::{Leased, StartLease};
 pub use wire::Change;
 
 /// Changes waiting for the writer. A burst of new sessions fits many times over;

@@ -117,6 +117,11 @@ impl Keys {
         format!("{}tls-ticket:{period}", self.prefix)
     }
 
+    /// A node's quiz-start leases (`starts.rs`): a sorted set of lease ids.
+    pub fn starts(&self, node: &str) -> String {
+        format!("{}starts:{node}", self.prefix)
+    }
+
     /// The channel.
     pub fn events(&self) -> &str {
         &self.events

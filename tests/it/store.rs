@@ -886,3 +886,39 @@ async fn a_ticket_one_gateway_issued_resumes_the_session_on_another() {
         "{keys:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn a_class_starting_its_quiz_through_two_gateways_gets_the_nodes_share_of_starts_not_twice_it(
+) {
+    // One start at a time on the node, for the whole site; its cap leaves room for more.
+    let surge = "surge.max_active = 4\nsurge.quiz_starts = 1\nsurge.waiting_room = false";
+    let site = Site::start(1, &["gw-a", "gw-b"], surge).await;
+    let mut class = Vec::new();
+    for n in 0..6 {
+        let gateway = site.gw(n % 2);
+        class.push(logged_in(gateway, n + 1).await.0);
+    }
+    let node = &site.cluster.nodes()[0];
+    node.set_workers(Some((5, Duration::from_millis(300))));
+    node.clear_requests();
+    let mut starts = tokio::task::JoinSet::new();
+    for mut student in class {
+        starts.spawn(async move {
+            let reply = student.post("/mod/quiz/startattempt.php", "cmid=7&sesskey=s");
+            reply.await.unwrap().status
+        });
+    }
+    while let Some(status) = starts.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::OK, "every start goes in");
+    }
+    let started = (node.requests().iter())
+        .filter(|r| r.uri.path() == "/mod/quiz/startattempt.php")
+        .count();
+    assert_eq!(started, 6);
+    assert_eq!(
+        node.busiest(),
+        1,
+        "each gateway's own gate would let two starts run at once"
+    );
+}
