@@ -89,21 +89,25 @@ fn report(loaded: Result<Config, moodle_gateway::config::ConfigErrors>) -> Optio
     }
 }
 
-/// `check` also refuses what parses but cannot work on a real Moodle site.
+/// `check` also refuses what parses but cannot work on a real Moodle site, and says
+/// every problem of the file, errors and warnings, in one list by line.
 fn check(path: &std::path::Path) -> ExitCode {
-    match report(Config::load_for_site(path)) {
-        Some(config) => {
+    match Config::load_for_site(path) {
+        Ok((config, warnings)) => {
             print!("{}", config.describe());
             if let Ok(open_files) = moodle_gateway::open_files::plan(&config) {
                 print!("{}", open_files.describe(&config));
             }
-            for warning in config.warnings() {
-                eprintln!("{}: warning: {warning}", path.display());
+            if !warnings.0.is_empty() {
+                eprintln!("{warnings}");
             }
             println!("{}: ok", path.display());
             ExitCode::SUCCESS
         }
-        None => ExitCode::FAILURE,
+        Err(problems) => {
+            eprintln!("{problems}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -203,11 +207,13 @@ fn run(path: &std::path::Path) -> ExitCode {
     let Some(config) = report(Config::load(path)) else {
         return ExitCode::FAILURE;
     };
+    let source = path.display().to_string();
     for refusal in config.refusals() {
-        tracing::error!("{}: {refusal} (`check` refuses this file)", path.display());
+        let refusal = refusal.in_file(&source);
+        tracing::error!("{refusal} (`check` refuses this file)");
     }
     for warning in config.warnings() {
-        tracing::warn!("{}: {warning}", path.display());
+        tracing::warn!("{}", warning.in_file(&source));
     }
     moodle_gateway::open_files::raise_and_log(&config);
     let Some(runtime) = runtime() else {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Debian package as an admin meets it: `cargo deb` builds it (with the book,
 # docs/build.sh), `dpkg -i` installs it, `man moodle-gateway` opens its man page, the
+# pages pass lexgrog and man --warnings, the
 # book is in /usr/share/doc, the installed binary checks the installed config (also as the
 # service's own user, who must be able to read the token), systemd-analyze
 # verifies the unit and scores its hardening, `dpkg -r` removes the program but
@@ -77,6 +78,14 @@ manual=$(MANPAGER=cat MANWIDTH=80 man $PKG 2>&1) || fail "man $PKG: $manual"
 grep -q "moodle-gateway-check(1)" <<<"$manual" || fail "man $PKG does not list the commands"
 grep -q "$version" <<<"$manual" || fail "man $PKG is not version $version"
 MANPAGER=cat man $PKG-check >/dev/null 2>&1 || fail "man $PKG-check does not open"
+# Every page as whatis reads it (lexgrog: a NAME line it can parse) and as groff
+# renders it with every warning on (man --warnings): nothing may be said.
+for page in /usr/share/man/man1/$PKG*.1.gz; do
+    lexgrog "$page" >/dev/null || fail "lexgrog cannot read the NAME of $page"
+    warnings=$(MANPAGER=cat MANWIDTH=80 man --warnings -l "$page" 2>&1 >/dev/null) \
+        || fail "man --warnings -l $page: $warnings"
+    [ -z "$warnings" ] || fail "man --warnings on $page: $warnings"
+done
 for page in index.html moodle.html troubleshooting.html; do
     [ -f /usr/share/doc/$PKG/book/$page ] || fail "no /usr/share/doc/$PKG/book/$page"
 done

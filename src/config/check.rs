@@ -16,14 +16,15 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::edge::Listeners;
+use super::lines::KeyLines;
 use super::values::{
     cookie_name, cookie_path, parse_addr, parse_balance, parse_duration, parse_net, parse_store,
     site_path, wwwroot,
 };
 use super::{
-    error, line_of, Balance, Config, ConfigEnv, ConfigError, ConfigErrors, SessionConfig,
-    SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE, DEFAULT_CONNECT,
-    DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD, DEFAULT_KEEP_ALIVE, DEFAULT_LISTEN,
+    error, line_of, syntax_error, Balance, Config, ConfigEnv, ConfigError, ConfigErrors,
+    SessionConfig, SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE,
+    DEFAULT_CONNECT, DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD, DEFAULT_KEEP_ALIVE, DEFAULT_LISTEN,
     DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS,
     DEFAULT_RESPONSE_HEADERS, DEFAULT_SESSIONTIMEOUT, DEFAULT_SHUTDOWN, DEFAULT_TUNNEL_IDLE,
     DEFAULT_UPLOAD, DEFAULT_UPLOAD_MIN_RATE, DEFAULT_UPLOAD_RATE_WINDOW, DEFAULT_UPSTREAM_IDLE,
@@ -75,7 +76,24 @@ pub(super) struct Checker<'t> {
     pub(super) errors: Vec<ConfigError>,
 }
 
-impl Checker<'_> {
+impl<'t> Checker<'t> {
+    /// The document of `text` and a checker for it; a TOML syntax error leaves no
+    /// tree to walk, so it is the only problem reported.
+    pub(super) fn start(
+        text: &'t str,
+        base_dir: &'t Path,
+        env: ConfigEnv,
+    ) -> Result<(Spanned<DeTable<'t>>, Checker<'t>), ConfigErrors> {
+        let doc = DeTable::parse(text).map_err(|e| syntax_error(text, &e))?;
+        let checker = Checker {
+            text,
+            base_dir,
+            env: env.normalised(),
+            errors: Vec::new(),
+        };
+        Ok((doc, checker))
+    }
+
     pub(super) fn error(
         &mut self,
         key: impl Into<String>,
@@ -86,9 +104,8 @@ impl Checker<'_> {
         self.errors.push(error(key, line, message));
     }
 
-    pub(super) fn finish(mut self) -> ConfigErrors {
-        self.errors.sort_by_key(|e| e.line.unwrap_or(usize::MAX));
-        ConfigErrors::new(self.errors)
+    pub(super) fn finish(self) -> ConfigErrors {
+        ConfigErrors::sorted(self.errors)
     }
 
     pub(super) fn config(&mut self, doc: &DeTable) -> Option<Config> {
@@ -142,6 +159,7 @@ impl Checker<'_> {
             surge,
             cache,
             base_dir: self.base_dir.to_path_buf(),
+            lines: KeyLines::of(doc, self.text),
         })
     }
 

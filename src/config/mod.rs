@@ -23,8 +23,9 @@
 //! ([`Config::parse`], [`Config::load`]); `check` walks the TOML tree collecting
 //! errors, with its sections for upstreams, secrets, operations and the edge
 //! (limits, TLS, allowed hosts) in `upstreams`, `secrets`, `operations` and `edge`; `values` holds the pure parsers for single values;
-//! `describe` words the resolved setup for `check`; `tests` pins every message and
-//! line.
+//! `refusals` (with `directories`) judges the whole config for `check`, finding each
+//! key's line in `lines`; `describe` words the resolved setup for `check`; `tests` pins
+//! every message and line.
 
 use std::fmt;
 use std::fs;
@@ -34,14 +35,16 @@ use std::time::Duration;
 
 use http::uri::Authority;
 use ipnet::IpNet;
-use toml::de::DeTable;
 
 use check::Checker;
+use lines::KeyLines;
 
 mod cache;
 mod check;
 mod describe;
+mod directories;
 mod edge;
+mod lines;
 mod operations;
 mod refusals;
 mod secrets;
@@ -229,6 +232,8 @@ pub struct Config {
     pub cache: CacheConfig,
     /// Directory of the config file, for resolving relative paths.
     pub base_dir: PathBuf,
+    /// Where each key is written, for the rules judged after the walk.
+    lines: KeyLines,
 }
 
 /// `[offload]`: PHP nodes authorise file requests and name the file with
@@ -799,7 +804,8 @@ impl fmt::Display for SecretSource {
 
 /// One problem in the config file. Displays as `<line>: <key>: <message>`,
 /// without `<line>: ` when there is no line and without `<key>: ` when the
-/// problem is the file itself (unreadable, not TOML).
+/// problem is the file itself (unreadable, not TOML); a warning says
+/// `warning: ` before its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     /// Dotted path of the offending key, like `nodes[2].url` (0-based index) or
@@ -809,6 +815,18 @@ pub struct ConfigError {
     pub line: Option<usize>,
     /// Lowercase reason, quoting the bad value.
     pub message: String,
+    /// Whether the file is refused for it, or only told about it.
+    pub severity: Severity,
+}
+
+/// How much a problem weighs: an error refuses the file; a warning is said
+/// beside the resolved setup, and the file is accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// The file cannot work as written: `check` exits 1.
+    Error,
+    /// It works, but costs students their login on a bad day.
+    Warning,
 }
 
 /// Every problem found in one run, sorted by line (line-less ones last).
@@ -823,6 +841,13 @@ impl ConfigErrors {
     /// Errors with no source name yet (what [`Config::parse`] returns).
     pub fn new(errors: Vec<ConfigError>) -> Self {
         ConfigErrors(errors, None)
+    }
+
+    /// Problems found in more than one pass, in one list: by line, line-less
+    /// ones last (a stable sort keeps each pass's order within a line).
+    fn sorted(mut problems: Vec<ConfigError>) -> Self {
+        problems.sort_by_key(|e| e.line.unwrap_or(usize::MAX));
+        ConfigErrors::new(problems)
     }
 
     /// Names the file the errors came from, for the `<source>:` prefix.
@@ -842,6 +867,9 @@ impl fmt::Display for ConfigError {
         if let Some(line) = self.line {
             write!(f, "{line}: ")?;
         }
+        if self.severity == Severity::Warning {
+            f.write_str("warning: ")?;
+        }
         if !self.key.is_empty() {
             write!(f, "{}: ", self.key)?;
         }
@@ -853,13 +881,32 @@ impl fmt::Display for ConfigErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, e) in self.0.iter().enumerate() {
             f.write_str(if i == 0 { "" } else { "\n" })?;
-            match (&self.1, e.line) {
-                (Some(src), Some(_)) => write!(f, "{src}:{e}")?,
-                (Some(src), None) => write!(f, "{src}: {e}")?,
-                (None, _) => write!(f, "{e}")?,
+            match &self.1 {
+                Some(source) => write!(f, "{}", e.in_file(source))?,
+                None => write!(f, "{e}")?,
             }
         }
         Ok(())
+    }
+}
+
+impl ConfigError {
+    /// As `check` prints it: `<source>:<line>: <key>: <message>`, or
+    /// `<source>: <key>: <message>` without a line.
+    pub fn in_file<'a>(&'a self, source: &'a str) -> impl fmt::Display + 'a {
+        InFile(source, self)
+    }
+}
+
+struct InFile<'a>(&'a str, &'a ConfigError);
+
+impl fmt::Display for InFile<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let InFile(source, e) = self;
+        match e.line {
+            Some(_) => write!(f, "{source}:{e}"),
+            None => write!(f, "{source}: {e}"),
+        }
     }
 }
 
@@ -868,7 +915,13 @@ impl std::error::Error for ConfigErrors {}
 
 fn error(key: impl Into<String>, line: Option<usize>, message: impl Into<String>) -> ConfigError {
     let (key, message) = (key.into(), message.into());
-    ConfigError { key, line, message }
+    let severity = Severity::Error;
+    ConfigError {
+        key,
+        line,
+        message,
+        severity,
+    }
 }
 
 impl Config {
@@ -877,14 +930,7 @@ impl Config {
     /// Errors carry `path` exactly as given, so `check` prints what the user typed.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         let source = path.display().to_string();
-        let text = fs::read_to_string(path).map_err(|e| {
-            let message = format!("cannot read config file: {}", io_reason(&e));
-            ConfigErrors::new(vec![error("", None, message)]).with_source(&source)
-        })?;
-        let base_dir = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
+        let (text, base_dir) = read(path)?;
         let env = ConfigEnv::from_process();
         Config::parse(&text, base_dir, env).map_err(|e| e.with_source(source))
     }
@@ -895,19 +941,26 @@ impl Config {
     /// that they hold PEM blocks of the right kind. `env` stands for the process
     /// environment; its blank values count as unset.
     pub fn parse(text: &str, base_dir: &Path, env: ConfigEnv) -> Result<Config, ConfigErrors> {
-        let doc = DeTable::parse(text).map_err(|e| syntax_error(text, &e))?;
-        let mut c = Checker {
-            text,
-            base_dir,
-            env: env.normalised(),
-            errors: Vec::new(),
-        };
+        let (doc, mut c) = Checker::start(text, base_dir, env)?;
         match c.config(doc.get_ref()) {
             Some(config) if c.errors.is_empty() => Ok(config),
             // Whatever is missing recorded an error when it went missing.
             _ => Err(c.finish()),
         }
     }
+}
+
+/// The file's text and the directory its relative paths start from.
+fn read(path: &Path) -> Result<(String, &Path), ConfigErrors> {
+    let text = fs::read_to_string(path).map_err(|e| {
+        let message = format!("cannot read config file: {}", io_reason(&e));
+        ConfigErrors::new(vec![error("", None, message)]).with_source(path.display().to_string())
+    })?;
+    let base_dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    Ok((text, base_dir))
 }
 
 /// A TOML syntax error leaves no tree to check, so it is reported alone.

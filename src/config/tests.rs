@@ -5,6 +5,7 @@ use super::*;
 
 mod edge;
 mod operations;
+mod site;
 mod store;
 mod surge;
 mod tls;

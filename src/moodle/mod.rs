@@ -110,6 +110,12 @@ pub fn in_default_localcache(under_alias: &str) -> bool {
     under_alias.starts_with("localcache/")
 }
 
+/// The smallest upload limit Moodle offers an admin, 10 KB (`get_max_upload_sizes()`
+/// in `lib/moodlelib.php` starts its list at 10240 bytes). A request body limit below
+/// it refuses what Moodle itself would accept: a forum post, a quiz page, a login
+/// form is already a few hundred bytes.
+pub const SMALLEST_UPLOAD_LIMIT: u64 = 10 * 1024;
+
 /// One Moodle site as the gateway sees it: its sub-path and session cookie.
 #[derive(Debug, Clone)]
 pub struct Site {

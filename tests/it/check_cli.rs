@@ -165,3 +165,75 @@ fn the_shipped_spool_dir_is_the_units_private_cache_directory() {
     };
     assert_eq!(spool_dir, Path::new("/var/cache").join(cache));
 }
+
+/// A relative state file or access log starts from the directory `run` starts in:
+/// `check` looks there too, and says which directory it looked in.
+#[test]
+fn a_relative_directory_that_is_missing_is_named_with_the_working_directory() {
+    let dir = std::env::temp_dir().join(format!("mg-check-cwd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.toml");
+    let text = r#"
+[session]
+store = "shared"
+[state]
+file = "state/moodle-gateway.state"
+[[nodes]]
+name = "web1"
+url = "http://127.0.0.1:8001"
+[data]
+name = "data"
+url = "http://127.0.0.1:8002"
+"#;
+    std::fs::write(&config, text).unwrap();
+    let run_check = || {
+        Command::new(env!("CARGO_BIN_EXE_moodle-gateway"))
+            .current_dir(&dir)
+            .args(["check", "--config", "config.toml"])
+            .env("RUST_LOG", "off")
+            .output()
+            .unwrap()
+    };
+    let refused = run_check();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    let cwd = dir.canonicalize().unwrap();
+    assert!(
+        stderr.starts_with(&format!(
+            "config.toml:5: state.file: directory state (relative to the working directory, {}) does not exist",
+            cwd.display()
+        )),
+        "{stderr}"
+    );
+    std::fs::create_dir(dir.join("state")).unwrap();
+    let accepted = run_check();
+    assert_eq!(
+        accepted.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&accepted.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// "Running it for real" quotes what `check` says of the shipped file before the
+/// package has made its two secrets: the lines it names must be the file's.
+#[test]
+fn the_books_example_of_the_shipped_config_without_its_secrets_is_what_check_says() {
+    let output = check(Path::new("config.toml"));
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let book = std::fs::read_to_string(root.join("docs/src/running-it-for-real.md")).unwrap();
+    let quoted: Vec<&str> = book
+        .split('`')
+        .filter(|quote| quote.starts_with("config.toml:") && quote.contains("cannot read"))
+        .collect();
+    assert_eq!(quoted.len(), 2, "{quoted:?}");
+    for line in quoted {
+        assert!(
+            stderr.lines().any(|l| l == line),
+            "the book says {line:?}; check says:\n{stderr}"
+        );
+    }
+}

@@ -10,6 +10,7 @@ mod dashboard_store;
 mod faults;
 mod half_close;
 mod layers;
+mod man_pages;
 mod memory;
 mod node_states;
 mod observability;
