@@ -535,21 +535,20 @@ impl Connection {
         let stream = WriteStall::new(stream, how.write_stall).pacing(backlog.clone());
         let io: StudentIo = match &how.tls {
             None => Box::new(stream),
-            Some(acceptor) => {
-                // Boxed, and given back once done: rustls's session as it is made
-                // and the handshake's deadline, which no idle connection needs.
-                let handshake = handshake(acceptor, stream, how, peer);
-                let Some(stream) = Box::pin(handshake).await else {
-                    return;
-                };
-                if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+            // Boxed, and given back once done: rustls's session as it is made and
+            // the handshake's deadline, which no idle connection needs. What comes
+            // out is a box either way: a TLS stream held here by value would keep
+            // its room in every connection's task, plain ones too.
+            Some(acceptor) => match Box::pin(handshake(acceptor, stream, how, peer)).await {
+                None => return,
+                Some(Accepted::Http1(io)) => io,
+                Some(Accepted::Http2(stream)) => {
                     // Boxed: hyper's HTTP/2 connection is several KiB that a
                     // connection speaking HTTP/1.1 should not keep room for.
                     let http2 = http2(stream, &serving, service, peer, closing);
                     return Box::pin(http2).await;
                 }
-                Box::new(stream)
-            }
+            },
         };
         let mut stop = std::pin::pin!(closed(closing));
         let mut stopping = Stopping::new(stop.as_mut());
@@ -584,6 +583,12 @@ async fn http1<S, B>(
     Box::pin(serve_until_closed(connection, stopping, peer)).await;
 }
 
+/// A connection whose TLS handshake is done, by the protocol ALPN chose.
+enum Accepted {
+    Http1(StudentIo),
+    Http2(Box<TlsStream<WriteStall<TcpStream>>>),
+}
+
 /// The TLS handshake of a new connection, under the same deadline as a request
 /// head; `None` when it failed (counted) or took too long.
 async fn handshake(
@@ -591,7 +596,7 @@ async fn handshake(
     stream: WriteStall<TcpStream>,
     how: &Listening,
     peer: SocketAddr,
-) -> Option<TlsStream<WriteStall<TcpStream>>> {
+) -> Option<Accepted> {
     let accepted = tokio::time::timeout(how.request_headers, acceptor.accept(stream)).await;
     if !matches!(accepted, Ok(Ok(_))) {
         if let Some((_, tls_failed)) = &how.counters {
@@ -599,7 +604,10 @@ async fn handshake(
         }
     }
     match accepted {
-        Ok(Ok(stream)) => Some(stream),
+        Ok(Ok(stream)) if stream.get_ref().1.alpn_protocol() == Some(b"h2") => {
+            Some(Accepted::Http2(Box::new(stream)))
+        }
+        Ok(Ok(stream)) => Some(Accepted::Http1(Box::new(stream))),
         Ok(Err(error)) => {
             tracing::debug!(%peer, "TLS handshake failed: {error}");
             None
@@ -614,7 +622,7 @@ async fn handshake(
 /// Serves an HTTP/2 connection to its end, closing it once it has had no stream
 /// for `keep_alive`.
 async fn http2<S, B>(
-    stream: TlsStream<WriteStall<TcpStream>>,
+    stream: Box<TlsStream<WriteStall<TcpStream>>>,
     serving: &Serving,
     service: S,
     peer: SocketAddr,
