@@ -25,6 +25,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prometheus::IntCounter;
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{LimitsConfig, Timeouts};
@@ -532,40 +533,39 @@ impl Connection {
         let _ = stream.set_nodelay(true);
         let backlog = Arc::new(Backlog::default());
         let stream = WriteStall::new(stream, how.write_stall).pacing(backlog.clone());
-        let Some(acceptor) = &how.tls else {
-            let mut stop = std::pin::pin!(closed(closing));
-            let mut stopping = Stopping::new(stop.as_mut());
-            return http1(
-                Box::new(stream),
-                &serving,
-                service,
-                backlog,
-                &mut stopping,
-                peer,
-            )
-            .await;
+        let io: StudentIo = match &how.tls {
+            None => Box::new(stream),
+            // Boxed, and given back once done: rustls's session as it is made and
+            // the handshake's deadline, which no idle connection needs. What comes
+            // out is a box either way: a TLS stream held here by value would keep
+            // its room in every connection's task, plain ones too.
+            Some(acceptor) => match Box::pin(handshake(acceptor, stream, how, peer)).await {
+                None => return,
+                Some(Accepted::Http1(io)) => io,
+                Some(Accepted::Http2(stream)) => {
+                    // Boxed: hyper's HTTP/2 connection is several KiB that a
+                    // connection speaking HTTP/1.1 should not keep room for.
+                    let http2 = http2(stream, &serving, service, peer, closing);
+                    return Box::pin(http2).await;
+                }
+            },
         };
-        // Boxed: the TLS states (rustls's session, an HTTP/2 connection) would
-        // otherwise sit in every plain connection's task too, 10 KiB of it.
-        let tls = serve_tls(
-            acceptor.clone(),
-            stream,
-            &serving,
-            service,
-            backlog,
-            peer,
-            closing,
-        );
-        Box::pin(tls).await;
+        let mut stop = std::pin::pin!(closed(closing));
+        let mut stopping = Stopping::new(stop.as_mut());
+        let mut service = service;
+        http1(io, &serving, &mut service, backlog, &mut stopping, peer).await;
     }
 }
 
 /// Serves an HTTP/1.1 connection to its end: on the gateway's own side
 /// ([`server`]) while its requests are plain, then on hyper's if one is not.
+///
+/// The service is borrowed, not moved, so that the connection's task holds it once
+/// (a future keeps room for what it was given as well as for what it passes on).
 async fn http1<S, B>(
     io: StudentIo,
     serving: &Serving,
-    mut service: S,
+    service: &mut S,
     backlog: Arc<Backlog>,
     stopping: &mut Stopping<'_>,
     peer: SocketAddr,
@@ -573,24 +573,58 @@ async fn http1<S, B>(
     S: Serves<B>,
     B: ResponseBody,
 {
-    let Ended::HandOver(io) = server::serve(io, &mut service, &serving.limits, stopping).await
-    else {
+    let Ended::HandOver(io) = server::serve(io, service, &serving.limits, stopping).await else {
         return;
     };
     let io = TokioIo::new(io);
-    let service = SocketPacedService::new(FromHyper(service), backlog);
+    let service = SocketPacedService::new(FromHyper(service.clone()), backlog);
     let connection = serving.http1.serve_connection(io, service).with_upgrades();
     // Boxed: only the rare connection that needs hyper pays for its room.
     Box::pin(serve_until_closed(connection, stopping, peer)).await;
 }
 
-/// Serves a connection over TLS to its end, with the protocol ALPN chose.
-async fn serve_tls<S, B>(
-    acceptor: TlsAcceptor,
+/// A connection whose TLS handshake is done, by the protocol ALPN chose.
+enum Accepted {
+    Http1(StudentIo),
+    Http2(Box<TlsStream<WriteStall<TcpStream>>>),
+}
+
+/// The TLS handshake of a new connection, under the same deadline as a request
+/// head; `None` when it failed (counted) or took too long.
+async fn handshake(
+    acceptor: &TlsAcceptor,
     stream: WriteStall<TcpStream>,
+    how: &Listening,
+    peer: SocketAddr,
+) -> Option<Accepted> {
+    let accepted = tokio::time::timeout(how.request_headers, acceptor.accept(stream)).await;
+    if !matches!(accepted, Ok(Ok(_))) {
+        if let Some((_, tls_failed)) = &how.counters {
+            tls_failed.inc();
+        }
+    }
+    match accepted {
+        Ok(Ok(stream)) if stream.get_ref().1.alpn_protocol() == Some(b"h2") => {
+            Some(Accepted::Http2(Box::new(stream)))
+        }
+        Ok(Ok(stream)) => Some(Accepted::Http1(Box::new(stream))),
+        Ok(Err(error)) => {
+            tracing::debug!(%peer, "TLS handshake failed: {error}");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake took too long");
+            None
+        }
+    }
+}
+
+/// Serves an HTTP/2 connection to its end, closing it once it has had no stream
+/// for `keep_alive`.
+async fn http2<S, B>(
+    stream: Box<TlsStream<WriteStall<TcpStream>>>,
     serving: &Serving,
     service: S,
-    backlog: Arc<Backlog>,
     peer: SocketAddr,
     closing: tokio::sync::watch::Receiver<bool>,
 ) where
@@ -598,47 +632,21 @@ async fn serve_tls<S, B>(
     B: ResponseBody,
 {
     let how = &serving.how;
-    // The handshake counts against the same deadline as a request head.
-    let accepted = tokio::time::timeout(how.request_headers, acceptor.accept(stream)).await;
-    if !matches!(accepted, Ok(Ok(_))) {
-        if let Some((_, tls_failed)) = &how.counters {
-            tls_failed.inc();
-        }
-    }
-    let stream = match accepted {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(error)) => return tracing::debug!(%peer, "TLS handshake failed: {error}"),
-        Err(_) => return tracing::debug!(%peer, "TLS handshake took too long"),
-    };
-    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-        let io = TokioIo::new(stream);
-        let streams = Streams::new(how.write_stall);
-        let connection = serving
-            .http2
-            .serve_connection(io, streams.serve(FromHyper(service)));
-        let mut stop = std::pin::pin!(async {
-            tokio::select! {
-                () = closed(closing) => {}
-                () = streams.idle(how.keep_alive) => {
-                    tracing::debug!(%peer, "HTTP/2 connection idle: closed");
-                }
+    let io = TokioIo::new(stream);
+    let streams = Streams::new(how.write_stall);
+    let connection = serving
+        .http2
+        .serve_connection(io, streams.serve(FromHyper(service)));
+    let mut stop = std::pin::pin!(async {
+        tokio::select! {
+            () = closed(closing) => {}
+            () = streams.idle(how.keep_alive) => {
+                tracing::debug!(%peer, "HTTP/2 connection idle: closed");
             }
-        });
-        let mut stopping = Stopping::new(stop.as_mut());
-        serve_until_closed(connection, &mut stopping, peer).await;
-    } else {
-        let mut stop = std::pin::pin!(closed(closing));
-        let mut stopping = Stopping::new(stop.as_mut());
-        http1(
-            Box::new(stream),
-            serving,
-            service,
-            backlog,
-            &mut stopping,
-            peer,
-        )
-        .await;
-    }
+        }
+    });
+    let mut stopping = Stopping::new(stop.as_mut());
+    serve_until_closed(connection, &mut stopping, peer).await;
 }
 
 /// Waits up to `grace` for every open connection to close.

@@ -79,7 +79,8 @@ const MAX_URI: usize = u16::MAX as usize - 1;
 const BATCH: usize = 2 * NODE_BUFFER + 1;
 
 /// What a read for a request head makes room for: most heads are well under a
-/// KiB, and an idle connection keeps this buffer.
+/// KiB. A connection between requests holds no buffer at all (see
+/// [`Reading::release`]).
 const HEAD_READ: usize = 4096;
 
 /// The smallest answer whose body goes by splice when it can. A smaller one comes
@@ -236,8 +237,12 @@ impl Reading {
     }
 
     /// Reads more into the buffer, with room for `room` bytes: `Ok(0)` when the
-    /// student closed.
+    /// student closed. A connection without a buffer (new, or idle since its last
+    /// answer) takes one of the thread's spare heads for the read.
     fn poll_fill(&mut self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() == 0 {
+            self.buf = spare::take();
+        }
         // From the buffer's start again whenever nothing holds it (the last
         // request's lines are gone): the bytes there are still in the CPU's cache.
         // A buffer still held is read on into what is left of it.
@@ -248,6 +253,80 @@ impl Reading {
             self.buf.reserve(room);
         }
         tokio_util::io::poll_read_buf(Pin::new(&mut self.half), cx, &mut self.buf)
+    }
+
+    /// Gives the buffer back while the connection waits with nothing read: an idle
+    /// keep-alive connection then costs its task and socket, not a head's room (a
+    /// student reads a page for many seconds, and thousands wait at once). The
+    /// buffer goes to the thread's spares, for the next head that arrives.
+    fn release(&mut self) {
+        spare::give(std::mem::take(&mut self.buf));
+    }
+}
+
+/// Head buffers and request scratches that no connection holds, a few per thread:
+/// a connection takes them when a request's bytes come and gives them back when it
+/// waits for the next, as nginx allocates its header buffer when bytes arrive and
+/// frees it when the request is done.
+///
+/// Why spares rather than the allocator: a request then allocates nothing for its
+/// head, its header lines or its answer's head, as when every connection kept its
+/// own (a fresh 4 KiB buffer is a trip to glibc's shared bins, and its first split a
+/// second allocation), and at most [`spare::KEPT`] of each wait per thread, whatever
+/// the number of idle connections.
+mod spare {
+    use std::cell::RefCell;
+
+    use bytes::BytesMut;
+
+    use super::{Scratch, HEAD_READ};
+
+    /// Spares of each kind kept per thread; more are freed.
+    pub(super) const KEPT: usize = 32;
+
+    thread_local! {
+        static SPARES: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+        // Boxed in the list too: a connection holds its scratch as a box, and one
+        // moves between the two without an allocation.
+        #[allow(clippy::vec_box)]
+        static SCRATCHES: RefCell<Vec<Box<Scratch>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A spare scratch, or a new one.
+    pub(super) fn scratch() -> Box<Scratch> {
+        SCRATCHES.with_borrow_mut(Vec::pop).unwrap_or_default()
+    }
+
+    /// Keeps `scratch` for another connection's request if its answer is all out
+    /// and there is room; frees it otherwise.
+    pub(super) fn give_scratch(scratch: Option<Box<Scratch>>) {
+        let Some(scratch) = scratch.filter(|scratch| scratch.out.is_empty()) else {
+            return;
+        };
+        SCRATCHES.with_borrow_mut(|spares| {
+            if spares.len() < KEPT {
+                spares.push(scratch);
+            }
+        });
+    }
+
+    /// A spare head buffer, or a new one.
+    pub(super) fn take() -> BytesMut {
+        SPARES
+            .with_borrow_mut(Vec::pop)
+            .unwrap_or_else(|| BytesMut::with_capacity(HEAD_READ))
+    }
+
+    /// Keeps `buf` for another connection's head if nothing else holds it (a
+    /// request's lines still in use pin it) and there is room; frees it otherwise.
+    pub(super) fn give(mut buf: BytesMut) {
+        if buf.is_empty() && buf.try_reclaim(HEAD_READ) {
+            SPARES.with_borrow_mut(|spares| {
+                if spares.len() < KEPT {
+                    spares.push(buf);
+                }
+            });
+        }
     }
 }
 
@@ -421,15 +500,13 @@ where
             buf: BytesMut::new(),
         }),
         writer,
-        out: Outgoing::default(),
         deadline: Deadline::after(limits.request_headers),
         waiting: Waiting::No,
         answered: false,
         back: Arc::new(Mutex::new(None)),
         taken: 0,
         partial: 0,
-        spans: Vec::new(),
-        cached: None,
+        scratch: None,
     };
     loop {
         let head = match poll_fn(|cx| connection.poll_head(cx, limits, stopping)).await {
@@ -443,7 +520,9 @@ where
                 let mut keep_alive = false;
                 let answer = error.response();
                 let answered = Version::HTTP_11;
-                let _ = (connection.respond(answer, &Method::GET, answered, &mut keep_alive)).await;
+                // Boxed, as a request's exchange is: rare, and no idle task keeps its room.
+                let refusal = connection.respond(answer, &Method::GET, answered, &mut keep_alive);
+                let _ = Box::pin(refusal).await;
                 connection.close().await;
                 return Ended::Closed;
             }
@@ -451,7 +530,7 @@ where
         let Head {
             request,
             body_len,
-            mut keep_alive,
+            keep_alive,
             passed,
         } = head;
         let method = request.method().clone();
@@ -469,25 +548,14 @@ where
         // for readiness (past `max_in_flight` a student gets a quick 503), so
         // nothing waits here that the listener's closing would have to cut short.
         let Ok(()) = poll_fn(|cx| service.poll_ready(cx)).await;
-        // Boxed: an idle connection's task keeps room for whatever it awaits, and
-        // the stack's future is some 4.6 KB that only a request in flight needs.
-        let mut answer = Box::pin(service.call(request.map(|()| body)));
-        let Ok(response) = poll_fn(|cx| {
-            if keep_alive && stopping.poll_stopped(cx) {
-                keep_alive = false;
-            }
-            answer.as_mut().poll(cx)
-        })
-        .await;
-        drop(answer);
-        // Before the head, so that it can say the connection will close.
-        keep_alive &= connection.reclaim();
-        let written = connection
-            .respond(response, &method, version, &mut keep_alive)
-            .await;
-        if written.is_err() {
+        let answer = service.call(request.map(|()| body));
+        // Boxed, in one allocation: an idle connection's task keeps room for
+        // whatever it awaits, and the stack's future and the answer being written
+        // (some 5 KB) are needed only while a request is in flight.
+        let exchange = connection.exchange(answer, method, version, keep_alive, stopping);
+        let Ok(keep_alive) = Box::pin(exchange).await else {
             return Ended::Closed;
-        }
+        };
         if !keep_alive {
             connection.close().await;
             return Ended::Closed;
@@ -500,7 +568,6 @@ struct Connection {
     /// `None` while a request body holds it.
     reading: Option<Reading>,
     writer: WriteHalf,
-    out: Outgoing<BODY_PARTS>,
     /// The deadline for the next request (its first byte, then its whole head),
     /// one timer for the connection's life, moved on the coarse clock.
     deadline: Deadline,
@@ -515,6 +582,17 @@ struct Connection {
     taken: usize,
     /// How much of a head that came in part was parsed (0: none).
     partial: usize,
+    /// What a request and its answer need, held from the request's first bytes
+    /// until the connection waits again.
+    scratch: Option<Box<Scratch>>,
+}
+
+/// What a connection needs while it reads a request and writes the answer, and
+/// no idle connection does; its allocations serve request after request (see
+/// [`spare`]).
+#[derive(Default)]
+struct Scratch {
+    out: Outgoing<BODY_PARTS>,
     /// Where the last head's lines sat, kept for the next head's parse.
     spans: Vec<Span>,
     /// The last answer's header map, emptied: the next request's.
@@ -608,6 +686,39 @@ enum Spliced {
 struct Cut;
 
 impl Connection {
+    /// Waits for the stack's `answer` to a request and writes it; whether the
+    /// connection is kept after it (`keep_alive` as the request asked, turned false
+    /// when the listener closes meanwhile or the answer says so).
+    async fn exchange<F, B>(
+        &mut self,
+        answer: F,
+        method: Method,
+        version: Version,
+        mut keep_alive: bool,
+        stopping: &mut Stopping<'_>,
+    ) -> Result<bool, Cut>
+    where
+        F: Future<Output = Result<Response<B>, Infallible>>,
+        B: Body<Data = Bytes> + Splice,
+        B::Error: Into<BoxError>,
+    {
+        let Ok(response) = {
+            let mut answer = std::pin::pin!(answer);
+            poll_fn(|cx| {
+                if keep_alive && stopping.poll_stopped(cx) {
+                    keep_alive = false;
+                }
+                answer.as_mut().poll(cx)
+            })
+            .await
+        };
+        // Before the head, so that it can say the connection will close.
+        keep_alive &= self.reclaim();
+        self.respond(response, &method, version, &mut keep_alive)
+            .await?;
+        Ok(keep_alive)
+    }
+
     /// Takes the read side back from the request's body if it is done with it,
     /// and says whether the connection can carry another request: not when the
     /// body left a rest unread that has not all arrived (where the next request
@@ -650,12 +761,13 @@ impl Connection {
             // otherwise have it parsed from the start 40,000 times.
             let fresh = self.partial == 0 || may_end_head(&reading.buf, self.partial);
             if !reading.buf.is_empty() && fresh {
+                let scratch = self.scratch.get_or_insert_with(spare::scratch);
                 match parse(
                     &mut reading.buf,
                     limits.max_headers,
                     limits.pass_lines,
-                    &mut self.spans,
-                    &mut self.cached,
+                    &mut scratch.spans,
+                    &mut scratch.cached,
                 ) {
                     Parsed::Head(head) => {
                         self.waiting = Waiting::No;
@@ -695,6 +807,11 @@ impl Connection {
                 Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(Next::Close),
                 Poll::Ready(Ok(_)) => continue,
                 Poll::Pending => {}
+            }
+            if reading.buf.is_empty() {
+                // Nothing of the next request yet: no buffer is held while waiting.
+                reading.release();
+                spare::give_scratch(self.scratch.take());
             }
             let now = if self.answered && reading.buf.is_empty() {
                 Waiting::Idle
@@ -745,7 +862,7 @@ impl Connection {
                 .map_or(BodyLength::Unknown, BodyLength::Known)
         };
         let mut framing = write_head(
-            &mut self.out.head,
+            &mut self.out().head,
             &parts,
             passed.as_ref(),
             method,
@@ -758,14 +875,14 @@ impl Connection {
         drop(passed);
         let mut headers = parts.headers;
         headers.clear();
-        self.cached = Some(headers);
+        self.scratch().cached = Some(headers);
         let mut body = std::pin::pin!(body);
         let mut body = match (framing, length) {
             (Framing::Length(0), _) | (_, BodyLength::None) => None,
             _ => Some(body.as_mut()),
         };
         if body.is_none() && framing == Framing::Chunked {
-            self.out.push(Bytes::from_static(b"0\r\n\r\n"));
+            self.out().push(Bytes::from_static(b"0\r\n\r\n"));
         }
         let mut splicing = match framing {
             Framing::Length(length)
@@ -797,8 +914,8 @@ impl Connection {
     {
         loop {
             // Room for a chunk with its framing and the last chunk after it.
-            while self.out.room() >= 4 && (self.out.no_parts() || self.proven()) {
-                if self.out.queued() >= BATCH {
+            while self.out().room() >= 4 && (self.out().no_parts() || self.proven()) {
+                if self.out().queued() >= BATCH {
                     break;
                 }
                 let Some(live) = body.as_mut() else {
@@ -807,7 +924,7 @@ impl Connection {
                 // A pipe that holds bytes is emptied first, whatever the body says
                 // now: its last fill has already ended it.
                 if splicing.holds() || (splicing.is_wanted() && live.can_splice()) {
-                    if !self.out.is_empty() {
+                    if !self.out().is_empty() {
                         // What is queued goes first; the pipe takes over after it.
                         break;
                     }
@@ -853,7 +970,7 @@ impl Connection {
                     self.end_body(*framing)?;
                 }
             }
-            if self.out.is_empty() {
+            if self.out().is_empty() {
                 ready!(Pin::new(&mut self.writer).poll_flush(cx)).map_err(|_| Cut)?;
                 return match body {
                     None => Poll::Ready(Ok(())),
@@ -862,7 +979,8 @@ impl Connection {
             }
             let written = {
                 let mut slices = [IoSlice::new(&[]); Outgoing::<BODY_PARTS>::SLICES];
-                let count = self.out.slices(&mut slices);
+                let out = &self.scratch.get_or_insert_with(spare::scratch).out;
+                let count = out.slices(&mut slices);
                 match Pin::new(&mut self.writer).poll_write_vectored(cx, &slices[..count]) {
                     Poll::Pending => {
                         self.taken = 0;
@@ -872,8 +990,8 @@ impl Connection {
                     Poll::Ready(Ok(written)) => written,
                 }
             };
-            self.out.advance(written);
-            if self.out.is_empty() {
+            self.out().advance(written);
+            if self.out().is_empty() {
                 self.taken = self.taken.saturating_add(written);
             } else {
                 // A write the socket took only part of is as good as refused: the
@@ -954,6 +1072,17 @@ impl Connection {
         }
     }
 
+    /// The request's scratch, taken from the thread's spares if the connection
+    /// has none yet.
+    fn scratch(&mut self) -> &mut Scratch {
+        self.scratch.get_or_insert_with(spare::scratch)
+    }
+
+    /// The queue the answer's bytes go out from.
+    fn out(&mut self) -> &mut Outgoing<BODY_PARTS> {
+        &mut self.scratch().out
+    }
+
     /// Whether the socket has taken enough in a row to be given a batch.
     fn proven(&self) -> bool {
         self.taken >= PROVEN
@@ -966,21 +1095,21 @@ impl Connection {
                 let len = (data.len() as u64).min(*left);
                 data.truncate(len as usize);
                 *left -= len;
-                self.out.push(data);
+                self.out().push(data);
             }
             Framing::Chunked => {
-                self.out.push(chunk_line(data.len()));
-                self.out.push(data);
-                self.out.push(Bytes::from_static(b"\r\n"));
+                self.out().push(chunk_line(data.len()));
+                self.out().push(data);
+                self.out().push(Bytes::from_static(b"\r\n"));
             }
-            Framing::UntilClose => self.out.push(data),
+            Framing::UntilClose => self.out().push(data),
         }
     }
 
     /// The body said it has no more frames.
     fn end_body(&mut self, framing: Framing) -> Result<(), Cut> {
         match framing {
-            Framing::Chunked => self.out.push(Bytes::from_static(b"0\r\n\r\n")),
+            Framing::Chunked => self.out().push(Bytes::from_static(b"0\r\n\r\n")),
             Framing::Length(0) | Framing::UntilClose => {}
             Framing::Length(_) => {
                 tracing::debug!("response body shorter than its Content-Length");

@@ -36,6 +36,12 @@ impl TestCert {
         Self { dir, der }
     }
 
+    /// The certificate and key as PEM, for a gateway started from a config file.
+    pub fn pem(&self) -> (String, String) {
+        let read = |name: &str| std::fs::read_to_string(self.dir.join(name)).unwrap();
+        (read("cert.pem"), read("key.pem"))
+    }
+
     fn certificates(&self) -> Arc<Certificates> {
         Certificates::load(&self.dir.join("cert.pem"), &self.dir.join("key.pem")).unwrap()
     }
