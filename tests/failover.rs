@@ -96,14 +96,23 @@ async fn relay(listen: SocketAddr, to: SocketAddr) {
 struct InNamespace(Child);
 
 impl InNamespace {
+    /// Its output goes to `dir/PROGRAM.log` (appended: a restarted gateway's too),
+    /// which run.sh shows when the test fails.
     fn start(ns: &str, dir: &std::path::Path, program: &str, args: &[&str]) -> Self {
+        let name = std::path::Path::new(program).file_name().unwrap();
+        let log = dir.join(format!("{}.log", name.to_string_lossy()));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
         let child = Command::new("ip")
             .args(["netns", "exec", ns, program])
             .current_dir(dir)
             .args(args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("ip netns exec {ns} {program}: {e}"));
         Self(child)
@@ -258,7 +267,10 @@ async fn the_master_gateway_dies_and_returns_and_no_student_is_logged_out() {
     let cluster = Cluster::spawn(3, "", "MoodleSession").unwrap();
     let mut relayed = cluster.config_toml(
         "0.0.0.0:8080",
-        Some(("127.0.0.1:9090", "failover-test-token")),
+        Some((
+            "127.0.0.1:9090",
+            "failover-test-token-0123456789abcdef0123456789",
+        )),
         &format!("route_cookie.secret = {ROUTE_SECRET:?}\n"),
     );
     for member in cluster.nodes().iter().chain([cluster.data()]) {

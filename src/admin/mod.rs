@@ -441,7 +441,10 @@ mod tests {
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
         assert_eq!(answer.body, "ready: 2 of 2 nodes up\n");
         // web1 disabled by its admin, web2's probes failing.
-        assert_eq!(admin.status("POST", "/nodes/web1/disable").await, StatusCode::OK);
+        assert_eq!(
+            admin.status("POST", "/nodes/web1/disable").await,
+            StatusCode::OK
+        );
         let settings = admin.0.settings();
         let web2 = settings.upstreams.by_name("web2").unwrap();
         while web2.health.is_up() {

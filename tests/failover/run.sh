@@ -73,4 +73,10 @@ nice -n 19 cargo test --test failover --no-run -q 2>&1 | tail -3
 echo "failover: running (about a minute)"
 ip netns exec $NS_CLIENT env MG_NS_A=$NS_A MG_NS_B=$NS_B MG_IP_A=$IP_A MG_IP_B=$IP_B \
     MG_IP_CLIENT=$IP_CLIENT MG_VIP=$VIP MG_WORK="$WORK" \
-    nice -n 19 cargo test --offline --test failover -q -- --ignored --nocapture --test-threads=1
+    nice -n 19 cargo test --offline --test failover -q -- --ignored --nocapture --test-threads=1 || {
+    for log in "$WORK"/*/*.log; do
+        echo "---- $log (last lines)"
+        tail -n 25 "$log"
+    done
+    exit 1
+}
