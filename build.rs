@@ -12,7 +12,7 @@ mod cli;
 
 /// Each page's NAME line: a few words, as `whatis` and `apropos` list them. clap's
 /// `about` is a paragraph, which stays the DESCRIPTION.
-const NAMES: [(&str, &str); 6] = [
+const NAMES: [(&str, &str); 7] = [
     (
         "moodle-gateway",
         "session-sticky reverse proxy for a Moodle cluster",
@@ -30,11 +30,15 @@ const NAMES: [(&str, &str); 6] = [
         "moodle-gateway-doctor",
         "ask every Moodle server what its config.php gets wrong",
     ),
+    (
+        "moodle-gateway-ready",
+        "say whether this gateway can serve students now (keepalived's check)",
+    ),
     ("moodle-gateway-help", "print the help of a command"),
 ];
 
 /// Each page's EXIT STATUS; 2 is also clap's for a command line it cannot read.
-const EXIT_STATUS: [(&str, &str); 6] = [
+const EXIT_STATUS: [(&str, &str); 7] = [
     (
         "moodle-gateway",
         r#".TP
@@ -101,6 +105,19 @@ It could not ask: the file does not load, it has no [site] wwwroot, no node answ
 "#,
     ),
     (
+        "moodle-gateway-ready",
+        r#".TP
+\fB0\fR
+Ready: the students' listener accepts connections and the admin listener's \fB/readyz\fR says a node is active and up. keepalived keeps or takes the site's address.
+.TP
+\fB1\fR
+Not ready (the reason is printed), or the file does not load. keepalived gives the address to the other gateway.
+.TP
+\fB2\fR
+The command line cannot be read.
+"#,
+    ),
+    (
         "moodle-gateway-help",
         r#".TP
 \fB0\fR
@@ -113,7 +130,7 @@ There is no such command.
 ];
 
 /// Each page's EXAMPLES.
-const EXAMPLES: [(&str, &str); 6] = [
+const EXAMPLES: [(&str, &str); 7] = [
     (
         "moodle-gateway",
         r#"Check the file, ask the Moodle servers, then start the packaged service:
@@ -203,6 +220,23 @@ Also log in as a test account on each node and fetch a file through the offload:
 .nf
 MOODLE_GATEWAY_DOCTOR_PASSWORD=... moodle\-gateway doctor \e
     \-\-config /etc/moodle\-gateway/config.toml \-\-login doctor\-test
+.fi
+.RE
+"#,
+    ),
+    (
+        "moodle-gateway-ready",
+        r#"In keepalived.conf, on each gateway:
+.PP
+.RS
+.nf
+vrrp_script gateway {
+    script "/usr/bin/moodle\-gateway ready \-\-config /etc/moodle\-gateway/config.toml"
+    interval 1
+    timeout 2
+    fall 2
+    rise 2
+}
 .fi
 .RE
 "#,

@@ -56,6 +56,9 @@ pub struct App {
     tls: Option<PublicTls>,
     /// The access log, once `serve_all` opened it (`SIGHUP` reopens its file).
     access_log: Arc<OnceLock<AccessLog>>,
+    /// Set when a successor process took over: the state file is its to write from
+    /// then on, so this process never saves again.
+    handed_over: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// The public listener's TLS: the acceptor, and the certificates it serves (re-read
@@ -122,6 +125,7 @@ impl App {
             save_to: opened.save_to.map(Arc::new),
             tls: None,
             access_log: Arc::default(),
+            handed_over: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }
 
@@ -224,6 +228,24 @@ impl App {
             .spool()
             .prepare()
             .map_err(|reason| std::io::Error::other(format!("limits.spool_dir: {reason}")))
+    }
+
+    /// Saves the state file for a successor process that takes over now
+    /// ([`crate::handover`]), and never again from this process: the successor
+    /// loads it before it accepts, and saves it itself from then on. `false` when
+    /// there is no state file to write.
+    pub async fn save_for_successor(&self) -> bool {
+        self.handed_over.send_replace(true);
+        let Some(file) = self.save_to.as_deref().cloned() else {
+            return false;
+        };
+        save_in_background(self.gateway.clone(), file).await
+    }
+
+    /// The successor [`save_for_successor`](Self::save_for_successor) saved for
+    /// never started: this process saves again when it stops.
+    pub fn cancel_handover(&self) {
+        self.handed_over.send_replace(false);
     }
 
     /// Reloads and logs the outcome (for `SIGHUP`, which has nobody to answer), and
@@ -331,7 +353,15 @@ impl App {
             background.spawn(share_ticket_keys(store, tickets, secret, stop_rx.clone()));
         }
         if let Some(file) = save_to.clone() {
+            let mut handed_over = self.handed_over.subscribe();
             let saving = save_periodically(self.gateway.clone(), file, save_every, stop_rx.clone());
+            // Ends when the process hands over: the successor saves from then on.
+            let saving = async move {
+                tokio::select! {
+                    () = saving => {}
+                    _ = handed_over.wait_for(|handed| *handed) => {}
+                }
+            };
             background.spawn(saving);
         }
         let (drained_tx, drained_rx) = tokio::sync::watch::channel(Duration::ZERO);
@@ -397,7 +427,8 @@ impl App {
         let ended = async { while background.join_next().await.is_some() {} };
         let _ = tokio::time::timeout(Duration::from_secs(2), ended).await;
         background.shutdown().await;
-        if let Some(file) = save_to {
+        let handed_over = *self.handed_over.borrow();
+        if let (Some(file), false) = (save_to, handed_over) {
             save_in_background(self.gateway.clone(), file).await;
         }
         Ok(())
@@ -626,7 +657,7 @@ static EVICTIONS: crate::logs::Every = crate::logs::Every::new(Duration::from_se
 
 /// Saves the table on a blocking thread (a million sessions take a moment to write),
 /// naming the nodes of the config running at that moment, and logs the outcome.
-async fn save_in_background(gateway: Arc<Gateway>, path: PathBuf) {
+async fn save_in_background(gateway: Arc<Gateway>, path: PathBuf) -> bool {
     let written = tokio::task::spawn_blocking(move || {
         let nodes: Vec<_> = (gateway.settings().upstreams.nodes().iter())
             .map(|n| {
@@ -652,11 +683,16 @@ async fn save_in_background(gateway: Arc<Gateway>, path: PathBuf) {
                     path.display()
                 );
             }
+            true
         }
         Ok((Err(error), path)) => {
             tracing::warn!("cannot write the state file {}: {error}", path.display());
+            false
         }
-        Err(error) => tracing::warn!("state save did not finish: {error}"),
+        Err(error) => {
+            tracing::warn!("state save did not finish: {error}");
+            false
+        }
     }
 }
 
@@ -671,8 +707,12 @@ async fn save_periodically(
     ticks.tick().await;
     loop {
         tokio::select! {
-            _ = ticks.tick() => save_in_background(gateway.clone(), path.clone()).await,
-            () = gateway.save_asked() => save_in_background(gateway.clone(), path.clone()).await,
+            _ = ticks.tick() => {
+                save_in_background(gateway.clone(), path.clone()).await;
+            }
+            () = gateway.save_asked() => {
+                save_in_background(gateway.clone(), path.clone()).await;
+            }
             _ = stop.changed() => return,
         }
     }

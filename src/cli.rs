@@ -31,13 +31,30 @@ pub struct ConfigArg {
     pub config: Option<PathBuf>,
 }
 
+/// `run`'s arguments.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Hand over without refusing a connection: if a gateway listens on this Unix
+    /// socket, take its listening sockets and its session table (it stops
+    /// accepting, finishes its requests and exits); then listen here for the next
+    /// one. Start the new binary this way to restart or upgrade outside systemd.
+    #[arg(long, value_name = "PATH")]
+    pub handover: Option<PathBuf>,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the gateway (the default when no command is given).
-    Run(ConfigArg),
+    Run(RunArgs),
     /// Check the configuration file without starting anything: print the resolved
     /// setup and exit 0, or list every problem with its line and key and exit 1.
     Check(ConfigArg),
+    /// Whether this machine's gateway can serve students now, for keepalived's
+    /// vrrp_script: exit 0 when its listener accepts and its admin listener's
+    /// /readyz says a node is active and up, 1 otherwise (the reason on stderr).
+    Ready(ConfigArg),
     /// See the whole product on this machine: four stand-in Moodle PHP nodes and a data
     /// server on loopback, the gateway in front of them, and the admin API.
     Demo {

@@ -6,8 +6,8 @@
 //!
 //! Imports only point down. From the bottom: [`node_id`], [`moodle`], [`logs`] and
 //! [`error`] import nothing of the crate; then [`config`]; [`http`]; [`access_log`],
-//! [`cluster`] and [`open_files`]; [`metrics`] and [`sessions`];
-//! [`store`]; [`gateway`]; [`admin`] and [`doctor`]; [`app`]; [`demo`]. A module
+//! [`cluster`], [`open_files`] and [`ready`]; [`metrics`] and [`sessions`];
+//! [`store`]; [`gateway`]; [`admin`] and [`doctor`]; [`app`]; [`demo`] and [`handover`]. A module
 //! uses only modules of the layers below its own (`tests/it/layers.rs` fails on any
 //! other import), so no two modules import each other, and each can be read
 //! knowing only what is under it.
@@ -18,6 +18,8 @@
 //!   and the session-loss detector). Where the wings meet.
 //! - [`http`]: bytes in and out.
 //!   - [`http::listener`]: one listener's accept loop: caps, TLS, HTTP/1.1 or HTTP/2, the drain.
+//!   - [`http::inherited`]: listening sockets passed in by systemd or by the previous
+//!     process, each matched to a configured listener.
 //!   - `http::server`: the HTTP/1.1 a student's connection speaks, by hand for plain
 //!     requests, handed to hyper's server for the rest (upgrades, chunked uploads).
 //!   - `http::wire`: what both hand-written HTTP/1.1 sides share: the `writev` queue, numbers.
@@ -67,9 +69,12 @@
 //! - [`logs`]: log lines that repeat under load, said at most once per interval.
 //! - [`clock`]: the kernel's coarse clock, for the timestamps every request takes.
 //! - [`error`]: the failures a student can see, and their statuses.
+//! - [`ready`]: `moodle-gateway ready`, keepalived's question: can this gateway serve now.
 //! - [`open_files`]: the open-file limit the configured limits need, raised at start.
 //! - [`app`]: builds everything, serves the listeners, runs the background tasks (sweeper,
 //!   probes, snapshots), reloads the config, shuts down.
+//! - [`handover`]: a restart or upgrade outside systemd: the new process takes the
+//!   listening sockets and the table from the old one, which drains and exits.
 //! - [`demo`]: `moodle-gateway demo`: the real gateway in front of stand-in nodes
 //!   ([`demo::standin`], also the tests' double), driven by simulated students.
 //! - [`doctor`]: `moodle-gateway doctor`: asks the live site through every node what a
@@ -85,12 +90,14 @@ pub mod demo;
 pub mod doctor;
 pub mod error;
 pub mod gateway;
+pub mod handover;
 pub mod http;
 pub mod logs;
 pub mod metrics;
 pub mod moodle;
 pub mod node_id;
 pub mod open_files;
+pub mod ready;
 pub mod sessions;
 pub mod store;
 

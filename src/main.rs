@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use cli::{Cli, Command, ConfigArg};
+use cli::{Cli, Command, ConfigArg, RunArgs};
+use moodle_gateway::handover::{self, Handover, Predecessor};
+use moodle_gateway::http::inherited::{Inherited, Origin};
 use moodle_gateway::{app::Listeners, App, Config};
 use sd_notify::NotifyState;
 use tokio::net::TcpListener;
@@ -16,7 +18,7 @@ mod cli;
 
 impl Default for Command {
     fn default() -> Self {
-        Self::Run(ConfigArg::default())
+        Self::Run(RunArgs::default())
     }
 }
 
@@ -32,10 +34,13 @@ impl ConfigArg {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
+    // Before any thread starts: taking systemd's sockets clears its variables.
+    let inherited = Inherited::from_systemd();
     let outer = cli.config;
     match cli.command.unwrap_or_default() {
-        Command::Check(arg) => check(&arg.or(&outer)),
-        Command::Run(arg) => run(&arg.or(&outer)),
+        Command::Check(arg) => check(&arg.or(&outer), inherited),
+        Command::Run(args) => run(&args.config.or(&outer), args.handover, inherited),
+        Command::Ready(arg) => ready(&arg.or(&outer)),
         Command::Help { command } => help(command),
         Command::Doctor {
             config,
@@ -91,10 +96,11 @@ fn report(loaded: Result<Config, moodle_gateway::config::ConfigErrors>) -> Optio
 
 /// `check` also refuses what parses but cannot work on a real Moodle site, and says
 /// every problem of the file, errors and warnings, in one list by line.
-fn check(path: &std::path::Path) -> ExitCode {
+fn check(path: &std::path::Path, inherited: Inherited) -> ExitCode {
     match Config::load_for_site(path) {
         Ok((config, warnings)) => {
             print!("{}", config.describe());
+            print!("{}", passed_sockets(&config, inherited));
             if let Ok(open_files) = moodle_gateway::open_files::plan(&config) {
                 print!("{}", open_files.describe(&config));
             }
@@ -109,6 +115,55 @@ fn check(path: &std::path::Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `ready`: exit 0 when this machine's gateway can serve, 1 (saying why) when not.
+fn ready(path: &std::path::Path) -> ExitCode {
+    let Some(config) = report(Config::load(path)) else {
+        return ExitCode::FAILURE;
+    };
+    match moodle_gateway::ready::check(&config) {
+        Ok(said) => {
+            println!("{said}");
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!("not ready: {why}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Which configured listeners systemd passes a socket for (socket activation);
+/// nothing when it passes none.
+fn passed_sockets(config: &Config, mut inherited: Inherited) -> String {
+    if inherited.is_empty() {
+        return String::new();
+    }
+    let mut lines = String::from("listening sockets from systemd:\n");
+    for (role, addr) in listen_addresses(config) {
+        let passed = inherited.take(role, addr).is_some();
+        let from = if passed {
+            "systemd's socket"
+        } else {
+            "bound by the gateway"
+        };
+        lines.push_str(&format!("  {role} {addr}: {from}\n"));
+    }
+    for leftover in inherited.leftovers() {
+        lines.push_str(&format!("  {leftover}\n"));
+    }
+    lines
+}
+
+/// Every listener the config asks for, by role.
+fn listen_addresses(config: &Config) -> Vec<(&'static str, std::net::SocketAddr)> {
+    let admin = config.admin.as_ref().map(|a| ("admin", a.listen));
+    let redirect = (config.tls.as_ref().and_then(|t| t.redirect_listen)).map(|a| ("redirect", a));
+    [Some(("public", config.listen)), admin, redirect]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// How long a blocking thread (a snapshot, a sweep, a spool's write) waits for more
@@ -203,11 +258,21 @@ fn demo(options: moodle_gateway::demo::DemoOptions) -> ExitCode {
 
 /// `run` starts on what `check` refuses (a site with no SCORM activity may live with
 /// node-local sessions), but says at once, as an error, who will be logged out.
-fn run(path: &std::path::Path) -> ExitCode {
+fn run(path: &std::path::Path, handover: Option<PathBuf>, inherited: Inherited) -> ExitCode {
     let Some(config) = report(Config::load(path)) else {
         return ExitCode::FAILURE;
     };
     let source = path.display().to_string();
+    // Only once the config is known good: the old process stops accepting when
+    // this one says it serves.
+    let predecessor = match handover.as_deref().map(handover::take_over) {
+        Some(Ok(predecessor)) => predecessor,
+        Some(Err(error)) => {
+            tracing::error!("cannot take over from the running gateway: {error}");
+            None
+        }
+        None => None,
+    };
     for refusal in config.refusals() {
         let refusal = refusal.in_file(&source);
         tracing::error!("{refusal} (`check` refuses this file)");
@@ -219,7 +284,12 @@ fn run(path: &std::path::Path) -> ExitCode {
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
-    match runtime.block_on(serve(config, path)) {
+    let start = Start {
+        inherited,
+        predecessor,
+        handover,
+    };
+    match runtime.block_on(serve(config, path, start)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("{error}");
@@ -228,23 +298,36 @@ fn run(path: &std::path::Path) -> ExitCode {
     }
 }
 
-async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
-    let bind = |addr| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|error| format!("cannot listen on {addr}: {error}"))
-    };
-    let public = bind(config.listen).await?;
+/// Where `run` starts from: sockets systemd passed, the process it takes over
+/// from, and where its own successor will find it.
+struct Start {
+    inherited: Inherited,
+    predecessor: Option<Predecessor>,
+    handover: Option<PathBuf>,
+}
+
+async fn serve(config: Config, path: &std::path::Path, start: Start) -> Result<(), String> {
+    let Start {
+        mut inherited,
+        mut predecessor,
+        handover,
+    } = start;
+    for (role, socket) in predecessor.iter_mut().flat_map(Predecessor::take_sockets) {
+        inherited.add(socket, Some(role), Origin::Predecessor);
+    }
+    let public = inherited.listener("public", config.listen).await?;
     let admin = match &config.admin {
-        Some(admin) => Some(bind(admin.listen).await?),
+        Some(admin) => Some(inherited.listener("admin", admin.listen).await?),
         None => None,
     };
-    // The bound addresses, not the configured ones: with port 0 this is how a
-    // supervisor (or a test) learns where the gateway listens.
     let redirect = match config.tls.as_ref().and_then(|t| t.redirect_listen) {
-        Some(addr) => Some(bind(addr).await?),
+        Some(addr) => Some(inherited.listener("redirect", addr).await?),
         None => None,
     };
+    for leftover in inherited.leftovers() {
+        tracing::warn!("{leftover}");
+    }
+    drop(inherited);
     let certificates = match &config.tls {
         Some(tls) => Some(moodle_gateway::http::tls::Certificates::load(
             &tls.cert, &tls.key,
@@ -263,6 +346,25 @@ async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
     // Before READY: a log file the service may not write must fail the start.
     app.open_access_log().map_err(|error| error.to_string())?;
     app.open_spool().map_err(|error| error.to_string())?;
+    let (serving_tx, successor_serving) = tokio::sync::oneshot::channel();
+    let handing = match &handover {
+        Some(at) => {
+            let sockets = [("public", Some(&public)), ("admin", admin.as_ref())]
+                .into_iter()
+                .chain([("redirect", redirect.as_ref())]);
+            let sockets = sockets.filter_map(|(role, l)| Some((role, duplicate(l?).ok()?)));
+            let started = Handover::start(at, sockets.collect(), app.clone(), serving_tx);
+            Some(started.map_err(|e| format!("cannot listen on {}: {e}", at.display()))?)
+        }
+        None => None,
+    };
+    if let Some(predecessor) = predecessor {
+        // The old process stops accepting now; these sockets are ours.
+        let following = predecessor.follow(app.gateway().clone());
+        following.map_err(|e| format!("handover: {e}"))?;
+    }
+    // The bound addresses, not the configured ones: with port 0 this is how a
+    // supervisor (or a test) learns where the gateway listens.
     let listen = public.local_addr().map_err(|e| e.to_string())?;
     let admin_at = admin_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
     tracing::info!(%listen, admin = %admin_at, tls, nodes, "moodle-gateway ready");
@@ -275,9 +377,23 @@ async fn serve(config: Config, path: &std::path::Path) -> Result<(), String> {
         admin,
         redirect,
     };
-    app.serve_all(listeners, shutdown_signal())
-        .await
-        .map_err(|error| error.to_string())
+    let stop = async move {
+        tokio::select! {
+            () = shutdown_signal() => {}
+            Ok(()) = successor_serving => {}
+        }
+    };
+    let served = app.serve_all(listeners, stop).await;
+    if let Some(handing) = handing {
+        handing.finish().await;
+    }
+    served.map_err(|error| error.to_string())
+}
+
+/// A second descriptor of a listening socket, for the handover.
+fn duplicate(listener: &TcpListener) -> std::io::Result<std::net::TcpListener> {
+    use std::os::fd::AsFd;
+    Ok(listener.as_fd().try_clone_to_owned()?.into())
 }
 
 /// Re-reads the config file on every `SIGHUP`, the way daemons are told to. The

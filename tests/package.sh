@@ -129,8 +129,12 @@ runuser -u $PKG -- sh -c "touch '$spool/probe' && rm '$spool/probe'" ||
     fail "the service user cannot write $spool"
 
 if command -v systemd-analyze >/dev/null; then
-    step "systemd-analyze verify $UNIT"
-    systemd-analyze verify "$UNIT"
+    step "systemd-analyze verify $UNIT ${UNIT%.service}.socket"
+    systemd-analyze verify "$UNIT" "${UNIT%.service}.socket"
+    # The socket systemd holds must be the listener the shipped config names.
+    socket_port=$(sed -n 's/^ListenStream=//p' "${UNIT%.service}.socket")
+    grep -q "^listen = \"0.0.0.0:$socket_port\"" $CONFIG ||
+        fail "ListenStream=$socket_port is not the shipped config's listen"
     step "systemd-analyze security --offline=true $UNIT"
     exposure=$(systemd-analyze security --offline=true --no-pager "$UNIT" |
         sed -n 's/.*Overall exposure level for .*: \([0-9.]*\).*/\1/p')

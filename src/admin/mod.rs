@@ -120,6 +120,7 @@ pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
         ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(nodes::ready))
         // Outside the token layer: the dashboard lets people in by cookie too (`login`).
         .merge(dashboard)
         .merge(protected)
@@ -431,6 +432,27 @@ mod tests {
         let answer = admin().call("GET", "/healthz", None).await;
         assert_eq!(answer.status, StatusCode::OK);
         assert_eq!(answer.body, "ok");
+    }
+
+    #[tokio::test]
+    async fn readyz_says_ready_while_a_node_can_take_students_and_503_when_none_can() {
+        let admin = admin();
+        let answer = admin.call("GET", "/readyz", None).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        assert_eq!(answer.body, "ready: 2 of 2 nodes up\n");
+        // web1 disabled by its admin, web2's probes failing.
+        assert_eq!(
+            admin.status("POST", "/nodes/web1/disable").await,
+            StatusCode::OK
+        );
+        let settings = admin.0.settings();
+        let web2 = settings.upstreams.by_name("web2").unwrap();
+        while web2.health.is_up() {
+            web2.health.failure(1);
+        }
+        let answer = admin.call("GET", "/readyz", None).await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(answer.body.contains("none of 2 nodes"), "{}", answer.body);
     }
 
     #[tokio::test]

@@ -340,3 +340,26 @@ impl axum::extract::FromRef<super::AdminState> for Reload {
         state.reload.clone()
     }
 }
+
+/// `GET /readyz`, without a token: 200 when some node may take students (active
+/// and up), else 503 naming why. What keepalived's `vrrp_script` asks through
+/// `moodle-gateway ready`: a gateway with no node to send anyone to should not
+/// hold the site's address while another could.
+pub(super) async fn ready(State(state): State<super::AdminState>) -> Response {
+    let settings = state.gateway.settings();
+    let nodes = settings.upstreams.nodes();
+    let up = nodes.iter().filter(|n| n.takes_new()).count();
+    if up > 0 {
+        (
+            StatusCode::OK,
+            format!("ready: {up} of {} nodes up\n", nodes.len()),
+        )
+            .into_response()
+    } else {
+        let why = format!(
+            "not ready: none of {} nodes is active and up\n",
+            nodes.len()
+        );
+        (StatusCode::SERVICE_UNAVAILABLE, why).into_response()
+    }
+}

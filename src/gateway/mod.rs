@@ -106,6 +106,18 @@ impl Route {
     }
 }
 
+/// What the handover gives the gateway to wait on: completes once the previous
+/// process has told every session it bound before the call (or has exited).
+pub struct CatchUp(
+    pub Box<dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>,
+);
+
+impl std::fmt::Debug for CatchUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CatchUp")
+    }
+}
+
 /// Everything a reload replaces, swapped as one unit.
 #[derive(Debug)]
 pub struct Settings {
@@ -209,6 +221,9 @@ pub struct Gateway {
     /// The snapshot of this gateway's table from before it joined a shared store,
     /// keyed under its old secret: emptied as its students come back (`peers`).
     legacy: Option<AffinityTable>,
+    /// While a previous process hands over (`crate::handover`): waits until every
+    /// session it bound before now is in this table.
+    catch_up: std::sync::OnceLock<CatchUp>,
     /// Newcomers held while the nodes' lines are long (`[surge]`); its tickets are
     /// signed with the table's secret, so they outlive a restart and every gateway
     /// of a shared store honours them.
@@ -272,6 +287,7 @@ impl Gateway {
             metrics,
             store,
             legacy: None,
+            catch_up: std::sync::OnceLock::new(),
             room,
             cache: AssetCache::new(config.cache.max_bytes, config.cache.max_entry_bytes),
             node_states: std::sync::Mutex::new(()),
@@ -621,6 +637,9 @@ impl Gateway {
             });
         }
         if let Some(known) = self.migrated(id, key, upstreams).await {
+            return Some(known);
+        }
+        if let Some(known) = self.caught_up(key).await {
             return Some(known);
         }
         if let Some(known) = self.stored_session(key, upstreams).await {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{Gateway, Known, Settings};
+use super::{CatchUp, Gateway, Known, Settings};
 use crate::cluster::upstreams::Upstreams;
 use crate::config::{Balance, NodeState};
 use crate::node_id::NodeId;
@@ -47,6 +47,29 @@ impl Gateway {
             node: found.node,
             state: found.state,
             idle: stored.idle,
+            recovered: false,
+        })
+    }
+
+    /// Has a session the table misses looked for again once `catch_up` completes:
+    /// while the previous process finishes its requests, a session it bound a
+    /// moment ago (a login) may reach this one before the line that tells of it.
+    /// Set once, by the handover.
+    pub fn catch_up_with(&self, catch_up: CatchUp) {
+        let _ = self.catch_up.set(catch_up);
+    }
+
+    /// A session the table missed, found once the previous process has told all it
+    /// bound before this request came (see [`catch_up_with`](Self::catch_up_with)).
+    pub(super) async fn caught_up(&self, key: SessionKey) -> Option<Known> {
+        let catch_up = self.catch_up.get()?;
+        (catch_up.0)().await;
+        let found = self.table.find(key)?;
+        Some(Known {
+            key,
+            node: found.node,
+            state: found.state,
+            idle: found.idle,
             recovered: false,
         })
     }

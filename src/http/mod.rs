@@ -13,6 +13,7 @@ pub mod body;
 pub mod client;
 pub mod edge;
 pub mod fault;
+pub mod inherited;
 pub mod listener;
 pub mod offload;
 pub mod pool;

@@ -194,6 +194,18 @@ pub struct AffinityTable {
     clock: Clock,
     evicting: AtomicBool,
     over_bound: tokio::sync::Notify,
+    /// Set once, by a process handing over to its successor: every change from then
+    /// on is also sent there (see [`follow`](Self::follow)).
+    followed: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Change>>,
+}
+
+/// One change to the table, as a successor process must repeat it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// The session is (now) bound to this node.
+    Bound(SessionKey, NodeId, SessionState),
+    /// The session is gone.
+    Forgotten(SessionKey),
 }
 
 impl AffinityTable {
@@ -217,6 +229,25 @@ impl AffinityTable {
             clock,
             evicting: AtomicBool::new(false),
             over_bound: tokio::sync::Notify::new(),
+            followed: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// From now on, every bind, move and forget is also sent to the receiver: a
+    /// process handing its students to a successor keeps it told of what the
+    /// requests it still finishes learn (a login in flight), so no session it binds
+    /// after its last save is unknown there. Unbounded because the table must never
+    /// wait on a request's path; it lives only for the old process's drain. `None`
+    /// when the table is already followed.
+    pub fn follow(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Change>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.followed.set(tx).ok()?;
+        Some(rx)
+    }
+
+    fn tell(&self, change: impl FnOnce() -> Change) {
+        if let Some(follower) = self.followed.get() {
+            let _ = follower.send(change());
         }
     }
 
@@ -289,6 +320,7 @@ impl AffinityTable {
     /// Inserts or replaces one entry, keeping the counts and waking the sweeper
     /// when the table goes over its bound.
     fn put(&self, key: SessionKey, entry: Entry) {
+        self.tell(|| Change::Bound(key, entry.node, entry.state));
         // Counted before the insert, so a concurrent forget of this very entry can
         // never take a counter below zero.
         self.count(&entry, 1);
@@ -317,6 +349,7 @@ impl AffinityTable {
             self.count(&entry, -1);
             entry.node = to;
             self.count(&entry, 1);
+            self.tell(|| Change::Bound(key, to, entry.state));
         }
         Some(entry.node)
     }
@@ -341,6 +374,7 @@ impl AffinityTable {
     pub fn forget(&self, key: SessionKey) -> bool {
         match self.map.remove(&key) {
             Some((_, entry)) => {
+                self.tell(|| Change::Forgotten(key));
                 self.count(&entry, -1);
                 self.len.fetch_sub(1, Ordering::Relaxed);
                 true

@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["http"],
     // The access log's thread (its body passes a splice on, see `http::splice`), the
     // nodes (which own their keep-alive connections), and the file limit.
-    &["access_log", "cluster", "open_files"],
+    &["access_log", "cluster", "open_files", "ready"],
     // What is counted, and the session table: each knows a node by its id only.
     &["metrics", "sessions"],
     // Several gateways, one truth.
@@ -28,7 +28,7 @@ const LAYERS: &[&[&str]] = &[
     &["admin", "doctor"],
     &["app"],
     // The whole gateway in front of stand-in nodes.
-    &["demo"],
+    &["demo", "handover"],
 ];
 
 fn layer(module: &str) -> Option<usize> {

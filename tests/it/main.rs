@@ -9,6 +9,7 @@ mod dashboard;
 mod dashboard_store;
 mod faults;
 mod half_close;
+mod handover;
 mod layers;
 mod man_pages;
 mod memory;

@@ -57,6 +57,7 @@ fn there_is_a_page_for_the_gateway_and_one_for_each_command() {
             "moodle-gateway-demo",
             "moodle-gateway-doctor",
             "moodle-gateway-help",
+            "moodle-gateway-ready",
             "moodle-gateway-run",
         ]
     );

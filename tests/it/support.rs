@@ -388,6 +388,18 @@ pub fn start_binary_with_files(config: &str, files: &[(&str, &str)]) -> GatewayP
     spawn_in(Command::new(env!("CARGO_BIN_EXE_moodle-gateway")), dir)
 }
 
+/// A new directory holding `config.toml`, removed when dropped: for several
+/// processes in turn ([`spawn_sharing`]).
+pub fn new_dir(config: &str) -> TempDir {
+    test_dir(config)
+}
+
+/// Runs `command --config DIR/config.toml` in `dir`, which the caller keeps (and
+/// removes): processes that take over from each other share their directory.
+pub fn spawn_sharing(command: Command, dir: &Path) -> GatewayProcess {
+    spawn_at(command, dir, TempDir(PathBuf::new()))
+}
+
 /// A new directory holding `config.toml`.
 fn test_dir(config: &str) -> TempDir {
     static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -404,11 +416,17 @@ fn start_command(command: Command, config: &str) -> GatewayProcess {
 
 /// Runs `command --config DIR/config.toml` in `dir` and waits until it logs the
 /// address it listens on.
-fn spawn_in(mut command: Command, dir: TempDir) -> GatewayProcess {
-    let path = dir.0.join("config.toml");
+fn spawn_in(command: Command, dir: TempDir) -> GatewayProcess {
+    let at = dir.0.clone();
+    spawn_at(command, &at, dir)
+}
+
+/// [`spawn_in`] in `at`, keeping `dir` (removed with the process).
+fn spawn_at(mut command: Command, at: &Path, dir: TempDir) -> GatewayProcess {
+    let path = at.join("config.toml");
     let mut child = command
         // The default state file lands in the test's own directory.
-        .current_dir(&dir.0)
+        .current_dir(at)
         .arg("--config")
         .arg(&path)
         .env("RUST_LOG", "info")
