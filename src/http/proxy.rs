@@ -27,7 +27,7 @@ use crate::http::offload;
 use crate::http::pool::{ConnectError, Conns, NodeBody, Pool, Reuse, SendError};
 use crate::http::spool::Spool;
 use crate::http::upload::{RequestBody, Upload};
-use crate::http::wire::{names_lines, PassedLines};
+use crate::http::wire::names_lines;
 
 /// How long the parts of one exchange may take, and how large the upload may be.
 #[derive(Debug, Clone, Copy)]
@@ -239,7 +239,6 @@ pub fn forward<'a>(
     pool: &'a Pool,
     target: Target<'a>,
     mut request: Request<Upload>,
-    passed: Option<&'a PassedLines>,
     hygiene: Hygiene<'a>,
     bounds: Bounds,
     reuse: Reuse,
@@ -289,7 +288,7 @@ pub fn forward<'a>(
         } = loop {
             let (lease, reused) = next;
             match lease
-                .send(request, forwarding.as_ref(), passed, reused, head_wait)
+                .send(request, forwarding.as_ref(), reused, head_wait)
                 .await
             {
                 Ok(response) => return Ok(answered(name, response, bounds.body_idle)?),
