@@ -31,9 +31,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{
-    self, HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING,
-};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
@@ -42,7 +40,6 @@ use tokio::net::TcpStream;
 
 use crate::clock::Deadline;
 use crate::http::body::BoxError;
-use crate::http::proxy::Forwarding;
 use crate::http::splice::Pipe;
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
@@ -286,7 +283,6 @@ impl Connection {
     pub fn start(
         &mut self,
         request: Request<RequestBody>,
-        forwarding: Option<&Forwarding>,
         head_wait: Duration,
     ) -> Result<(), ClientError> {
         debug_assert_eq!(self.reading, Reading::Idle);
@@ -317,21 +313,13 @@ impl Connection {
         // The framing is the one chosen above, whatever the map says: a length
         // that disagreed with the body would let the node read the next request
         // on the connection as the rest of this one.
-        let (mut declared, mut host) = (false, None);
+        let mut declared = false;
         for (name, value) in headers {
             if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
                 declared |= name == CONTENT_LENGTH;
                 continue;
             }
-            if name == HOST {
-                host = Some(value);
-            }
             line(head, name, value);
-        }
-        for (name, value) in forwarding.iter().flat_map(|f| f.lines(host)) {
-            for part in [name.as_bytes(), b": ", value, b"\r\n"] {
-                head.extend_from_slice(part);
-            }
         }
         match framing {
             Framing::Chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),

@@ -108,15 +108,6 @@ async fn exchange_with(
     script: Script,
     request: Request<RequestBody>,
 ) -> (Result<Exchange, ClientError>, Vec<u8>) {
-    exchange_forwarded(script, request, None).await
-}
-
-/// An exchange whose request carries the gateway's forwarding lines.
-async fn exchange_forwarded(
-    script: Script,
-    request: Request<RequestBody>,
-    forwarding: Option<&Forwarding>,
-) -> (Result<Exchange, ClientError>, Vec<u8>) {
     let body_len = match request.body().is_end_stream() {
         true => 0,
         false => request.headers()[CONTENT_LENGTH]
@@ -129,7 +120,7 @@ async fn exchange_forwarded(
     let stream = TcpStream::connect(addr).await.unwrap();
     let mut conn = Connection::new(WriteStall::new(stream, Duration::from_secs(10)));
     let outcome = async {
-        conn.start(request, forwarding, Duration::from_secs(10))?;
+        conn.start(request, Duration::from_secs(10))?;
         let head = poll_fn(|cx| conn.poll_head(cx)).await?;
         let mut body = Vec::new();
         while let Some(piece) = poll_fn(|cx| conn.poll_data(cx)).await {
@@ -189,15 +180,18 @@ async fn a_post_read_whole_leaves_with_its_length_and_its_body() {
 }
 
 #[tokio::test]
-async fn the_forwarding_lines_follow_the_requests_own_and_precede_its_framing() {
+async fn the_requests_lines_go_in_its_maps_order_and_its_framing_last() {
     let script = answers(b"HTTP/1.1 303 See Other\r\nLocation: /my/\r\nContent-Length: 0\r\n\r\n");
-    let forwarding = Forwarding {
-        for_: HeaderValue::from_static("192.0.2.9"),
-        proto: Some("https"),
-        host: true,
-    };
-    let request = request(Method::POST, Some(b"a=b"));
-    let (outcome, sent) = exchange_forwarded(script, request, Some(&forwarding)).await;
+    let mut request = request(Method::POST, Some(b"a=b"));
+    let headers = request.headers_mut();
+    for (name, value) in [
+        ("x-forwarded-for", "192.0.2.9"),
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "moodle.example"),
+    ] {
+        headers.append(name, HeaderValue::from_static(value));
+    }
+    let (outcome, sent) = exchange_with(script, request).await;
     outcome.unwrap();
     assert_eq!(
         String::from_utf8(sent).unwrap(),
@@ -534,7 +528,7 @@ async fn node_answering_each(answer: &'static [u8]) -> std::net::SocketAddr {
 
 /// One GET on `conn`, its body as the pieces the connection handed out.
 async fn body_pieces(conn: &mut Connection) -> Vec<Bytes> {
-    conn.start(request(Method::GET, None), None, Duration::from_secs(10))
+    conn.start(request(Method::GET, None), Duration::from_secs(10))
         .unwrap();
     poll_fn(|cx| conn.poll_head(cx)).await.unwrap();
     let mut pieces = Vec::new();
