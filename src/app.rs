@@ -324,7 +324,7 @@ impl App {
             let config = self.config();
             let (turned_away, tls_failed) = self.gateway.metrics().listener_counters();
             let listening = Listening::plain(&config.limits, &config.timeouts);
-            let public = (listening.clone().counting(turned_away, tls_failed)).passing_lines();
+            let public = listening.clone().counting(turned_away, tls_failed);
             (listening, public, config.state.save_every)
         };
         let save_to = self.save_to.as_deref().cloned();

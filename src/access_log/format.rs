@@ -8,7 +8,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::Request;
 
 use super::Pending;
-use crate::http::wire::{request_values, PassesLines};
 use crate::moodle;
 
 /// The combined log format, then the gateway's own fields as `key=value`:
@@ -88,13 +87,12 @@ pub(super) fn request_line<B>(request: &Request<B>) -> String {
     format!("{} {target} {version}", request.method())
 }
 
-/// The request's first line named `name`, as text, wherever the request keeps it
-/// (`User-Agent` and `Referer` may pass its map by on their way to the node).
-pub(super) fn header<'a, B: PassesLines>(
-    request: &'a Request<B>,
-    name: &'a http::header::HeaderName,
+/// The request's first line named `name`, as text.
+pub(super) fn header<'a>(
+    headers: &'a http::HeaderMap,
+    name: &http::header::HeaderName,
 ) -> Option<&'a str> {
-    let value = request_values(request, name).next()?;
+    let value = headers.get(name)?.as_bytes();
     std::str::from_utf8(value).ok().filter(|text| {
         text.bytes()
             .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))

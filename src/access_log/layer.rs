@@ -15,7 +15,6 @@ use std::task::{ready, Context, Poll};
 use http::{Request, Response};
 
 use super::{AccessLog, Begun, Logged, Trail};
-use crate::http::wire::PassesLines;
 
 /// Logs every request that passes through it, from the connection of `client`.
 #[derive(Debug, Clone)]
@@ -54,7 +53,6 @@ pub struct AccessLogged<S> {
 impl<S, B, R> tower::Service<Request<B>> for AccessLogged<S>
 where
     S: tower::Service<Request<B>, Response = Response<R>>,
-    B: PassesLines,
 {
     type Response = Response<Logged<R>>;
     type Error = S::Error;

@@ -38,7 +38,6 @@ use http_body::{Body, Frame, SizeHint};
 use crate::config::{AccessLogConfig, AccessLogFormat};
 use crate::http::body::BoxError;
 use crate::http::splice::{Pipe, Splice};
-use crate::http::wire::{PassedLines, PassesLines};
 use format::{combined, header, json, masked_referer, request_line};
 use writer::{Message, SendOrDrop};
 
@@ -101,15 +100,15 @@ impl AccessLog {
     }
 
     /// What to note of `request` before it is handed on; `None` when off.
-    fn begin<B: PassesLines>(&self, request: &Request<B>, client: IpAddr) -> Option<Begun> {
+    fn begin<B>(&self, request: &Request<B>, client: IpAddr) -> Option<Begun> {
         let sink = self.0.as_ref()?;
         Some(Begun {
             started: Instant::now(),
             at: SystemTime::now(),
             client,
             request_line: request_line(request),
-            referer: header(request, &REFERER).map(masked_referer),
-            user_agent: header(request, &USER_AGENT).map(str::to_owned),
+            referer: header(request.headers(), &REFERER).map(masked_referer),
+            user_agent: header(request.headers(), &USER_AGENT).map(str::to_owned),
             abandoned: Some(sink.clone()),
         })
     }
@@ -252,10 +251,6 @@ impl<B: Body + Unpin> Body for Logged<B> {
 }
 
 impl<B: Splice + Unpin> Splice for Logged<B> {
-    fn take_passed(&mut self) -> Option<PassedLines> {
-        self.body.take_passed()
-    }
-
     fn can_splice(&self) -> bool {
         self.body.can_splice()
     }

@@ -9,13 +9,12 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{ACCEPT_ENCODING, HOST};
+use http::header::HOST;
 use http::{Method, Request, Response};
 use http_body_util::Full;
 
 use super::Gateway;
 use crate::http::asset_cache::{Fill, Lookup, Role, Wants, FILL_WAIT};
-use crate::http::wire::{request_values, PassesLines};
 
 /// What the cache says of one request.
 pub(super) enum Cached {
@@ -29,7 +28,7 @@ pub(super) enum Cached {
 
 impl Gateway {
     /// The cache's word on `request`, a sessionless one.
-    pub(super) async fn cached<B: PassesLines>(&self, request: &Request<B>) -> Cached {
+    pub(super) async fn cached<B>(&self, request: &Request<B>) -> Cached {
         let method = request.method();
         let (uri, headers) = (request.uri(), request.headers());
         let now = SystemTime::now()
@@ -52,8 +51,7 @@ impl Gateway {
                 .map(|c| c.to_ascii_lowercase()),
         );
         key.push_str(target);
-        // Every line, wherever the listener keeps it: the node reads them all.
-        let wants = Wants::of(request_values(request, &ACCEPT_ENCODING));
+        let wants = Wants::from_headers(headers);
         let role = if *method == Method::HEAD {
             Role::Head
         } else {

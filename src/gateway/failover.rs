@@ -76,9 +76,6 @@ impl Gateway {
                 }
                 return upgraded.map(|response| (route, response, None));
             }
-            // The lines that go to the node as the student sent them: every try's.
-            let mut request = request;
-            let passed = request.body_mut().take_passed();
             let mut request = request.map(|body| Upload::new(body, &settings.bounds));
             // The body is read (into memory, or onto disk) before the node's slot is
             // taken: a student still sending holds no PHP worker, so they must not
@@ -106,12 +103,10 @@ impl Gateway {
                     authority: &upstream.authority,
                     conns: &upstream.conns,
                 };
-                let passed = passed.as_deref();
                 let forwarded = proxy::forward(
                     &self.pool,
                     target,
                     request,
-                    passed,
                     hygiene,
                     settings.bounds,
                     peer.reuse(),

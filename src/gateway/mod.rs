@@ -824,9 +824,10 @@ pub fn limits(config: &Config) -> Limits {
     }
 }
 
-/// The request's `User-Agent`, wherever the listener keeps it.
+/// The request's `User-Agent`.
 fn user_agent(request: &Request<StudentBody>) -> Option<&[u8]> {
-    crate::http::wire::request_values(request, &http::header::USER_AGENT).next()
+    let agent = request.headers().get(http::header::USER_AGENT)?;
+    Some(agent.as_bytes())
 }
 
 #[cfg(test)]

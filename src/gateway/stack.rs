@@ -34,7 +34,6 @@ use super::{Gateway, ProxyBody, Served, Settings, SettingsCache};
 use crate::access_log::{AccessLog, AccessLogLayer, Logged, Trail};
 use crate::error::GatewayError;
 use crate::http::proxy::{Client, Withheld};
-use crate::http::wire::PassesLines;
 
 /// The students' path for one connection from `client`: every layer a request passes
 /// through, outermost first, and the gateway's journey at the bottom. `withheld` is
@@ -168,7 +167,6 @@ pub struct Edge<S> {
 impl<S, B> Service<Request<B>> for Edge<S>
 where
     S: Service<Request<B>, Response = Response<ProxyBody>>,
-    B: PassesLines,
 {
     type Response = Response<ProxyBody>;
     type Error = S::Error;
@@ -336,6 +334,8 @@ where
     }
 }
 
+#[cfg(test)]
+mod outer_layer;
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicUsize;

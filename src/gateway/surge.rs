@@ -21,7 +21,6 @@ use crate::cluster::slots::{Ask, Class, Ended, Permit};
 use crate::cluster::upstreams::Upstream;
 use crate::config::SurgeConfig;
 use crate::error::GatewayError;
-use crate::http::wire::PassesLines;
 use crate::logs::Every;
 use crate::moodle::Work;
 use crate::sessions::affinity::SessionState;
@@ -152,7 +151,7 @@ impl Gateway {
 
     /// The waiting room's word on a newcomer's request: held only when the room is
     /// on, some node taking newcomers has a cap, and it is a page view.
-    pub(super) fn waiting_room<B: PassesLines>(
+    pub(super) fn waiting_room<B>(
         &self,
         request: &Request<B>,
         secure: bool,

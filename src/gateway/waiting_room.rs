@@ -38,7 +38,6 @@ use http_body_util::Full;
 
 use crate::cluster::slots::Load;
 use crate::config::RoomConfig;
-use crate::http::wire::{request_values, PassesLines};
 use crate::metrics::{Metrics, RoomNow};
 
 use page::Figures;
@@ -84,10 +83,11 @@ struct Line {
 }
 
 /// Whether a request is a person's page view that a waiting page can stand in for.
-pub fn is_page_view<B: PassesLines>(request: &Request<B>) -> bool {
+pub fn is_page_view<B>(request: &Request<B>) -> bool {
     let method = request.method();
-    let accepts = request_values(request, &ACCEPT);
-    let accepts_html = { accepts }.any(|v| memchr::memmem::find(v, b"text/html").is_some());
+    let accepts = request.headers().get_all(ACCEPT).iter();
+    let accepts_html =
+        { accepts }.any(|v| memchr::memmem::find(v.as_bytes(), b"text/html").is_some());
     (method == Method::GET || method == Method::HEAD) && accepts_html
 }
 

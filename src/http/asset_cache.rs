@@ -47,7 +47,7 @@ use tokio::sync::watch;
 
 use crate::http::body::BoxError;
 use crate::http::splice::{Pipe, Splice};
-use crate::http::wire::{names_lines, PassedLines};
+use crate::http::wire::names_lines;
 
 mod coding;
 
@@ -388,13 +388,8 @@ pub struct Fill {
 impl Fill {
     /// The node's answer, read for the cache as it streams to the student when it may
     /// be kept; otherwise the answer as it is (and the fill given up).
-    pub fn keep<B: Splice>(self, response: Response<B>) -> Response<Teed<B>> {
-        let (mut parts, mut body) = response.into_parts();
-        // The caching lines pass the map by on their way to the student (see
-        // `PassedLines::passes`): the cache reads and keeps them, so they go back.
-        if let Some(passed) = body.take_passed() {
-            passed.fold_into(&mut parts.headers);
-        }
+    pub fn keep<B>(self, response: Response<B>) -> Response<Teed<B>> {
+        let (parts, body) = response.into_parts();
         let limit = self.cache.max_entry;
         let length = parts.headers.get(header::CONTENT_LENGTH);
         let length = length.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
@@ -606,11 +601,6 @@ impl<B> Splice for Teed<B>
 where
     B: Splice + Unpin,
 {
-    /// The cache keeps only its own list of an answer's lines, none of them passed.
-    fn take_passed(&mut self) -> Option<PassedLines> {
-        self.inner.take_passed()
-    }
-
     /// Not while the body is being copied into the cache: the copy needs its bytes.
     fn can_splice(&self) -> bool {
         self.filling.is_none() && self.inner.can_splice()

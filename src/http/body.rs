@@ -16,7 +16,6 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use crate::http::splice::{Pipe, Splice};
-use crate::http::wire::PassedLines;
 
 /// A body error as hyper wants it.
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -190,10 +189,6 @@ impl<B> Splice for IdleLimited<B>
 where
     B: Splice + Unpin,
 {
-    fn take_passed(&mut self) -> Option<PassedLines> {
-        self.inner.take_passed()
-    }
-
     fn can_splice(&self) -> bool {
         self.inner.can_splice()
     }

@@ -31,9 +31,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{
-    self, HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING,
-};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
@@ -42,13 +40,11 @@ use tokio::net::TcpStream;
 
 use crate::clock::Deadline;
 use crate::http::body::BoxError;
-use crate::http::proxy::Forwarding;
 use crate::http::splice::Pipe;
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
 use crate::http::wire::{
-    chunk_line, closed, ends_chunked, is_accel, itoa, known_names, line, name_is, parse_length,
-    Outgoing, PassedLines,
+    chunk_line, closed, ends_chunked, itoa, known_names, line, name_is, parse_length, Outgoing,
 };
 
 /// The node connection's read buffer, so also the largest response head a node may
@@ -65,9 +61,6 @@ const BODY_PARTS: usize = 3;
 /// Response header lines a node may send (hyper's limit, and far above Moodle's
 /// dozen or so).
 const MAX_HEADERS: usize = 100;
-
-// One bit each in `parse_head`'s `dropped`.
-const _: () = assert!(MAX_HEADERS <= 128);
 
 /// The longest chunk-size line accepted in a chunked body.
 const MAX_CHUNK_LINE: usize = 4096;
@@ -110,11 +103,6 @@ pub struct Connection {
     reading: Reading,
     /// The request was a `HEAD`: its answer has no body whatever it says.
     head_request: bool,
-    /// The answer's lines that go to the student as they came, until the side
-    /// that writes the head takes them ([`Self::take_passed`]). Kept here rather
-    /// than in the answer: the connection stays in its box, while an answer is
-    /// moved through every layer of the stack.
-    passed: PassedLines,
     /// The node lets the connection carry another exchange after this one.
     keep_alive: bool,
     /// How long the node may take to its answer's head once it has the request
@@ -269,7 +257,6 @@ impl Connection {
             write_failed: None,
             reading: Reading::Idle,
             head_request: false,
-            passed: PassedLines::default(),
             keep_alive: true,
             head_wait: Duration::MAX,
             head_timer: None,
@@ -296,8 +283,6 @@ impl Connection {
     pub fn start(
         &mut self,
         request: Request<RequestBody>,
-        forwarding: Option<&Forwarding>,
-        passed: Option<&PassedLines>,
         head_wait: Duration,
     ) -> Result<(), ClientError> {
         debug_assert_eq!(self.reading, Reading::Idle);
@@ -328,25 +313,13 @@ impl Connection {
         // The framing is the one chosen above, whatever the map says: a length
         // that disagreed with the body would let the node read the next request
         // on the connection as the rest of this one.
-        let (mut declared, mut host) = (false, None);
+        let mut declared = false;
         for (name, value) in headers {
             if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
                 declared |= name == CONTENT_LENGTH;
                 continue;
             }
-            if name == HOST {
-                host = Some(value);
-            }
             line(head, name, value);
-        }
-        // The student's lines that passed the map by, as the student sent them.
-        if let Some(passed) = passed {
-            passed.write(head);
-        }
-        for (name, value) in forwarding.iter().flat_map(|f| f.lines(host)) {
-            for part in [name.as_bytes(), b": ", value, b"\r\n"] {
-                head.extend_from_slice(part);
-            }
         }
         match framing {
             Framing::Chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
@@ -372,12 +345,6 @@ impl Connection {
     /// node closes this one without answering.
     pub fn take_request_head(&mut self) -> Option<Parts> {
         self.request_head.take()
-    }
-
-    /// The lines of the answer just read that go to the student as they came
-    /// (none for an answer without a body, whose map has them).
-    pub(crate) fn take_passed(&mut self) -> Option<PassedLines> {
-        (!self.passed.is_empty()).then(|| std::mem::take(&mut self.passed))
     }
 
     /// Sends what is left of the request and waits for the answer's head.
@@ -532,8 +499,6 @@ impl Connection {
             && self.keep_alive
             && self.buf.is_empty();
         self.reading = Reading::Idle;
-        // Not taken (the answer went elsewhere): they hold the buffer's bytes.
-        self.passed = PassedLines::default();
         // Used up: taken back to its start if nothing holds it (as `poll_fill` would),
         // else let go, so that an idle connection does not keep the memory a slow
         // student's chunks still pin.
@@ -720,59 +685,29 @@ impl Connection {
                 .filter(|reason| Some(*reason) != status.canonical_reason())
                 .and_then(|reason| hyper::ext::ReasonPhrase::try_from(reason.as_bytes()).ok());
             // Where each line sits, so that the values can be cut from the
-            // buffer once the parser lets go of it.
+            // buffer once the parser lets go of it. The head is at most
+            // NODE_BUFFER long (checked above): offsets fit.
+            debug_assert!(len <= NODE_BUFFER, "the offsets below are u16s");
             let base = self.buf.as_ptr() as usize;
-            let offset = |part: &[u8]| part.as_ptr() as usize - base;
-            // The head is at most NODE_BUFFER long (checked above): offsets fit.
-            let span = |line: &httparse::Header<'_>| {
-                let name = line.name.as_bytes();
-                (
-                    offset(name) as u16,
-                    name.len() as u16,
-                    offset(line.value) as u16,
-                    line.value.len() as u16,
-                )
-            };
+            let offset = |part: &[u8]| (part.as_ptr() as usize - base) as u16;
             let mut answer = AnswerHead::new(version);
             let mut spans = [(0u16, 0u16, 0u16, 0u16); MAX_HEADERS];
-            debug_assert!(len <= NODE_BUFFER, "the offsets below are u16s");
             let mut count = 0;
-            // The lines about this connection alone, not passed on: one bit each.
-            let mut dropped = 0u128;
-            let mut passed = PassedLines::default();
-            // An upgrade is the tunnel's to read whole.
-            let mut whole = status == StatusCode::SWITCHING_PROTOCOLS;
-            for (at, line) in parsed.headers.iter().enumerate() {
+            for line in parsed.headers.iter() {
                 let name = line.name.as_bytes();
-                if !answer.note(name, line.value) {
-                    dropped |= 1 << at;
-                    continue;
-                }
-                let (name_at, name_len, value_at, value_len) = span(line);
-                if PassedLines::passes(name) {
-                    let date = name_is(name, b"date");
-                    whole |= !passed.push(name_at, value_at, value_at + value_len, date);
-                    continue;
-                }
-                whole |= is_accel(name);
-                spans[count] = (name_at, name_len, value_at, value_len);
-                count += 1;
-            }
-            if whole || answer.names_lines {
-                // Every line into the map, in the node's order.
-                passed = PassedLines::default();
-                count = 0;
-                for (at, line) in parsed.headers.iter().enumerate() {
-                    if dropped & 1 << at == 0 {
-                        spans[count] = span(line);
-                        count += 1;
-                    }
+                // The lines about this connection alone are not passed on.
+                if answer.note(name, line.value) {
+                    let value = line.value;
+                    spans[count] = (
+                        offset(name),
+                        name.len() as u16,
+                        offset(value),
+                        value.len() as u16,
+                    );
+                    count += 1;
                 }
             }
             let raw = self.buf.split_to(len).freeze();
-            if !passed.is_empty() {
-                passed.set_head(raw.clone());
-            }
             let mut headers = self
                 .request_head
                 .take()
@@ -801,12 +736,6 @@ impl Connection {
                 Some(Decoder::Length(0)) => Reading::Done,
                 Some(decoder) => Reading::Body(decoder),
             };
-            if self.reading == Reading::Done {
-                // Nothing will hold the connection until the head is written.
-                passed.fold_into(&mut headers);
-            } else {
-                self.passed = passed;
-            }
             let mut response = Response::new(());
             *response.status_mut() = status;
             *response.version_mut() = version;
@@ -920,7 +849,8 @@ known_names! {
     /// The names Moodle's answers carry, spelt as PHP and its web server write
     /// them: matched as they are before the general parse, which folds the case
     /// of every byte and looks the name up, and copies a name it does not know
-    /// (`X-Powered-By`) into an allocation of its own, for every answer.
+    /// (`X-Powered-By`) into an allocation of its own, for every answer. Every
+    /// line goes into the answer's map, so the usual ones are listed here.
     fn known_name, KNOWN_SPELLINGS;
     b"Date" => header::DATE,
     b"Server" => header::SERVER,
@@ -939,11 +869,20 @@ known_names! {
     b"X-Powered-By" => X_POWERED_BY,
     b"Content-Script-Type" => CONTENT_SCRIPT_TYPE,
     b"Content-Style-Type" => CONTENT_STYLE_TYPE,
+    b"Content-Encoding" => header::CONTENT_ENCODING,
+    b"Content-Disposition" => header::CONTENT_DISPOSITION,
+    b"Location" => header::LOCATION,
+    b"Referrer-Policy" => header::REFERRER_POLICY,
+    b"Strict-Transport-Security" => header::STRICT_TRANSPORT_SECURITY,
+    b"X-Content-Type-Options" => header::X_CONTENT_TYPE_OPTIONS,
+    b"X-XSS-Protection" => header::X_XSS_PROTECTION,
+    b"X-UA-Compatible" => X_UA_COMPATIBLE,
 }
 
 const X_POWERED_BY: HeaderName = HeaderName::from_static("x-powered-by");
 const CONTENT_SCRIPT_TYPE: HeaderName = HeaderName::from_static("content-script-type");
 const CONTENT_STYLE_TYPE: HeaderName = HeaderName::from_static("content-style-type");
+const X_UA_COMPATIBLE: HeaderName = HeaderName::from_static("x-ua-compatible");
 
 /// A chunk-size line's size: hexadecimal digits, then perhaps whitespace and
 /// extensions after `;` (ignored), nothing else.

@@ -25,7 +25,6 @@ use http::{Method, Request, Uri, Version};
 
 use crate::config::LimitsConfig;
 use crate::error::GatewayError;
-use crate::http::wire::PassesLines;
 
 /// The rules, from `[limits]` and `[site] hosts`.
 #[derive(Debug, Clone)]
@@ -57,7 +56,7 @@ impl EdgeRules {
 
     /// Checks `request` and, for HTTP/2, gives it the `Host` header PHP needs
     /// (HTTP/2 carries the host in `:authority`).
-    pub fn admit<B: PassesLines>(&self, request: &mut Request<B>) -> Result<(), GatewayError> {
+    pub fn admit<B>(&self, request: &mut Request<B>) -> Result<(), GatewayError> {
         // A reverse proxy for a web application: CONNECT would make it a tunnel to
         // anywhere, TRACE echoes credentials back (cross-site tracing), and
         // extension methods (a lowercase `get` among them) mean nothing to PHP.
@@ -79,12 +78,7 @@ impl EdgeRules {
         if target > self.max_uri_bytes {
             return Err(GatewayError::UriTooLong);
         }
-        let mut lines = Lines::of(request.headers());
-        // The lines that pass the map by count as much as those in it.
-        if let Some(passed) = request.body().passed_lines() {
-            lines.count += passed.len();
-            lines.bytes += passed.written_len();
-        }
+        let lines = Lines::of(request.headers());
         if lines.count > self.max_headers {
             return Err(GatewayError::HeadersTooLarge);
         }

@@ -105,9 +105,6 @@ pub(crate) struct Listening {
     tls: Option<TlsAcceptor>,
     /// Connections turned away at `max_connections`, and failed TLS handshakes.
     counters: Option<(IntCounter, IntCounter)>,
-    /// Requests' lines that nothing reads closely go to the node as they came
-    /// (the students' listener; see [`server::Limits::pass_lines`]).
-    pass_lines: bool,
 }
 
 impl Listening {
@@ -123,7 +120,6 @@ impl Listening {
             write_stall: timeouts.body_idle,
             tls: None,
             counters: None,
-            pass_lines: false,
         }
     }
 
@@ -131,16 +127,6 @@ impl Listening {
     pub(crate) fn counting(self, turned_away: IntCounter, tls_failed: IntCounter) -> Self {
         let counters = Some((turned_away, tls_failed));
         Self { counters, ..self }
-    }
-
-    /// The same, its requests' unread lines passed to the node as they came: the
-    /// students' listener, whose path reads such lines only through
-    /// [`crate::http::wire::request_values`].
-    pub(crate) fn passing_lines(self) -> Self {
-        Self {
-            pass_lines: true,
-            ..self
-        }
     }
 
     /// The same, over TLS when `tls` is set.
@@ -495,7 +481,6 @@ impl Serving {
             keep_alive: how.keep_alive,
             max_headers: how.max_headers,
             head_bytes: how.http1_buffer,
-            pass_lines: how.pass_lines,
         };
         Self {
             how,

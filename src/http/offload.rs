@@ -31,7 +31,6 @@ use http::{Method, Request, Response, StatusCode};
 use super::body::IdleLimited;
 use super::pool::{Conns, Pool};
 use super::proxy::{self, Bounds, Failed, Hygiene, Peer, Target};
-use super::splice::Splice;
 use super::upload::Upload;
 use crate::error::GatewayError;
 
@@ -153,7 +152,6 @@ impl Offload {
             pool,
             export,
             request,
-            None,
             Hygiene::Due(peer),
             bounds,
             peer.reuse(),
@@ -169,10 +167,9 @@ impl Offload {
             tracing::debug!(export = %self.authority, path, "file offload failed: {error}");
             error
         })?;
-        let (file, mut body) = file.into_parts();
-        // The export's own lines (its `Date`, `Server`, …) would go out beside the
-        // node's: the node speaks for the file, as it always did.
-        drop(body.take_passed());
+        // The node's head speaks for the file, as it always did: of the export's,
+        // only the lines that describe the bytes sent go on.
+        let (file, body) = file.into_parts();
         match file.status {
             StatusCode::OK | StatusCode::PARTIAL_CONTENT | StatusCode::RANGE_NOT_SATISFIABLE => {}
             StatusCode::NOT_FOUND => {

@@ -49,11 +49,9 @@ use tokio::net::TcpStream;
 use crate::http::body::BoxError;
 use crate::http::client::{ClientError, Connection};
 use crate::http::fault::ConnectFault;
-use crate::http::proxy::Forwarding;
 use crate::http::splice::{Pipe, Splice};
 use crate::http::stall::WriteStall;
 use crate::http::upload::RequestBody;
-use crate::http::wire::PassedLines;
 
 /// How long a kept connection must have been idle before a student's first request
 /// may take it (see the module's note): longer than a node's late bytes take.
@@ -306,8 +304,6 @@ impl Lease {
     pub async fn send(
         mut self,
         request: Request<RequestBody>,
-        forwarding: Option<&Forwarding>,
-        passed: Option<&PassedLines>,
         reused: bool,
         head_wait: Duration,
     ) -> Result<Response<NodeBody>, SendError> {
@@ -318,7 +314,7 @@ impl Lease {
                 sent_head: None,
             });
         }
-        let head = match self.conn.start(request, forwarding, passed, head_wait) {
+        let head = match self.conn.start(request, head_wait) {
             Ok(()) => poll_fn(|cx| self.conn.poll_head(cx)).await,
             Err(error) => Err(error),
         };
@@ -501,13 +497,6 @@ impl Body for NodeBody {
 }
 
 impl Splice for NodeBody {
-    fn take_passed(&mut self) -> Option<PassedLines> {
-        match &mut self.source {
-            Source::Leased(Some(lease), _) => lease.conn.take_passed(),
-            _ => None,
-        }
-    }
-
     fn can_splice(&self) -> bool {
         matches!(&self.source, Source::Leased(Some(lease), None) if lease.conn.can_splice())
     }
@@ -611,7 +600,7 @@ mod tests {
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
         let (lease, _) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
-        let answered = lease.send(get(), None, None, false, Duration::from_secs(10));
+        let answered = lease.send(get(), false, Duration::from_secs(10));
         let node_side = async {
             let mut stream = streams.recv().await.unwrap();
             let mut head = [0u8; 1024];
@@ -634,7 +623,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let sent = tokio::time::timeout(
             Duration::from_secs(10),
-            lease.send(get(), None, None, true, Duration::from_secs(10)),
+            lease.send(get(), true, Duration::from_secs(10)),
         )
         .await;
         let failed = sent.expect("the request hung").unwrap_err();
@@ -663,7 +652,7 @@ mod tests {
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
         let (lease, _) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
-        let answered = lease.send(get(), None, None, false, Duration::from_secs(10));
+        let answered = lease.send(get(), false, Duration::from_secs(10));
         let mut node_stream = streams.recv().await.unwrap();
         let mut head = [0u8; 1024];
         // The node answers while the body is read, as a node does: its writes may
@@ -726,7 +715,7 @@ mod tests {
         // The kept connection carries the next exchange from its first byte.
         let (lease, reused) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
         assert!(reused);
-        let answered = lease.send(get(), None, None, true, Duration::from_secs(10));
+        let answered = lease.send(get(), true, Duration::from_secs(10));
         let node_side = async {
             let mut head = [0u8; 1024];
             let _ = node_stream.read(&mut head).await.unwrap();

@@ -27,7 +27,7 @@ use crate::http::offload;
 use crate::http::pool::{ConnectError, Conns, NodeBody, Pool, Reuse, SendError};
 use crate::http::spool::Spool;
 use crate::http::upload::{RequestBody, Upload};
-use crate::http::wire::{names_lines, PassedLines};
+use crate::http::wire::names_lines;
 
 /// How long the parts of one exchange may take, and how large the upload may be.
 #[derive(Debug, Clone, Copy)]
@@ -134,10 +134,7 @@ pub fn is_https(headers: &HeaderMap, peer: Peer<'_>) -> bool {
 /// `request` as it goes to `upstream`: origin-form target, HTTP/1.1 whatever the
 /// student spoke (an HTTP/2 request's host is already in its Host header, its cookie
 /// crumbs are joined here), and the header hygiene of `prepare_request_headers`.
-/// The gateway's own forwarding lines come back apart, for the node side to write
-/// after the request's ([`Forwarding::insert`] puts them in the map instead).
-#[must_use]
-pub fn prepare<B>(upstream: &Authority, request: &mut Request<B>, peer: Peer<'_>) -> Forwarding {
+pub fn prepare<B>(upstream: &Authority, request: &mut Request<B>, peer: Peer<'_>) {
     if request.uri().authority().is_some() {
         *request.uri_mut() = origin_form(request.uri());
     }
@@ -239,7 +236,6 @@ pub fn forward<'a>(
     pool: &'a Pool,
     target: Target<'a>,
     mut request: Request<Upload>,
-    passed: Option<&'a PassedLines>,
     hygiene: Hygiene<'a>,
     bounds: Bounds,
     reuse: Reuse,
@@ -271,10 +267,9 @@ pub fn forward<'a>(
         // the node and must never run twice.
         let replayable =
             matches!(*request.method(), Method::GET | Method::HEAD) && request.body().is_empty();
-        let forwarding = match hygiene {
-            Hygiene::Due(peer) => Some(prepare(authority, &mut request, peer)),
-            Hygiene::Done => None,
-        };
+        if let Hygiene::Due(peer) = hygiene {
+            prepare(authority, &mut request, peer);
+        }
         if let Some(len) = request.body().whole_len() {
             sized(request.headers_mut(), len);
         }
@@ -288,10 +283,7 @@ pub fn forward<'a>(
             error, sent_head, ..
         } = loop {
             let (lease, reused) = next;
-            match lease
-                .send(request, forwarding.as_ref(), passed, reused, head_wait)
-                .await
-            {
+            match lease.send(request, reused, head_wait).await {
                 Ok(response) => return Ok(answered(name, response, bounds.body_idle)?),
                 // The node closed a kept connection as it was taken: nothing was
                 // sent, so another connection carries the request. Each failed
@@ -315,12 +307,8 @@ pub fn forward<'a>(
         // student's own upload fault).
         let seen = classify_error(name, &error);
         match sent_head.filter(|_| replayable && error.closed_without_answer()) {
-            Some(mut head) => {
+            Some(head) => {
                 tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
-                // As it was sent: the forwarding lines went apart from the map.
-                if let Some(forwarding) = &forwarding {
-                    forwarding.insert(&mut head.headers);
-                }
                 let unsent = Some(Request::from_parts(head, Upload::empty()));
                 Err(Failed {
                     error: seen,
@@ -509,59 +497,10 @@ fn is_hop_by_hop_spelt(name: &str) -> bool {
     name == "keep-alive" || name.starts_with("proxy-")
 }
 
-const FOR: &str = "x-forwarded-for";
-const PROTO: &str = "x-forwarded-proto";
-const HOST: &str = "x-forwarded-host";
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static(FOR);
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static(PROTO);
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static(HOST);
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const CLIENT_IP: HeaderName = HeaderName::from_static("client-ip");
-
-/// The `X-Forwarded-*` lines the gateway adds to a request, kept apart from its
-/// header map: the node side writes them after the request's own lines. Inserted
-/// into the map, the three cost some 1,200 instructions a request (hashing, the
-/// map growing, its buckets dropped, a `Host` lookup), for lines that are only
-/// ever written out.
-#[derive(Debug, Clone)]
-pub struct Forwarding {
-    /// `X-Forwarded-For`: the student's address, after a trusted proxy's chain.
-    pub(crate) for_: HeaderValue,
-    /// `X-Forwarded-Proto`, unless a trusted proxy's is kept in the map.
-    pub(crate) proto: Option<&'static str>,
-    /// `X-Forwarded-Host` is the request's `Host`, unless a trusted proxy's is
-    /// kept in the map (or the request has no `Host`).
-    pub(crate) host: bool,
-}
-
-impl Forwarding {
-    /// Each line (name, value) as it is written after the request's own lines,
-    /// `host` being the request's `Host` (its writer has just passed it).
-    pub(crate) fn lines<'a>(
-        &'a self,
-        host: Option<&'a HeaderValue>,
-    ) -> impl Iterator<Item = (&'static str, &'a [u8])> + 'a {
-        let host = (host.filter(|_| self.host)).map(|host| (HOST, host.as_bytes()));
-        let proto = (self.proto).map(|proto| (PROTO, proto.as_bytes()));
-        std::iter::once((FOR, self.for_.as_bytes()))
-            .chain(proto)
-            .chain(host)
-    }
-
-    /// Puts the lines into `headers`: for a request that leaves through hyper's
-    /// client (a WebSocket's), or goes again as it was sent.
-    pub fn insert(&self, headers: &mut HeaderMap) {
-        let lines: Vec<(HeaderName, HeaderValue)> = self
-            .lines(headers.get(header::HOST))
-            .map(|(name, value)| {
-                let value = HeaderValue::from_bytes(value).expect("copied from a header value");
-                (HeaderName::from_static(name), value)
-            })
-            .collect();
-        for (name, value) in lines {
-            headers.insert(name, value);
-        }
-    }
-}
 
 /// Header hygiene for the upstream request. `Host` is left exactly as the browser sent
 /// it, because Moodle compares it with `$CFG->wwwroot` (only a request without one,
@@ -569,11 +508,7 @@ impl Forwarding {
 /// value the client made up is replaced unless the peer is a trusted proxy (so is
 /// `Forwarded`, dropped), and `Client-IP` is always dropped because Moodle's
 /// `getremoteaddr()` would believe it.
-fn prepare_request_headers(
-    headers: &mut HeaderMap,
-    peer: Peer<'_>,
-    upstream: &Authority,
-) -> Forwarding {
+fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>, upstream: &Authority) {
     // One pass over the lines instead of a hashed lookup for each header that is
     // usually absent.
     let (mut client_ip, mut underscored, mut accel) = (false, false, false);
@@ -654,14 +589,20 @@ fn prepare_request_headers(
     if has_host && !keep_host {
         headers.remove(X_FORWARDED_HOST);
     }
-    Forwarding {
-        for_: chain.unwrap_or_else(|| peer.forwarded_for.clone()),
-        proto: match (peer.tls, keep_proto) {
-            (true, _) => Some("https"),
-            (false, true) => None,
-            (false, false) => Some("http"),
-        },
-        host: host && !keep_host,
+    let for_ = chain.unwrap_or_else(|| peer.forwarded_for.clone());
+    headers.append(X_FORWARDED_FOR, for_);
+    let proto = match (peer.tls, keep_proto) {
+        (true, _) => Some("https"),
+        (false, true) => None,
+        (false, false) => Some("http"),
+    };
+    if let Some(proto) = proto {
+        headers.append(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    }
+    if host && !keep_host {
+        if let Some(host) = headers.get(header::HOST).cloned() {
+            headers.append(X_FORWARDED_HOST, host);
+        }
     }
 }
 
@@ -786,10 +727,10 @@ mod tests {
         client.peer(trusted)
     }
 
-    /// The hygiene, with the forwarding lines put in the map as the node reads them.
+    /// The hygiene, as the node reads the map.
     fn prepared(map: &mut HeaderMap, trusted: bool) {
         let upstream = Authority::from_static("10.0.0.11:80");
-        prepare_request_headers(map, peer(trusted), &upstream).insert(map);
+        prepare_request_headers(map, peer(trusted), &upstream);
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {

@@ -49,8 +49,7 @@ use crate::http::listener::Stopping;
 use crate::http::splice::{Pipe, Splice, PIPE_FILL};
 use crate::http::stall::PROVEN;
 use crate::http::wire::{
-    chunk_line, ends_chunked, has_token, itoa, known_names, line, names_lines, parse_length,
-    Outgoing, PassedLines, PassesLines,
+    chunk_line, ends_chunked, has_token, itoa, known_names, line, parse_length, Outgoing,
 };
 use halves::{ReadHalf, WriteHalf};
 
@@ -109,9 +108,6 @@ pub(crate) struct Limits {
     pub max_headers: usize,
     /// The most bytes a head may take before it is complete.
     pub head_bytes: usize,
-    /// A request's lines that nothing on the way reads closely go to its node as
-    /// they came ([`PassedLines::passes_request`]): the students' listener.
-    pub pass_lines: bool,
 }
 
 /// How a connection ended on this side.
@@ -123,13 +119,8 @@ pub(crate) enum Ended {
 }
 
 /// A student's request body: none, one this side reads by its `Content-Length`,
-/// or hyper's (on a connection handed over, and over HTTP/2); with the request's
-/// lines that go to its node as they came ([`PassedLines::passes_request`]).
-///
-/// Why the lines ride here: the body goes wherever the request does, and a box
-/// of its own costs one small allocation, where the request's extensions cost
-/// three and a hash table, some 900 instructions a request.
-pub struct StudentBody(Kind, Option<Box<PassedLines>>);
+/// or hyper's (on a connection handed over, and over HTTP/2).
+pub struct StudentBody(Kind);
 
 enum Kind {
     Empty,
@@ -140,23 +131,12 @@ enum Kind {
 impl StudentBody {
     /// No body.
     pub fn empty() -> Self {
-        Self(Kind::Empty, None)
-    }
-
-    /// The request's lines that go to its node as they came, taken to be sent.
-    pub(crate) fn take_passed(&mut self) -> Option<Box<PassedLines>> {
-        self.1.take()
+        Self(Kind::Empty)
     }
 
     /// hyper's body for a request hyper's server read.
     pub fn hyper(incoming: Incoming) -> Self {
-        Self(Kind::Hyper(incoming), None)
-    }
-}
-
-impl PassesLines for StudentBody {
-    fn passed_lines(&self) -> Option<&PassedLines> {
-        self.1.as_deref()
+        Self(Kind::Hyper(incoming))
     }
 }
 
@@ -452,29 +432,14 @@ pub(crate) struct FromHyper<S>(pub S);
 impl<S, B> hyper::service::Service<Request<Incoming>> for FromHyper<S>
 where
     S: tower::Service<Request<StudentBody>, Response = Response<B>> + Clone,
-    B: Splice,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = futures_util::future::MapOk<
-        tower::util::Oneshot<S, Request<StudentBody>>,
-        fn(Response<B>) -> Response<B>,
-    >;
+    type Future = tower::util::Oneshot<S, Request<StudentBody>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let answer = tower::util::Oneshot::new(self.0.clone(), request.map(StudentBody::hyper));
-        futures_util::TryFutureExt::map_ok(answer, with_passed_lines as fn(_) -> _)
+        tower::util::Oneshot::new(self.0.clone(), request.map(StudentBody::hyper))
     }
-}
-
-/// `response` with the node's passed lines in its map, for hyper, which writes
-/// only the map.
-fn with_passed_lines<B: Splice>(response: Response<B>) -> Response<B> {
-    let (mut parts, mut body) = response.into_parts();
-    if let Some(passed) = body.take_passed() {
-        passed.fold_into(&mut parts.headers);
-    }
-    Response::from_parts(parts, body)
 }
 
 /// Serves `io`'s requests with `service` until the connection closes or a request
@@ -531,7 +496,6 @@ where
             request,
             body_len,
             keep_alive,
-            passed,
         } = head;
         let method = request.method().clone();
         let version = request.version();
@@ -543,7 +507,7 @@ where
                 back: connection.back.clone(),
             })),
         };
-        let body = StudentBody(kind, passed);
+        let body = StudentBody(kind);
         // Ready at once: no layer of the students' stack makes a request wait
         // for readiness (past `max_in_flight` a student gets a quick 503), so
         // nothing waits here that the listener's closing would have to cut short.
@@ -635,7 +599,6 @@ struct Head {
     request: Request<()>,
     body_len: u64,
     keep_alive: bool,
-    passed: Option<Box<PassedLines>>,
 }
 
 /// How a response's body is framed on the wire.
@@ -765,7 +728,6 @@ impl Connection {
                 match parse(
                     &mut reading.buf,
                     limits.max_headers,
-                    limits.pass_lines,
                     &mut scratch.spans,
                     &mut scratch.cached,
                 ) {
@@ -852,8 +814,7 @@ impl Connection {
         B: Body<Data = Bytes> + Splice,
         B::Error: Into<BoxError>,
     {
-        let (parts, mut body) = response.into_parts();
-        let passed = body.take_passed();
+        let (parts, body) = response.into_parts();
         let length = if body.is_end_stream() {
             BodyLength::None
         } else {
@@ -864,15 +825,13 @@ impl Connection {
         let mut framing = write_head(
             &mut self.out().head,
             &parts,
-            passed.as_ref(),
             method,
             version,
             length,
             keep_alive,
         )?;
-        // Written: they hold the node connection's read buffer, which it reuses
-        // once nothing else does.
-        drop(passed);
+        // Written: the values hold the node connection's read buffer, which it
+        // reuses once nothing else does.
         let mut headers = parts.headers;
         headers.clear();
         self.scratch().cached = Some(headers);
@@ -1185,6 +1144,9 @@ known_names! {
     b"Sec-Fetch-User" => SEC_FETCH_USER,
     b"X-Requested-With" => X_REQUESTED_WITH,
     b"Priority" => PRIORITY,
+    b"sec-ch-ua" => SEC_CH_UA,
+    b"sec-ch-ua-mobile" => SEC_CH_UA_MOBILE,
+    b"sec-ch-ua-platform" => SEC_CH_UA_PLATFORM,
 }
 
 const SEC_FETCH_DEST: HeaderName = HeaderName::from_static("sec-fetch-dest");
@@ -1193,6 +1155,9 @@ const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
 const SEC_FETCH_USER: HeaderName = HeaderName::from_static("sec-fetch-user");
 const X_REQUESTED_WITH: HeaderName = HeaderName::from_static("x-requested-with");
 const PRIORITY: HeaderName = HeaderName::from_static("priority");
+const SEC_CH_UA: HeaderName = HeaderName::from_static("sec-ch-ua");
+const SEC_CH_UA_MOBILE: HeaderName = HeaderName::from_static("sec-ch-ua-mobile");
+const SEC_CH_UA_PLATFORM: HeaderName = HeaderName::from_static("sec-ch-ua-platform");
 
 /// Reads the request head at the front of `buf`, if it is whole and plain.
 ///
@@ -1203,7 +1168,6 @@ const PRIORITY: HeaderName = HeaderName::from_static("priority");
 fn parse(
     buf: &mut BytesMut,
     max_headers: usize,
-    pass: bool,
     spans: &mut Vec<Span>,
     cached: &mut Option<HeaderMap>,
 ) -> Parsed {
@@ -1243,28 +1207,11 @@ fn parse(
     let mut body_len = None;
     let mut keep_alive = version == Version::HTTP_11;
     let mut close = false;
-    let mut passed = PassedLines::default();
     // Lines that send the request to hyper's server, once every line is read:
     // `Transfer-Encoding` is looked at with `Content-Length` first.
     let (mut for_hyper, mut chunked, mut lengths) = (false, false, 0);
-    // Every line into the map after all: more than `PassedLines` holds, an empty
-    // value, or a `Connection` naming lines, which the proxy removes from the map.
-    let mut whole = !pass;
     for line in parsed.headers.iter() {
-        let raw_name = line.name.as_bytes();
-        if !whole && PassedLines::passes_request(raw_name) {
-            let value_at = offset(line.value);
-            // A head past 64 KiB (`max_header_bytes` allows it) keeps its lines in
-            // the map; the name and the value's start come before the end.
-            if let Ok(end) = u16::try_from(value_at + line.value.len()) {
-                let (start, value_at) = (offset(raw_name) as u16, value_at as u16);
-                if passed.push(start, value_at, end, false) {
-                    continue;
-                }
-            }
-            whole = true;
-        }
-        let Some(name) = request_name(raw_name) else {
+        let Some(name) = request_name(line.name.as_bytes()) else {
             return Parsed::ForHyper;
         };
         if name == header::CONTENT_LENGTH {
@@ -1281,7 +1228,6 @@ fn parse(
             } else if !keep_alive {
                 keep_alive = has_token(line.value, b"keep-alive");
             }
-            whole |= names_lines(line.value);
         } else if name == header::TRANSFER_ENCODING {
             (chunked, for_hyper) = (true, true);
         } else if name == header::EXPECT || name == header::UPGRADE {
@@ -1297,18 +1243,6 @@ fn parse(
     }
     if for_hyper {
         return Parsed::ForHyper;
-    }
-    if whole && !passed.is_empty() {
-        // Again from the start, every line into the map in the student's order.
-        passed = PassedLines::default();
-        spans.clear();
-        for line in parsed.headers.iter() {
-            let raw_name = line.name.as_bytes();
-            let Some(name) = request_name(raw_name) else {
-                return Parsed::ForHyper;
-            };
-            spans.push((name, offset(line.value) as u32, line.value.len() as u32));
-        }
     }
     let raw = buf.split_to(len).freeze();
     let Ok(uri) = http::Uri::from_maybe_shared(raw.slice(path_at.0..path_at.0 + path_at.1)) else {
@@ -1329,15 +1263,10 @@ fn parse(
     *request.uri_mut() = uri;
     *request.version_mut() = version;
     *request.headers_mut() = headers;
-    let passed = (!passed.is_empty()).then(|| {
-        passed.set_head(raw);
-        Box::new(passed)
-    });
     Parsed::Head(Head {
         request,
         body_len: body_len.unwrap_or(0),
         keep_alive,
-        passed,
     })
 }
 
@@ -1418,7 +1347,6 @@ fn can_have_length(status: StatusCode) -> bool {
 fn write_head(
     head: &mut Vec<u8>,
     parts: &http::response::Parts,
-    passed: Option<&PassedLines>,
     method: &Method,
     request_version: Version,
     length: BodyLength,
@@ -1426,14 +1354,12 @@ fn write_head(
 ) -> Result<Framing, Cut> {
     let mut status = parts.status;
     let mut headers = &parts.headers;
-    let mut passed = passed;
     let no_headers = HeaderMap::new();
     let mut length = length;
     if status.is_informational() {
         // A service cannot answer with one (hyper's rule: a 500 in its place).
         status = StatusCode::INTERNAL_SERVER_ERROR;
         headers = &no_headers;
-        passed = None;
         length = BodyLength::None;
         *keep_alive = false;
     }
@@ -1543,10 +1469,6 @@ fn write_head(
             continue;
         }
         line(head, name, value);
-    }
-    if let Some(passed) = passed {
-        passed.write(head);
-        wrote_date |= passed.has_date();
     }
     let framing = match framing {
         Some(framing) => framing,

@@ -32,7 +32,6 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 use http_body_util::{Either, Full};
 
-use crate::http::wire::PassedLines;
 use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -183,19 +182,14 @@ fn poll_splice(
     }
 }
 
-/// What of a node's answer can reach the student without passing through the
-/// gateway's own structures: its next body bytes, from the node's socket into a
-/// [`Pipe`] instead of coming as frames, and the header lines it passes as they
-/// came. Every body the students' side writes implements it; only a node's body
-/// (and the layers around it) ever has either.
+/// How a node's answer body can reach the student without passing through the
+/// gateway's memory: its next bytes, from the node's socket into a [`Pipe`],
+/// instead of coming as frames. Every body the students' side writes implements
+/// it; only a node's body (and the layers around it) ever splices, and a body that
+/// does not (the defaults) simply goes as frames: nothing is lost by leaving a
+/// method out. The answer's head is never here: every header is in the
+/// response's `HeaderMap`.
 pub trait Splice {
-    /// The node's header lines that go to the student as they came, taken by the
-    /// side that writes the head ([`PassedLines`]): they belong with the body
-    /// because every layer that keeps a node's body keeps its head too.
-    fn take_passed(&mut self) -> Option<PassedLines> {
-        None
-    }
-
     /// Whether the body's next bytes can come by [`Splice::poll_splice`] now.
     fn can_splice(&self) -> bool {
         false
@@ -225,13 +219,6 @@ where
     L: Splice + Unpin,
     R: Splice + Unpin,
 {
-    fn take_passed(&mut self) -> Option<PassedLines> {
-        match self {
-            Either::Left(left) => left.take_passed(),
-            Either::Right(right) => right.take_passed(),
-        }
-    }
-
     fn can_splice(&self) -> bool {
         match self {
             Either::Left(left) => left.can_splice(),

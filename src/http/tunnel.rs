@@ -82,8 +82,7 @@ pub async fn forward(
     // The body (if any) under the same size and pause limits as any upload.
     let mut request =
         request.map(|body| RequestBody::new(Upload::new(body, &bounds), bounds.max_body_bytes));
-    let forwarding = proxy::prepare(upstream, &mut request, peer);
-    forwarding.insert(request.headers_mut());
+    proxy::prepare(upstream, &mut request, peer);
     // The hop-by-hop pair that asks for the switch goes back on after the header
     // hygiene removed it: WebSocket alone, whatever else the client listed.
     let headers = request.headers_mut();

@@ -388,8 +388,8 @@ async fn a_nodes_own_lines_reach_the_student_once_whichever_side_writes_the_head
     })
     .await;
     let gateway = in_front_of(node, "").await;
-    // A plain GET's answer is written by the gateway's own HTTP/1.1 side, with the
-    // node's lines as they came; a chunked upload's by hyper's, from the map.
+    // A plain GET's answer is written by the gateway's own HTTP/1.1 side, a chunked
+    // upload's by hyper's: both from the answer's map.
     let plain = support::get(&gateway.url("/")).await;
     let (mut sender, body) = Channel::<Bytes>::new(1);
     let uploader = tokio::spawn(async move {

@@ -124,8 +124,8 @@ pub async fn try_exchange(
         .map_err(|_| format!("{method} {url}: no answer within {limit:?}"))?
         .map_err(|e| format!("{method} {url}: {e}"))?;
     let target = url.splitn(4, '/').nth(3).unwrap_or("");
-    // Moodle's own lines the gateway passes as they came (and an offloaded file's,
-    // which the export also sends): every answer carries each of them once.
+    // Moodle's own lines (and an offloaded file's, which the export also sends):
+    // every answer carries each of them once.
     for name in [
         "date",
         "server",

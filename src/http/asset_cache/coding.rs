@@ -13,6 +13,8 @@
 //! question, asked by RFC 9110 12.5.3 of the answer's own `Content-Encoding`: the
 //! cache never sends a coding the browser did not accept, whatever PHP would do.
 
+use http::header::{HeaderMap, HeaderValue, ACCEPT_ENCODING};
+
 /// The coding a Moodle node answers an asset request in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Coding {
@@ -47,6 +49,16 @@ impl Wants {
             any = true;
         }
         Self { joined, any }
+    }
+
+    /// A request's `Accept-Encoding`, read from its map: every line of the name.
+    pub fn from_headers(headers: &HeaderMap) -> Self {
+        Self::of(
+            headers
+                .get_all(ACCEPT_ENCODING)
+                .iter()
+                .map(HeaderValue::as_bytes),
+        )
     }
 
     /// The coding the node will answer in (PHP's `php_zlib_output_encoding()`).

@@ -7,7 +7,7 @@
 use bytes::BytesMut;
 use http::Response;
 
-use super::{ClientError, Connection, Decoder, PassedLines, Reading, NODE_BUFFER};
+use super::{ClientError, Connection, Decoder, Reading, NODE_BUFFER};
 
 /// How an answer's body was framed, as the reader decided from its head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub enum AnswerFraming {
 /// A node's answer as the reader took it.
 #[derive(Debug)]
 pub struct Answer {
-    /// The head, with the lines passed on as they came folded into its map.
+    /// The head, every line the reader passes on in its map.
     pub response: Response<()>,
     /// How its body was framed.
     pub framing: AnswerFraming,
@@ -52,7 +52,6 @@ impl Connection {
         self.head_request = head_request;
         self.keep_alive = true;
         self.request_head = None;
-        self.passed = PassedLines::default();
         let mut rest = bytes;
         let mut arrive = |buf: &mut BytesMut| {
             let (now, later) = rest.split_at(piece.max(1).min(rest.len()));
@@ -61,7 +60,7 @@ impl Connection {
             !now.is_empty()
         };
         // As `poll_head`, the request all sent.
-        let mut response = loop {
+        let response = loop {
             if !self.buf.is_empty() {
                 if let Some(response) = self.parse_head()? {
                     break response;
@@ -81,9 +80,6 @@ impl Connection {
             Reading::Body(Decoder::Close) => AnswerFraming::Close,
             _ => AnswerFraming::None,
         };
-        if let Some(passed) = self.take_passed() {
-            passed.fold_into(response.headers_mut());
-        }
         // As `poll_data`.
         let mut body = Vec::new();
         while let Reading::Body(decoder) = self.reading {

@@ -16,7 +16,7 @@ use crate::http::listener::Stopping;
 pub enum RequestRead {
     /// The head is not complete yet.
     Partial,
-    /// Read by this side: the request (its passed lines folded into its map), the
+    /// Read by this side: the request with every header line in its map, the
     /// length of its body (0 for none), whether the connection may carry another
     /// request, and how many bytes the head took.
     Head {
@@ -37,32 +37,19 @@ pub enum RequestRead {
 }
 
 /// Parses `bytes` as the first read of a connection with `max_headers` as
-/// `limits.max_headers`, passing lines by as the students' listener does when
-/// `pass_lines`.
-pub fn parse_request(bytes: &[u8], max_headers: usize, pass_lines: bool) -> RequestRead {
+/// `limits.max_headers`.
+pub fn parse_request(bytes: &[u8], max_headers: usize) -> RequestRead {
     let mut buf = BytesMut::from(bytes);
-    match parse(
-        &mut buf,
-        max_headers,
-        pass_lines,
-        &mut Vec::new(),
-        &mut None,
-    ) {
+    match parse(&mut buf, max_headers, &mut Vec::new(), &mut None) {
         Parsed::Partial => RequestRead::Partial,
         Parsed::ForHyper | Parsed::ForHyperFrom(_) => RequestRead::ForHyper,
         Parsed::Refuse(error) => RequestRead::Refused(error.status().as_u16()),
-        Parsed::Head(head) => {
-            let mut request = head.request;
-            if let Some(passed) = head.passed {
-                passed.fold_into(request.headers_mut());
-            }
-            RequestRead::Head {
-                request,
-                body_len: head.body_len,
-                keep_alive: head.keep_alive,
-                consumed: bytes.len() - buf.len(),
-            }
-        }
+        Parsed::Head(head) => RequestRead::Head {
+            request: head.request,
+            body_len: head.body_len,
+            keep_alive: head.keep_alive,
+            consumed: bytes.len() - buf.len(),
+        },
     }
 }
 
@@ -78,7 +65,6 @@ where
         keep_alive: std::time::Duration::from_secs(75),
         max_headers: 100,
         head_bytes: 16 * 1024,
-        pass_lines: true,
     };
     let mut service =
         tower::service_fn(move |request| std::future::ready(Ok::<_, Infallible>(answer(request))));

@@ -20,7 +20,6 @@ fn limits() -> Limits {
         keep_alive: Duration::from_secs(4),
         max_headers: 100,
         head_bytes: 16 * 1024,
-        pass_lines: true,
     }
 }
 
