@@ -512,10 +512,12 @@ where
         // for readiness (past `max_in_flight` a student gets a quick 503), so
         // nothing waits here that the listener's closing would have to cut short.
         let Ok(()) = poll_fn(|cx| service.poll_ready(cx)).await;
-        let answer = service.call(request.map(|()| body));
         // Boxed, in one allocation: an idle connection's task keeps room for
         // whatever it awaits, and the stack's future and the answer being written
-        // (some 5 KB) are needed only while a request is in flight.
+        // (some 5 KB) are needed only while a request is in flight. The stack is
+        // called inside the exchange, so that its future has one place in the box
+        // (an argument moved into a pinned local would take two).
+        let answer = || service.call(request.map(|()| body));
         let exchange = connection.exchange(answer, method, version, keep_alive, stopping);
         let Ok(keep_alive) = Box::pin(exchange).await else {
             return Ended::Closed;
@@ -649,12 +651,12 @@ enum Spliced {
 struct Cut;
 
 impl Connection {
-    /// Waits for the stack's `answer` to a request and writes it; whether the
+    /// Calls the stack (`answer`), waits for its answer and writes it; whether the
     /// connection is kept after it (`keep_alive` as the request asked, turned false
     /// when the listener closes meanwhile or the answer says so).
     async fn exchange<F, B>(
         &mut self,
-        answer: F,
+        answer: impl FnOnce() -> F,
         method: Method,
         version: Version,
         mut keep_alive: bool,
@@ -666,7 +668,7 @@ impl Connection {
         B::Error: Into<BoxError>,
     {
         let Ok(response) = {
-            let mut answer = std::pin::pin!(answer);
+            let mut answer = std::pin::pin!(answer());
             poll_fn(|cx| {
                 if keep_alive && stopping.poll_stopped(cx) {
                     keep_alive = false;
