@@ -152,8 +152,12 @@ impl Config {
             || "no redirect listener".to_owned(),
             |a| format!("plain HTTP on {a} is redirected to https"),
         );
+        let hsts = t.hsts.map_or_else(
+            || "no Strict-Transport-Security".to_owned(),
+            |h| format!("Strict-Transport-Security: {}", h.value()),
+        );
         format!(
-            "on (HTTP/2 and HTTP/1.1), cert {}, key {}; {redirect}",
+            "on (HTTP/2 and HTTP/1.1), cert {}, key {}; {redirect}; {hsts}",
             t.cert.display(),
             t.key.display()
         )

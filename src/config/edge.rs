@@ -7,13 +7,14 @@ use std::fs;
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use toml::de::DeValue;
 
 use super::check::{integer, Checker, Section, Span};
 use super::values::{format_size, listeners_clash, parse_size, site_host};
 use super::{
-    io_reason, LimitsConfig, TlsConfig, DEFAULT_BUFFER_BODY_BYTES, DEFAULT_HTTP2_MAX_STREAMS,
+    io_reason, Hsts, LimitsConfig, TlsConfig, DEFAULT_BUFFER_BODY_BYTES, DEFAULT_HTTP2_MAX_STREAMS,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADERS, DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_URI_BYTES, DEFAULT_SPOOL_BODY_BYTES, DEFAULT_SPOOL_DIR,
     DEFAULT_SPOOL_MAX_BYTES,
@@ -22,7 +23,7 @@ use super::{
 const LIMITS_KEYS: &str = "max_header_bytes max_headers max_uri_bytes max_body_bytes \
                            buffer_body_bytes spool_body_bytes spool_max_bytes spool_dir \
                            max_connections max_in_flight http2_max_streams";
-const TLS_KEYS: &str = "cert key redirect_listen";
+const TLS_KEYS: &str = "cert key redirect_listen hsts_max_age hsts_include_subdomains";
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -208,11 +209,36 @@ impl Checker<'_> {
         let cert = self.pem_file(&s, "cert", cert_pem_problem);
         let key = self.pem_file(&s, "key", key_pem_problem);
         let redirect_listen = self.redirect_listen(&s, listeners);
+        let hsts = self.hsts(&s);
         Some(TlsConfig {
             cert: cert?,
             key: key?,
             redirect_listen,
+            hsts,
         })
+    }
+
+    /// `hsts_max_age` turns the header on; `hsts_include_subdomains` means
+    /// nothing without it, so alone it is an error rather than silently nothing.
+    fn hsts(&mut self, s: &Section) -> Option<Hsts> {
+        let want = "a duration string (like \"365d\")";
+        let max_age = self.parsed_as(s, "hsts_max_age", want, hsts_max_age);
+        let subdomains = self.typed(s, "hsts_include_subdomains", "true or false", |v| {
+            v.as_bool()
+        });
+        match (max_age, subdomains) {
+            (Some((max_age, _)), subdomains) => Some(Hsts {
+                max_age,
+                include_subdomains: subdomains.is_some_and(|(on, _)| on),
+            }),
+            (None, Some((_, span))) if s.get("hsts_max_age").is_none() => {
+                let message =
+                    "needs tls.hsts_max_age: without it no Strict-Transport-Security is sent";
+                self.error(s.key("hsts_include_subdomains"), Some(span), message);
+                None
+            }
+            (None, _) => None,
+        }
     }
 
     /// The plain-HTTP listener that redirects to HTTPS needs a port of its own.
@@ -254,6 +280,19 @@ impl Checker<'_> {
             }
             None => Some(path),
         }
+    }
+}
+
+/// Zero is allowed, unlike other durations: `max-age=0` is how a site tells
+/// browsers to forget an HSTS it sent before. Two years is the most browser
+/// preload lists ask for; longer is more likely a typo than a plan.
+fn hsts_max_age(raw: &str) -> Result<Duration, String> {
+    const TWO_YEARS: Duration = Duration::from_secs(2 * 365 * 24 * 3600);
+    let age = humantime::parse_duration(raw)
+        .map_err(|_| format!("{raw:?} is not a duration (like \"365d\", or \"0s\" to withdraw)"))?;
+    match age <= TWO_YEARS {
+        true => Ok(age),
+        false => Err(format!("{raw:?} is longer than two years (\"730d\")")),
     }
 }
 

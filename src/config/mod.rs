@@ -339,6 +339,30 @@ pub struct TlsConfig {
     pub key: PathBuf,
     /// `redirect_listen`: an optional plain-HTTP listener that redirects to HTTPS.
     pub redirect_listen: Option<SocketAddr>,
+    /// `hsts_max_age` and `hsts_include_subdomains`: what the TLS listener's
+    /// answers say in `Strict-Transport-Security`; `None`, no such header.
+    pub hsts: Option<Hsts>,
+}
+
+/// HTTP Strict Transport Security (RFC 6797), sent over TLS only: browsers ignore
+/// it over plain HTTP, and the redirect listener never sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hsts {
+    /// How long a browser keeps going straight to https; zero tells it to forget.
+    pub max_age: Duration,
+    /// The same for every sub-domain of the site's host.
+    pub include_subdomains: bool,
+}
+
+impl Hsts {
+    /// The header's value, as browsers read it.
+    pub fn value(self) -> String {
+        let age = self.max_age.as_secs();
+        match self.include_subdomains {
+            true => format!("max-age={age}; includeSubDomains"),
+            false => format!("max-age={age}"),
+        }
+    }
 }
 
 /// `[admin]`. `Debug` is written by hand so the token never reaches a log.

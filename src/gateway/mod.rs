@@ -144,6 +144,9 @@ pub struct Settings {
     pub surge: SurgeConfig,
     /// `[cache] enabled`: the store itself outlives reloads, in the gateway.
     cache_on: bool,
+    /// `Strict-Transport-Security` for the TLS listener's answers (`[tls]
+    /// hsts_max_age`); a connection takes the one in force when it opens.
+    pub hsts: Option<HeaderValue>,
 }
 
 impl Settings {
@@ -174,6 +177,9 @@ impl Settings {
                 .map(|o| Export::new(o, previous.and_then(|p| p.export.as_ref()))),
             surge: config.surge.clone(),
             cache_on: config.cache.enabled,
+            hsts: (config.tls.as_ref())
+                .and_then(|tls| tls.hsts)
+                .and_then(|hsts| HeaderValue::try_from(hsts.value()).ok()),
         })
     }
 

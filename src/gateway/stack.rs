@@ -27,8 +27,10 @@ use std::task::{Context, Poll};
 use crate::cluster::slots::Class;
 use crate::http::server::StudentBody;
 use futures_util::future::Either;
+use http::header::STRICT_TRANSPORT_SECURITY;
 use http::{Request, Response};
 use tower::{Layer, Service, ServiceBuilder};
+use tower_http::set_header::SetResponseHeaderLayer;
 
 use super::{Gateway, ProxyBody, Served, Settings, SettingsCache};
 use crate::access_log::{AccessLog, AccessLogLayer, Logged, Trail};
@@ -51,6 +53,11 @@ pub fn students(
 > + Clone
        + Send
        + 'static {
+    // Taken when the connection opens: a reload applies to the next ones.
+    let hsts = match client.tls {
+        true => gateway.settings_cache().load().hsts.clone(),
+        false => None,
+    };
     let client = Arc::new(client);
     // Only a log that writes lines asks the journey for its trail.
     let noting = log.is_on();
@@ -66,6 +73,14 @@ pub fn students(
         // Outermost, so every request gets its line, the refusals below included,
         // and one dropped before its answer is logged as 499.
         .layer(AccessLogLayer::new(log, client.ip))
+        // Over TLS with `hsts_max_age` set, every answer tells the browser to come
+        // back over https only, the gateway's own answers too; a header the node
+        // sent itself is left as it is.
+        .option_layer(
+            hsts.map(|hsts| {
+                SetResponseHeaderLayer::if_not_present(STRICT_TRANSPORT_SECURITY, hsts)
+            }),
+        )
         // What a request must be before anything looks at it (method, sizes, one
         // framing, one known host): junk costs no lookup and takes no place.
         .layer(EdgeLayer::new(gateway.clone(), client.clone()))

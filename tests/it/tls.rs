@@ -42,6 +42,16 @@ impl TestCert {
         (read("cert.pem"), read("key.pem"))
     }
 
+    /// `[tls]` naming this certificate's files, as dotted keys for a config.
+    fn config_keys(&self) -> String {
+        let path = |name: &str| self.dir.join(name).display().to_string();
+        format!(
+            "tls.cert = {:?}\ntls.key = {:?}\n",
+            path("cert.pem"),
+            path("key.pem")
+        )
+    }
+
     fn certificates(&self) -> Arc<Certificates> {
         Certificates::load(&self.dir.join("cert.pem"), &self.dir.join("key.pem")).unwrap()
     }
@@ -384,4 +394,110 @@ pub async fn visit(https: SocketAddr, browser: &rustls::ClientConfig) -> rustls:
     drop(h1);
     let _ = connection.await;
     handshake
+}
+
+/// One `method` request for `path` over a new HTTP/1.1 connection to `https`.
+async fn ask_over_tls(
+    https: SocketAddr,
+    cert: &TestCert,
+    method: &str,
+    path: &str,
+) -> Response<()> {
+    let stream = tls_connect(https, cert, b"http/1.1").await;
+    let (mut h1, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost")
+        .body(Body::empty())
+        .unwrap();
+    let response = h1.send_request(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    body.collect().await.unwrap();
+    Response::from_parts(parts, ())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_hsts_on_every_https_answer_says_so_and_plain_http_never_does() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let cert = TestCert::new("hsts");
+    let keys = cert.config_keys();
+    let on = format!("{keys}tls.hsts_max_age = \"365d\"\ntls.hsts_include_subdomains = true");
+    let (https, redirect) = gateway_with(&cluster, &cert, &on).await;
+    let want = "max-age=31536000; includeSubDomains";
+
+    // A Moodle page over HTTP/1.1, and the gateway's own refusal of a method.
+    let page = ask_over_tls(https, &cert, "GET", "/login/index.php").await;
+    assert_eq!(page.status(), 200);
+    assert_eq!(page.headers()["strict-transport-security"], want);
+    let refused = ask_over_tls(https, &cert, "TRACE", "/").await;
+    assert_eq!(refused.status(), 405);
+    assert_eq!(refused.headers()["strict-transport-security"], want);
+
+    // HTTP/2 the same.
+    let stream = tls_connect(https, &cert, b"h2").await;
+    let (mut h2, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = Request::get("https://localhost/login/index.php")
+        .version(Version::HTTP_2)
+        .body(Body::empty())
+        .unwrap();
+    let page = h2.send_request(request).await.unwrap();
+    assert_eq!(page.headers()["strict-transport-security"], want);
+
+    // The redirect listener speaks plain HTTP: a browser must not learn it there
+    // (RFC 6797 8.1), so it is never sent.
+    let url = format!("http://{redirect}/login/index.php");
+    let moved = crate::support::send(&url, "GET", &[("host", "localhost")], "").await;
+    assert_eq!(moved.status, 308);
+    assert!(!moved.headers.contains_key("strict-transport-security"));
+
+    // Off unless asked for.
+    let (https, _) = gateway_with(&cluster, &cert, &keys).await;
+    let page = ask_over_tls(https, &cert, "GET", "/login/index.php").await;
+    assert_eq!(page.status(), 200);
+    assert!(!page.headers().contains_key("strict-transport-security"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_chooses_the_cipher_suite_from_what_the_client_offers() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let cert = TestCert::new("order");
+    let (https, _) = gateway(&cluster, &cert).await;
+    // A client that prefers ChaCha20 but also offers AES-GCM gets AES-GCM, the
+    // gateway's first choice; one that offers ChaCha20 alone still connects.
+    use rustls::crypto::ring::cipher_suite::{
+        TLS13_AES_128_GCM_SHA256, TLS13_CHACHA20_POLY1305_SHA256,
+    };
+    for (offered, chosen) in [
+        (
+            vec![TLS13_CHACHA20_POLY1305_SHA256, TLS13_AES_128_GCM_SHA256],
+            TLS13_AES_128_GCM_SHA256,
+        ),
+        (
+            vec![TLS13_CHACHA20_POLY1305_SHA256],
+            TLS13_CHACHA20_POLY1305_SHA256,
+        ),
+    ] {
+        let provider = rustls::crypto::CryptoProvider {
+            cipher_suites: offered,
+            ..rustls::crypto::ring::default_provider()
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der.clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let stream = connect_with(https, &client).await;
+        let suite = stream.get_ref().1.negotiated_cipher_suite().unwrap();
+        assert_eq!(suite.suite(), chosen.suite());
+    }
 }

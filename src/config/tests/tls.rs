@@ -61,8 +61,8 @@ fn tls_files_are_resolved_against_the_config_directory() {
     assert_eq!(tls.key, dir.0.join("key.pem"));
     assert_eq!(tls.redirect_listen, None);
     let shown = c.describe().replace(&dir.0.display().to_string(), "DIR");
-    let want =
-        "tls: on (HTTP/2 and HTTP/1.1), cert DIR/cert.pem, key DIR/key.pem; no redirect listener\n";
+    let want = "tls: on (HTTP/2 and HTTP/1.1), cert DIR/cert.pem, key DIR/key.pem; \
+                no redirect listener; no Strict-Transport-Security\n";
     assert!(shown.contains(want), "{shown}");
     let abs = dir.0.join("cert.pem").display().to_string();
     let doc = format!("[tls]\ncert = {abs:?}\nkey = \"key.pem\"\nredirect_listen = \"0.0.0.0:80\"");
@@ -70,7 +70,7 @@ fn tls_files_are_resolved_against_the_config_directory() {
     let tls = c.tls.clone().unwrap();
     assert_eq!(tls.cert.display().to_string(), abs);
     assert_eq!(tls.redirect_listen, Some("0.0.0.0:80".parse().unwrap()));
-    let want = "; plain HTTP on 0.0.0.0:80 is redirected to https\n";
+    let want = "; plain HTTP on 0.0.0.0:80 is redirected to https;";
     assert!(c.describe().contains(want), "{}", c.describe());
 }
 
@@ -107,7 +107,8 @@ fn tls_problems() {
         dir.errors("[tls]\ncert = \"key.pem\"\nkey = \"cert.pem\"\nport = 443"),
         "2: tls.cert: DIR/key.pem holds a private key, not a certificate: are cert and key swapped?\n\
          3: tls.key: DIR/cert.pem holds a certificate, not a private key: are cert and key swapped?\n\
-         4: tls.port: unknown key (expected one of: cert, key, redirect_listen)"
+         4: tls.port: unknown key (expected one of: cert, key, redirect_listen, hsts_max_age, \
+         hsts_include_subdomains)"
     );
     assert_eq!(
         dir.errors("[tls]\ncert = \"cert.der\"\nkey = \"enc.pem\""),
@@ -171,5 +172,55 @@ fn the_redirect_listener_needs_a_port_of_its_own() {
     assert_eq!(
         c.tls.unwrap().redirect_listen,
         Some("[::]:80".parse().unwrap())
+    );
+}
+
+#[test]
+fn hsts_is_off_unless_a_max_age_is_given() {
+    let dir = Dir::new("hsts", &[("cert.pem", CERT), ("key.pem", KEY)]);
+    let files = "[tls]\ncert = \"cert.pem\"\nkey = \"key.pem\"\n";
+    assert_eq!(dir.parse(files).unwrap().tls.unwrap().hsts, None);
+    let c = dir
+        .parse(&format!("{files}hsts_max_age = \"365d\""))
+        .unwrap();
+    let hsts = c.tls.clone().unwrap().hsts.unwrap();
+    assert_eq!(hsts.value(), "max-age=31536000");
+    assert!(c
+        .describe()
+        .contains("; Strict-Transport-Security: max-age=31536000\n"));
+    let both = format!("{files}hsts_max_age = \"2h\"\nhsts_include_subdomains = true");
+    let hsts = dir.parse(&both).unwrap().tls.unwrap().hsts.unwrap();
+    assert_eq!(hsts.value(), "max-age=7200; includeSubDomains");
+    // Zero is how a site that turned HSTS on tells browsers to forget it.
+    let forget = dir.parse(&format!("{files}hsts_max_age = \"0s\"")).unwrap();
+    assert_eq!(forget.tls.unwrap().hsts.unwrap().value(), "max-age=0");
+    let preload = dir
+        .parse(&format!("{files}hsts_max_age = \"730d\""))
+        .unwrap();
+    assert_eq!(
+        preload.tls.unwrap().hsts.unwrap().value(),
+        "max-age=63072000"
+    );
+}
+
+#[test]
+fn hsts_problems_name_the_key() {
+    let dir = Dir::new("hsts-bad", &[("cert.pem", CERT), ("key.pem", KEY)]);
+    let files = "[tls]\ncert = \"cert.pem\"\nkey = \"key.pem\"\n";
+    assert_eq!(
+        dir.errors(&format!("{files}hsts_include_subdomains = true")),
+        "4: tls.hsts_include_subdomains: needs tls.hsts_max_age: without it no \
+         Strict-Transport-Security is sent"
+    );
+    let errors = dir.errors(&format!(
+        "{files}hsts_max_age = 31536000\nhsts_include_subdomains = \"yes\""
+    ));
+    assert!(
+        errors.starts_with("4: tls.hsts_max_age: expected a duration string"),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("5: tls.hsts_include_subdomains: expected true or false, found string"),
+        "{errors}"
     );
 }
