@@ -91,6 +91,7 @@ students_mode() {
     echo "## Students with think time over TLS ($(date -u +%Y-%m-%dT%H:%MZ), one proxy thread each)"
     echo
     python3 "$here/lib/students.py" report "$raw"
+    echo "loadavg at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
 # h2load_run ROUND WORKLOAD PROXY SECONDS: one h2load run, a raw line for benchtool's
@@ -142,6 +143,7 @@ h2_mode() {
     echo "## HTTP/2 over TLS ($(date -u +%Y-%m-%dT%H:%MZ), one proxy thread each, $CONNS connections, $H2_STREAMS stream(s) at once on each, ${DURATION}s x ${ROUNDS:-3} rounds)"
     echo
     python3 "$BENCHTOOL" report "$RAW" "$WORK/verdicts.jsonl"
+    echo "loadavg at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
 echo "TLS harness: modes $MODES; keep-alive idle timeout ${BENCH_KEEPALIVE}s on every proxy"
