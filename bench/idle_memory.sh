@@ -10,9 +10,9 @@
 #   bench/idle_memory.sh target/release/moodle-gateway      # ~3 min
 #
 # Each proxy starts afresh for each variant (plain, then TLS), so memory freed by one
-# run cannot serve the next. TLS: one self-signed ECDSA P-256 certificate for all
-# three, each proxy's TLS defaults otherwise (TLS 1.3 here), ALPN http/1.1 only,
-# every connection a full handshake. The idle timeouts are raised to 300 s for all
+# run cannot serve the next. TLS as lib/tls.sh sets it for all three (one
+# self-signed ECDSA P-256 certificate, TLS 1.3), ALPN http/1.1 only, every
+# connection a full handshake. The idle timeouts are raised to 300 s for all
 # three so that no connection closes during the run; the client counts the
 # connections still open at the end, and a proxy that closed some is flagged.
 # nginx runs with `keepalive_timeout` and nothing else changed: its small
@@ -35,17 +35,12 @@ set -uo pipefail
 BIN=$(realpath "$1"); CONNS=${CONNS:-2000} WARM=${WARM:-1200} RATE=${RATE:-300}
 VARIANTS=${VARIANTS:-"plain tls"}; PROXIES_MEASURED=${PROXIES_MEASURED:-"gateway nginx haproxy"}
 export BENCH_PORT_BASE=${BENCH_PORT_BASE:-18800} PROXY_THREADS=1 BENCH_LOAD_TOOL=""
+export BENCH_KEEPALIVE=300 BENCH_ALPN=http/1.1 GATEWAY_TIMEOUTS='upstream_idle = "300s"'
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/stack.sh"
 stack_init
 export GATEWAY_CMD=${GATEWAY_CMD:-"$BIN --config \"\$GATEWAY_CONFIG\""}
 start_backends 2>/dev/null
-
-cert=$WORK/tls/cert.pem key=$WORK/tls/key.pem
-mkdir -p "$WORK/tls"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-    -subj /CN=localhost -keyout "$key" -out "$cert" 2>/dev/null || die "openssl could not make a certificate"
-cat "$cert" "$key" >"$WORK/tls/haproxy.pem"
 
 rss_kib() { # pid -> resident KiB of it and its descendants
     local total=0 p kib
@@ -68,44 +63,14 @@ settle() { # pid -> the resident KiB once two readings 1 s apart agree within 0.
     echo "$now"
 }
 
-# start_proxy PROXY VARIANT: the proxy's bench config, idle timeouts raised, TLS on
-# its port for "tls"; sets PID and PORT.
+# start_proxy PROXY VARIANT: a fresh PROXY with its bench config, idle timeouts raised,
+# TLS on its port for "tls" (lib/tls.sh); sets PID and PORT.
 start_proxy() {
-    local proxy=$1 variant=$2 d=$WORK/$1-$2 i servers=""
-    mkdir -p "$d/tmp"
-    common_kv
-    case $proxy in
-    gateway)
-        PORT=$GATEWAY_PORT
-        render "$BENCH_DIR/gateway.config.toml.tmpl" "$d/config.toml" "${CKV[@]}"
-        printf '\n[timeouts]\nkeep_alive = "300s"\nupstream_idle = "300s"\n' >>"$d/config.toml"
-        [ "$variant" = tls ] && printf '\n[tls]\ncert = "%s"\nkey = "%s"\n' "$cert" "$key" >>"$d/config.toml"
-        GATEWAY_CONFIG=$d/config.toml TOKIO_WORKER_THREADS=1 \
-            bash -c "cd '$d' && exec $GATEWAY_CMD" >"$d/stdout.log" 2>&1 &
-        ;;
-    nginx)
-        PORT=$NGINX_PROXY_PORT
-        for i in 0 1 2 3; do servers+="        server 127.0.0.1:${WEB_PORTS[$i]};"$'\n'; done
-        render "$BENCH_DIR/conf/proxy.nginx.conf.tmpl" "$d/nginx.conf" "${CKV[@]}" \
-            "USER_LINE=$(user_line)" "NGINX_WEB_SERVERS=$servers"
-        sed -i -e "s|$WORK/nginx-proxy|$d|g" \
-            -e 's|keepalive_timeout 120s;|keepalive_timeout 300s;|' "$d/nginx.conf"
-        [ "$variant" = tls ] && sed -i -e "s|listen 127.0.0.1:$PORT backlog=4096;|listen 127.0.0.1:$PORT ssl backlog=4096;\n        ssl_certificate $cert;\n        ssl_certificate_key $key;|" "$d/nginx.conf"
-        "$NGINX_BIN" -p "$d" -c "$d/nginx.conf" -g 'daemon off;' >"$d/stdout.log" 2>&1 &
-        ;;
-    haproxy)
-        PORT=$HAPROXY_PORT
-        for i in 0 1 2 3; do servers+="    server ${WEB_NAMES[$i]} 127.0.0.1:${WEB_PORTS[$i]}"$'\n'; done
-        render "$BENCH_DIR/conf/haproxy.cfg.tmpl" "$d/haproxy.cfg" "${CKV[@]}" "HAPROXY_WEB_SERVERS=$servers"
-        sed -i -e "s|$WORK/haproxy/admin.sock|$d/admin.sock|" \
-            -e 's|timeout client 60s|timeout client 300s|; s|timeout http-keep-alive 60s|timeout http-keep-alive 300s|' "$d/haproxy.cfg"
-        [ "$variant" = tls ] && sed -i -e "s|bind 127.0.0.1:$PORT|bind 127.0.0.1:$PORT ssl crt $WORK/tls/haproxy.pem alpn http/1.1|" "$d/haproxy.cfg"
-        "$HAPROXY_BIN" -db -f "$d/haproxy.cfg" >"$d/stdout.log" 2>&1 &
-        ;;
-    esac
-    PID=$!
-    STARTED_PIDS+=("$PID")
-    wait_port "$PORT" "$PID" "${GATEWAY_START_TIMEOUT:-60}" || { tail -n 20 "$d/stdout.log" >&2; die "$proxy ($variant) did not start"; }
+    local start=start_$1 tls=0
+    [ "$1" = nginx ] && start=start_nginx_proxy
+    [ "$2" = tls ] && tls=1
+    PROXY_RUN=$2 BENCH_TLS=$tls "$start"
+    PID=${PROXY_PID[$1]} PORT=${PROXY_PORT[$1]}
 }
 
 cat >"$WORK/idlers.py" <<'PY'
