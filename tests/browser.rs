@@ -296,8 +296,8 @@ async fn text_once(browser: &Client, css: &str, done: impl Fn(&str) -> bool) -> 
     panic!("{css} never got there; last shown: {last:?}")
 }
 
-/// The pixels of a PNG screenshot, as RGB.
-fn pixels(png: &[u8]) -> Vec<[u8; 3]> {
+/// The pixels of a PNG screenshot, as RGB, and its width.
+fn pixels(png: &[u8]) -> (Vec<[u8; 3]>, usize) {
     let decoder = png::Decoder::new(std::io::Cursor::new(png));
     let mut reader = decoder.read_info().expect("a PNG");
     let mut buffer = vec![0; reader.output_buffer_size().expect("a sane size")];
@@ -307,7 +307,45 @@ fn pixels(png: &[u8]) -> Vec<[u8; 3]> {
     assert!(samples >= 3, "a colour screenshot: {:?}", frame.color_type);
     let bytes = &buffer[..frame.buffer_size()];
     let rgb = bytes.chunks_exact(samples).map(|p| [p[0], p[1], p[2]]);
-    rgb.collect()
+    (rgb.collect(), frame.width as usize)
+}
+
+/// The pixels inside the box of the element `css`, from a screenshot of the page
+/// scrolled to it (the page's own rectangle, not WebDriver's element screenshot,
+/// so exactly the drawing and nothing beside it). Saved as
+/// `dashboard-requests-chart.png`'s source: the whole page as shot.
+async fn chart_screenshot(browser: &Client, css: &str) -> Vec<[u8; 3]> {
+    let find = format!(
+        "var e=document.querySelector('{css}');e.scrollIntoView({{block:'center'}});\
+         var r=e.getBoundingClientRect();\
+         return [r.left,r.top,r.width,r.height,devicePixelRatio,innerWidth]"
+    );
+    let rect = browser.execute(&find, vec![]).await.unwrap();
+    let at = |i: usize| rect[i].as_f64().unwrap();
+    let scale = at(4);
+    let page = browser.screenshot().await.unwrap();
+    std::fs::write(screenshot_dir().join("dashboard-requests-chart.png"), &page).unwrap();
+    let (all, width) = pixels(&page);
+    assert_eq!(
+        width,
+        (at(5) * scale).round() as usize,
+        "a shot of the whole width"
+    );
+    let (left, top) = (
+        (at(0) * scale).ceil() as usize,
+        (at(1) * scale).ceil() as usize,
+    );
+    let (right, bottom) = (
+        ((at(0) + at(2)) * scale).floor() as usize,
+        ((at(1) + at(3)) * scale).floor() as usize,
+    );
+    assert!(
+        right > left && bottom > top,
+        "the chart has a size: {rect:?}"
+    );
+    let rows = all.chunks_exact(width).skip(top).take(bottom - top);
+    rows.flat_map(|row| row[left..right.min(width)].iter().copied())
+        .collect()
 }
 
 /// Pixels of `hex` (`#rrggbb`) itself, not a blend: each channel within a few
@@ -330,12 +368,12 @@ const TEST_PACE_MS: &str = "100";
 async fn the_dashboard_draws_the_students_traffic_as_a_line_per_node() {
     let _one = ONE_AT_A_TIME.lock().await;
     let (_, _) = (program("chromium"), program("chromedriver"));
-    // Before the gateway starts, which reads it once; no other test runs meanwhile.
+    // Before the gateway starts, which reads it once as it begins serving (in a task
+    // of its own, so the variable stays until the end); no other test runs meanwhile.
     std::env::set_var("MOODLE_GATEWAY_HISTORY_EVERY_MS", TEST_PACE_MS);
     let cluster = Cluster::spawn(3, "", "MoodleSession").unwrap();
     let admin = Some(("127.0.0.1:0", TOKEN));
     let gateway = TestGateway::start(&cluster.config_toml("127.0.0.1:0", admin, "")).await;
-    std::env::remove_var("MOODLE_GATEWAY_HISTORY_EVERY_MS");
     let driver = start_driver().await;
     let profile = std::env::temp_dir().join(format!(
         "moodle-gateway-chromium-plots-{}",
@@ -347,6 +385,7 @@ async fn the_dashboard_draws_the_students_traffic_as_a_line_per_node() {
     log_in(&browser, &dashboard).await;
     let title = text(&browser, "#history h2").await;
     assert_eq!(title, "Last 36 seconds", "360 points, one every 100 ms");
+    std::env::remove_var("MOODLE_GATEWAY_HISTORY_EVERY_MS");
 
     // Six students browse their course pages until the chart shows them: those on
     // web1 three pages a turn, web2's two, web3's one, so that the lines lie apart.
@@ -393,26 +432,23 @@ async fn the_dashboard_draws_the_students_traffic_as_a_line_per_node() {
     browsing.abort();
 
     // The chart's own pixels: web1's line in the first colour, web2's in the second,
-    // and no pixel of the fifth colour, which no line has (three nodes, the data server).
-    let chart = browser
-        .find(Locator::Css("#plot-requests > svg"))
-        .await
-        .unwrap();
-    let shot = chart.screenshot().await.unwrap();
-    let shots = screenshot_dir();
-    std::fs::write(shots.join("dashboard-requests-chart.png"), &shot).unwrap();
-    let drawn = pixels(&shot);
+    // and no pixel of the fifth colour, which no line has (three nodes, the data
+    // server). The page's screenshot is cut to the drawing's box, so the legend's
+    // swatches below it (the same colours) do not count.
+    let shot = chart_screenshot(&browser, "#plot-requests > svg").await;
     let (web1, web2, unused) = (
-        count_of(&drawn, "#0072b2"),
-        count_of(&drawn, "#e69f00"),
-        count_of(&drawn, "#56b4e9"),
+        count_of(&shot, "#0072b2"),
+        count_of(&shot, "#e69f00"),
+        count_of(&shot, "#56b4e9"),
     );
     assert!(web1 >= 20, "web1's line: {web1} pixels of its colour");
     assert!(web2 >= 20, "web2's line: {web2} pixels of its colour");
     assert_eq!(unused, 0, "a colour no line has is nowhere");
-    let section = browser.find(Locator::Css("#history")).await.unwrap();
-    let whole = section.screenshot().await.unwrap();
-    std::fs::write(shots.join("dashboard-history.png"), whole).unwrap();
+    eprintln!("requests chart: {web1} pixels of web1's colour, {web2} of web2's");
+    let top = "document.getElementById('history').scrollIntoView()";
+    browser.execute(top, vec![]).await.unwrap();
+    let whole = browser.screenshot().await.unwrap();
+    std::fs::write(screenshot_dir().join("dashboard-history.png"), whole).unwrap();
 
     browser.close().await.unwrap();
     let _ = std::fs::remove_dir_all(&profile);
