@@ -67,7 +67,9 @@ pub(super) fn write(out: &mut Markup, recorded: &Recorded, shown: Shown) {
     draw(out, recorded, p95, &per_node(|p| p.p95));
     if shown.capped {
         let slots = ("in-flight", "In flight (against each cap)", Unit::Count);
-        draw(out, recorded, slots, &in_flight(recorded));
+        let caps = recorded.nodes.iter().filter_map(|n| n.points.last());
+        let cap = caps.map(|p| f64::from(p.cap)).fold(0.0, f64::max);
+        draw_to(out, recorded, slots, &in_flight(recorded), cap);
         let line = ("queued", "Queued in the gateway, by class", Unit::Count);
         draw(out, recorded, line, &queued(recorded));
     }
@@ -96,8 +98,19 @@ pub(super) fn write(out: &mut Markup, recorded: &Recorded, shown: Shown) {
 fn draw(
     out: &mut Markup,
     recorded: &Recorded,
+    what: (&'static str, &'static str, Unit),
+    series: &[Series],
+) {
+    draw_to(out, recorded, what, series, 0.0);
+}
+
+/// [`draw`], with a value axis that reaches at least `at_least`.
+fn draw_to(
+    out: &mut Markup,
+    recorded: &Recorded,
     (id, title, unit): (&'static str, &'static str, Unit),
     series: &[Series],
+    at_least: f64,
 ) {
     let chart = Chart {
         id,
@@ -106,6 +119,7 @@ fn draw(
         slots: recorded.site.capacity(),
         every: recorded.every,
         series,
+        at_least,
     };
     plot::write(out, &chart);
 }

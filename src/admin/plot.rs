@@ -95,6 +95,9 @@ pub(super) struct Chart<'a> {
     pub(super) slots: usize,
     pub(super) every: Duration,
     pub(super) series: &'a [Series],
+    /// The value axis reaches at least this (the highest cap, for requests in
+    /// flight: how full the nodes are shows at a glance).
+    pub(super) at_least: f64,
 }
 
 /// The drawing's own coordinates; the browser scales them to the figure's width.
@@ -122,7 +125,7 @@ impl Chart<'_> {
         } else {
             1.0
         };
-        let high = high.max(floor);
+        let high = high.max(floor).max(self.at_least);
         let power = 10f64.powf(high.log10().floor());
         let step = [1.0, 2.0, 5.0, 10.0]
             .into_iter()
@@ -168,10 +171,12 @@ pub(super) fn write(out: &mut Markup, chart: &Chart<'_>) {
         };
         html!(
             out,
-            "<li><svg width=\"12\" height=\"12\" aria-hidden=\"true\"><rect width=\"12\" \
-             height=\"12\" rx=\"2\" fill=\"",
+            "<li><svg width=\"18\" height=\"12\" aria-hidden=\"true\"><line x1=\"1\" \
+             y1=\"6\" x2=\"17\" y2=\"6\" stroke-width=\"4\" stroke=\"",
             Raw(COLOURS[n % COLOURS.len()]),
-            "\"/></svg> ",
+            "\"",
+            Raw(dashes(n)),
+            "/></svg> ",
             series.name,
             " <b data-current=\"",
             series.name,
@@ -226,6 +231,16 @@ fn axes(out: &mut Markup, chart: &Chart<'_>, top: f64) {
     }
 }
 
+/// The dashes of the `n`th series: none for the first eight, then dashed, in the
+/// chart and in its legend alike.
+fn dashes(n: usize) -> &'static str {
+    if n >= COLOURS.len() {
+        " stroke-dasharray=\"5 3\""
+    } else {
+        ""
+    }
+}
+
 /// One series as a path: a point per value, a gap where there is none, a dot for
 /// a value with no neighbour.
 fn line(out: &mut Markup, chart: &Chart<'_>, n: usize, series: &Series, top: f64) {
@@ -249,11 +264,6 @@ fn line(out: &mut Markup, chart: &Chart<'_>, n: usize, series: &Series, top: f64
     if path.is_empty() {
         return;
     }
-    let dashed = if n >= COLOURS.len() {
-        " stroke-dasharray=\"5 3\""
-    } else {
-        ""
-    };
     html!(
         out,
         "<path d=\"",
@@ -261,7 +271,7 @@ fn line(out: &mut Markup, chart: &Chart<'_>, n: usize, series: &Series, top: f64
         "\" fill=\"none\" stroke=\"",
         Raw(COLOURS[n % COLOURS.len()]),
         "\" stroke-width=\"1.5\" stroke-linejoin=\"round\" stroke-linecap=\"round\"",
-        Raw(dashed),
+        Raw(dashes(n)),
         "><title>",
         series.name,
         "</title></path>"
@@ -281,6 +291,7 @@ mod tests {
             slots: 5,
             every: Duration::from_secs(10),
             series,
+            at_least: 0.0,
         };
         write(&mut out, &chart);
         out
@@ -335,8 +346,16 @@ mod tests {
             .map(|n| series(&format!("web{n}"), &[Some(1.0), Some(1.0)]))
             .collect();
         let out = chart(&all);
-        assert_eq!(out.matches("stroke=\"#0072b2\"").count(), 2);
-        assert_eq!(out.matches("stroke-dasharray").count(), 1);
+        assert_eq!(
+            out.matches("stroke=\"#0072b2\"").count(),
+            4,
+            "lines and swatches"
+        );
+        assert_eq!(
+            out.matches("stroke-dasharray").count(),
+            2,
+            "the ninth's, both"
+        );
     }
 
     #[test]
@@ -357,7 +376,7 @@ mod tests {
 
     #[test]
     fn the_axis_top_is_a_round_number_above_every_value() {
-        let top = |unit, values: &[f64]| {
+        let top = |unit, values: &[f64], at_least| {
             let points = values.iter().map(|v| Some(*v)).collect();
             let series = [Series {
                 name: "web1".into(),
@@ -371,14 +390,16 @@ mod tests {
                 slots: 3,
                 every: Duration::from_secs(10),
                 series: &series,
+                at_least,
             };
             chart.top()
         };
-        assert_eq!(top(Unit::PerSecond, &[]), 1.0);
-        assert_eq!(top(Unit::PerSecond, &[0.3, 1.5]), 2.0);
-        assert_eq!(top(Unit::Count, &[7.0]), 10.0);
-        assert_eq!(top(Unit::Count, &[230.0]), 500.0);
-        assert!((top(Unit::Millis, &[0.0042]) - 0.005).abs() < 1e-12);
-        assert_eq!(top(Unit::Percent, &[0.2]), 1.0);
+        assert_eq!(top(Unit::PerSecond, &[], 0.0), 1.0);
+        assert_eq!(top(Unit::PerSecond, &[0.3, 1.5], 0.0), 2.0);
+        assert_eq!(top(Unit::Count, &[7.0], 0.0), 10.0);
+        assert_eq!(top(Unit::Count, &[230.0], 0.0), 500.0);
+        assert_eq!(top(Unit::Count, &[3.0], 8.0), 10.0, "the highest cap shows");
+        assert!((top(Unit::Millis, &[0.0042], 0.0) - 0.005).abs() < 1e-12);
+        assert_eq!(top(Unit::Percent, &[0.2], 0.0), 1.0);
     }
 }
