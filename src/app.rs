@@ -377,7 +377,17 @@ impl App {
             (Some(listener), Some(settings)) => {
                 let app = self.clone();
                 let reload: crate::admin::Reload = Arc::new(move || app.reload());
-                let router = crate::admin::router(self.gateway.clone(), settings.token, reload);
+                // The dashboard's last hour, filled from the counters whether or not
+                // anyone looks, so the morning's surge is there at noon.
+                let history = crate::admin::History::from_env();
+                let recording = crate::admin::record_history(
+                    self.gateway.clone(),
+                    history.clone(),
+                    stop_rx.clone(),
+                );
+                background.spawn(recording);
+                let router =
+                    crate::admin::router(self.gateway.clone(), settings.token, reload, history);
                 let serving =
                     serve_connections(listener, listening.clone(), drain(), move |peer, _| {
                         admin_service(router.clone(), peer)

@@ -2,7 +2,9 @@
 //! through Debian's `chromedriver` over WebDriver, against the real gateway in front
 //! of the stand-in cluster. An admin logs in with the token, reads the node cards,
 //! drains a node with its button, finds a student's session by its id, and the page
-//! is photographed at desktop and phone width (`target/screenshots/`).
+//! is photographed at desktop and phone width (`target/screenshots/`). Then the last
+//! hour's charts: students browse, the page redraws itself, and the screenshot of
+//! the requests chart is read back pixel by pixel for its lines.
 //!
 //! Why `#[ignore]`: not every developer has a browser, and a plain `cargo test`
 //! needs nothing but Rust. `tests/browser/run.sh` installs `chromium` and
@@ -30,6 +32,10 @@ use moodle_gateway::demo::Browser;
 use serde_json::json;
 
 use support::{logged_in, TestGateway};
+
+/// One test at a time: each runs a chromium (two at once would starve a small CI
+/// machine), and the charts' test sets an environment variable the gateway reads.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const TOKEN: &str = "browser-admin-token-0123456789abcdef";
 const INSTALL: &str = "run tests/browser/run.sh (it installs them), or: \
@@ -167,6 +173,7 @@ async fn click(browser: &Client, css: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs chromium and chromedriver: tests/browser/run.sh installs and runs it"]
 async fn an_admin_logs_in_sees_the_nodes_drains_one_and_finds_a_student() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let (_, _) = (program("chromium"), program("chromedriver"));
     let cluster = Cluster::spawn(3, "", "MoodleSession").unwrap();
     let admin = Some(("127.0.0.1:0", TOKEN));
@@ -253,6 +260,196 @@ async fn an_admin_logs_in_sees_the_nodes_drains_one_and_finds_a_student() {
     text(&browser, "#node-web1 h2").await;
     let phone = browser.screenshot().await.unwrap();
     std::fs::write(shots.join("dashboard-phone.png"), phone).unwrap();
+    browser.close().await.unwrap();
+    let _ = std::fs::remove_dir_all(&profile);
+    gateway.shutdown().await;
+}
+
+/// Logs in to the dashboard at `dashboard` with the admin token.
+async fn log_in(browser: &Client, dashboard: &str) {
+    browser.goto(dashboard).await.unwrap();
+    let field = browser
+        .find(Locator::Css("input[name=token]"))
+        .await
+        .unwrap();
+    field.send_keys(TOKEN).await.unwrap();
+    click(browser, "form button[type=submit]").await;
+}
+
+/// The text of `css` once `done` holds for it, read again as the page reloads
+/// itself (the element is found anew each time); panics with the last text after
+/// 30 s.
+async fn text_once(browser: &Client, css: &str, done: impl Fn(&str) -> bool) -> String {
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < Duration::from_secs(30) {
+        if let Ok(element) = browser.find(Locator::Css(css)).await {
+            if let Ok(text) = element.text().await {
+                if done(&text) {
+                    return text;
+                }
+                last = text;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{css} never got there; last shown: {last:?}")
+}
+
+/// The pixels of a PNG screenshot, as RGB, and its width.
+fn pixels(png: &[u8]) -> (Vec<[u8; 3]>, usize) {
+    let decoder = png::Decoder::new(std::io::Cursor::new(png));
+    let mut reader = decoder.read_info().expect("a PNG");
+    let mut buffer = vec![0; reader.output_buffer_size().expect("a sane size")];
+    let frame = reader.next_frame(&mut buffer).expect("its pixels");
+    assert_eq!(frame.bit_depth, png::BitDepth::Eight, "8-bit channels");
+    let samples = frame.color_type.samples();
+    assert!(samples >= 3, "a colour screenshot: {:?}", frame.color_type);
+    let bytes = &buffer[..frame.buffer_size()];
+    let rgb = bytes.chunks_exact(samples).map(|p| [p[0], p[1], p[2]]);
+    (rgb.collect(), frame.width as usize)
+}
+
+/// The pixels inside the box of the element `css`, from a screenshot of the page
+/// scrolled to it (the page's own rectangle, not WebDriver's element screenshot,
+/// so exactly the drawing and nothing beside it). Saved as
+/// `dashboard-requests-chart.png`'s source: the whole page as shot.
+async fn chart_screenshot(browser: &Client, css: &str) -> Vec<[u8; 3]> {
+    let find = format!(
+        "var e=document.querySelector('{css}');e.scrollIntoView({{block:'center'}});\
+         var r=e.getBoundingClientRect();\
+         return [r.left,r.top,r.width,r.height,devicePixelRatio,innerWidth]"
+    );
+    let rect = browser.execute(&find, vec![]).await.unwrap();
+    let at = |i: usize| rect[i].as_f64().unwrap();
+    let scale = at(4);
+    let page = browser.screenshot().await.unwrap();
+    std::fs::write(screenshot_dir().join("dashboard-requests-chart.png"), &page).unwrap();
+    let (all, width) = pixels(&page);
+    assert_eq!(
+        width,
+        (at(5) * scale).round() as usize,
+        "a shot of the whole width"
+    );
+    let (left, top) = (
+        (at(0) * scale).ceil() as usize,
+        (at(1) * scale).ceil() as usize,
+    );
+    let (right, bottom) = (
+        ((at(0) + at(2)) * scale).floor() as usize,
+        ((at(1) + at(3)) * scale).floor() as usize,
+    );
+    assert!(
+        right > left && bottom > top,
+        "the chart has a size: {rect:?}"
+    );
+    let rows = all.chunks_exact(width).skip(top).take(bottom - top);
+    rows.flat_map(|row| row[left..right.min(width)].iter().copied())
+        .collect()
+}
+
+/// Pixels of `hex` (`#rrggbb`) itself, not a blend: each channel within a few
+/// steps, so the edge where a line fades into the page does not count.
+fn count_of(pixels: &[[u8; 3]], hex: &str) -> usize {
+    let channel = |i: usize| u8::from_str_radix(&hex[1 + 2 * i..3 + 2 * i], 16).unwrap();
+    let colour = [channel(0), channel(1), channel(2)];
+    let near = |p: &&[u8; 3]| (0..3).all(|i| p[i].abs_diff(colour[i]) <= 12);
+    pixels.iter().filter(near).count()
+}
+
+/// The history's pace for this test, through the variable the gateway reads for
+/// tests only (`MOODLE_GATEWAY_HISTORY_EVERY_MS`, not a setting): a point every
+/// 100 ms, so a chart has its line within a second instead of a minute. The time
+/// axis follows it ("−36s" … "now").
+const TEST_PACE_MS: &str = "100";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver: tests/browser/run.sh installs and runs it"]
+async fn the_dashboard_draws_the_students_traffic_as_a_line_per_node() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (_, _) = (program("chromium"), program("chromedriver"));
+    // Before the gateway starts, which reads it once as it begins serving (in a task
+    // of its own, so the variable stays until the end); no other test runs meanwhile.
+    std::env::set_var("MOODLE_GATEWAY_HISTORY_EVERY_MS", TEST_PACE_MS);
+    let cluster = Cluster::spawn(3, "", "MoodleSession").unwrap();
+    let admin = Some(("127.0.0.1:0", TOKEN));
+    let gateway = TestGateway::start(&cluster.config_toml("127.0.0.1:0", admin, "")).await;
+    let driver = start_driver().await;
+    let profile = std::env::temp_dir().join(format!(
+        "moodle-gateway-chromium-plots-{}",
+        std::process::id()
+    ));
+    let browser = browser(&driver, &profile).await;
+    viewport(&browser, 1280, 900).await;
+    let dashboard = format!("http://{}/", gateway.admin_addr.unwrap());
+    log_in(&browser, &dashboard).await;
+    let title = text(&browser, "#history h2").await;
+    assert_eq!(title, "Last 36 seconds", "360 points, one every 100 ms");
+    std::env::remove_var("MOODLE_GATEWAY_HISTORY_EVERY_MS");
+
+    // Six students browse their course pages until the chart shows them: those on
+    // web1 three pages a turn, web2's two, web3's one, so that the lines lie apart.
+    let mut students = Vec::new();
+    for n in 0..6 {
+        let (student, node) = logged_in(&gateway, n).await;
+        let pages = match node.as_str() {
+            "web1" => 3,
+            "web2" => 2,
+            _ => 1,
+        };
+        students.push((student, pages));
+    }
+    let browsing = tokio::spawn(async move {
+        loop {
+            for (student, pages) in &mut students {
+                for _ in 0..*pages {
+                    let page = student.get("/course/view.php?id=2").await.unwrap();
+                    assert_eq!(page.status, 200);
+                }
+            }
+        }
+    });
+    // The page is not reloaded by the test: its own refresh (every 5 s) redraws.
+    let busy = |text: &str| text != "–" && text != "0/s";
+    for node in ["web1", "web2", "web3"] {
+        let css = format!("#plot-requests [data-current=\"{node}\"]");
+        let shown = text_once(&browser, &css, busy).await;
+        assert!(shown.ends_with("/s"), "{node}: {shown}");
+    }
+    let quiet = text(&browser, "#plot-requests [data-current=\"data\"]").await;
+    assert!(
+        quiet == "0/s" || quiet == "–",
+        "no file asked of the data server: {quiet}"
+    );
+    let axis = text(&browser, "#plot-requests figcaption").await;
+    assert_eq!(axis, "Requests per second");
+    // A field with the focus holds the page still for its photograph.
+    for _ in 0..2 {
+        let focus = "document.querySelector('#find input[name=session]').focus()";
+        browser.execute(focus, vec![]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    browsing.abort();
+
+    // The chart's own pixels: web1's line in the first colour, web2's in the second,
+    // and no pixel of the fifth colour, which no line has (three nodes, the data
+    // server). The page's screenshot is cut to the drawing's box, so the legend's
+    // swatches below it (the same colours) do not count.
+    let shot = chart_screenshot(&browser, "#plot-requests > svg").await;
+    let (web1, web2, unused) = (
+        count_of(&shot, "#0072b2"),
+        count_of(&shot, "#e69f00"),
+        count_of(&shot, "#56b4e9"),
+    );
+    assert!(web1 >= 20, "web1's line: {web1} pixels of its colour");
+    assert!(web2 >= 20, "web2's line: {web2} pixels of its colour");
+    assert_eq!(unused, 0, "a colour no line has is nowhere");
+    eprintln!("requests chart: {web1} pixels of web1's colour, {web2} of web2's");
+    let top = "document.getElementById('history').scrollIntoView()";
+    browser.execute(top, vec![]).await.unwrap();
+    let whole = browser.screenshot().await.unwrap();
+    std::fs::write(screenshot_dir().join("dashboard-history.png"), whole).unwrap();
+
     browser.close().await.unwrap();
     let _ = std::fs::remove_dir_all(&profile);
     gateway.shutdown().await;

@@ -26,11 +26,12 @@ use axum::{Form, Router};
 use serde::Deserialize;
 
 use super::guard::Guard;
+use super::history::History;
 use super::html;
 use super::login::{self, Keys, Viewer};
 use super::page::{self, Card, Filters, Found, Row, View};
 use super::rates::Rates;
-use super::{cache, cache_panel, cluster, gateways_panel, nodes, parse_key, surge};
+use super::{cache, cache_panel, cluster, gateways_panel, history_panel, nodes, parse_key, surge};
 use crate::cluster::upstreams::Upstream;
 use crate::config::NodeState;
 use crate::gateway::{Gateway, Settings};
@@ -51,10 +52,16 @@ pub(super) struct Dash {
     pub(super) guard: Arc<Guard>,
     pub(super) keys: Arc<Keys>,
     rates: Arc<Rates>,
+    history: History,
 }
 
 /// The dashboard's routes, each deciding for itself who may see it (`login`).
-pub(super) fn router<S>(gateway: Arc<Gateway>, guard: Arc<Guard>, token: &str) -> Router<S>
+pub(super) fn router<S>(
+    gateway: Arc<Gateway>,
+    guard: Arc<Guard>,
+    token: &str,
+    history: History,
+) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
 {
@@ -63,6 +70,7 @@ where
         guard,
         keys: Arc::new(Keys::new(token)),
         rates: Arc::default(),
+        history,
     };
     // A first reading at start: the first view shows rates since start, not "measuring".
     let (now, settings) = (Instant::now(), dash.gateway.settings());
@@ -97,7 +105,7 @@ struct ShowQuery {
 }
 
 /// `GET /`: the cards, the waiting-room panel (with a `[surge]` cap), the asset-cache
-/// panel (unless it is off), the Gateways panel (with a shared store), the find box
+/// panel (unless it is off), the last hour's charts, the Gateways panel (with a shared store), the find box
 /// and one page of the session table.
 async fn show(
     State(dash): State<Dash>,
@@ -123,6 +131,14 @@ async fn show(
     let surge = Some(surge::now(gateway, &settings)).filter(|s| s.capped_nodes > 0);
     let capped = surge.is_some();
     let cache = Some(cache::now(gateway)).filter(cache_panel::shown);
+    let shown = history_panel::Shown {
+        capped,
+        room: settings.surge.waiting_room.is_some(),
+        cache: cache.is_some(),
+    };
+    let mut history = html::Markup::new();
+    dash.history
+        .read(|r| history_panel::write(&mut history, r, shown));
     let view = View {
         now,
         can_log_out: matches!(viewer.login, login::Login::Cookie { .. }),
@@ -135,6 +151,7 @@ async fn show(
         totals: (table.len() as u64, table.logged_in_total()),
         surge,
         cache,
+        history,
         gateways,
         found,
         paged: query.after.is_some(),

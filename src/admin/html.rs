@@ -232,6 +232,9 @@ form.inline{display:inline}
 table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
 th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid var(--line);white-space:nowrap}
 code{font-size:.9rem}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(20rem,100%),1fr));gap:.75rem;margin:.5rem 0}
+.plot{margin:0;border:1px solid var(--line);border-radius:.5rem;padding:.5rem}.plot figcaption{font-size:.9rem;font-weight:600}.plot>svg{display:block;height:auto}
+.legend{list-style:none;padding:0;margin:.25rem 0 0;display:flex;flex-wrap:wrap;gap:0 .8rem;font-size:.85rem}.legend b{font-variant-numeric:tabular-nums}
 .found{border:1px solid var(--line);border-left:.35rem solid var(--ok);padding:.5rem .75rem}
 .login{max-width:24rem;margin:3rem auto}.login input{width:100%;margin:.5rem 0}
 footer{color:#666;font-size:.85rem;margin:1rem 0}

@@ -53,7 +53,12 @@ mod tests {
         );
         let config = Config::parse(&config, ".".as_ref(), Default::default()).unwrap();
         let gateway = Arc::new(Gateway::new(&config, Clock::default()));
-        router(gateway, TOKEN.to_owned(), reload)
+        router(
+            gateway,
+            TOKEN.to_owned(),
+            reload,
+            crate::admin::History::default(),
+        )
     }
 
     async fn call(admin: axum::Router, method: &str, uri: &str) -> StatusCode {

@@ -44,6 +44,7 @@ mod metrics;
 mod nodes;
 mod surge;
 
+pub use history::{run as record_history, History};
 pub use login::COOKIE_NAME as LOGIN_COOKIE;
 pub use nodes::Reload;
 
@@ -57,6 +58,12 @@ mod login;
 mod page;
 mod rates;
 mod surge_panel;
+
+// The dashboard's last hour: the rings a background task fills, and their charts.
+mod history;
+mod history_panel;
+mod plot;
+mod ring;
 
 /// Default page size of `GET /affinity`.
 const DEFAULT_LIMIT: usize = 100;
@@ -79,9 +86,10 @@ impl FromRef<AdminState> for Arc<Gateway> {
 /// The admin router. Every API route but `GET /healthz` requires `token`, as a bearer
 /// token or as a Basic password, under the rules of `guard`; the dashboard's routes
 /// also take the login cookie (`login`). `reload` re-reads the config file (`POST /reload`).
-pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload) -> Router {
+/// The dashboard draws `history`, which [`record_history`] fills.
+pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload, history: History) -> Router {
     let guard = Arc::new(guard::Guard::new(&token));
-    let dashboard = dashboard::router(gateway.clone(), guard.clone(), &token);
+    let dashboard = dashboard::router(gateway.clone(), guard.clone(), &token, history);
     let protected = Router::new()
         .route("/affinity", get(affinity))
         .route("/affinity/lookup", get(lookup))
@@ -363,7 +371,10 @@ mod tests {
         let token = config.admin.as_ref().unwrap().token.clone();
         let gateway = Arc::new(Gateway::new(&config, Clock::default()));
         let reload: Reload = Arc::new(|| Err(vec!["no config file in this test".into()]));
-        Admin(gateway.clone(), router(gateway, token, reload))
+        Admin(
+            gateway.clone(),
+            router(gateway, token, reload, History::default()),
+        )
     }
 
     impl Admin {

@@ -1,7 +1,8 @@
 //! The dashboard page itself: a card per upstream (and with `[offload]` one for the
 //! file export, written by `export`), the waiting-room panel (with a
 //! `[surge]` cap, written by `surge_panel`), the asset-cache panel (unless it is
-//! off, written by `cache_panel`), the Gateways panel (with a shared store, written
+//! off, written by `cache_panel`), the last hour's charts (written by
+//! `history_panel`), the Gateways panel (with a shared store, written
 //! by `gateways_panel`), the find box and the session table, written from figures
 //! `dashboard` gathered.
 //!
@@ -86,6 +87,8 @@ pub(super) struct View {
     pub(super) surge: Option<SurgeNow>,
     /// The asset cache (`None` while `[cache] enabled = false`).
     pub(super) cache: Option<CacheView>,
+    /// The last hour's charts, written by `history_panel`.
+    pub(super) history: Markup,
     /// Every live gateway (`None` without a shared store).
     pub(super) gateways: Option<Panel>,
     pub(super) found: Option<Result<Found, String>>,
@@ -117,6 +120,7 @@ pub(super) fn body(view: &View) -> Markup {
     if let Some(cache) = &view.cache {
         cache_panel::write(&mut out, cache, &view.csrf);
     }
+    html!(out, view.history);
     if let Some(panel) = &view.gateways {
         gateways_panel::write(&mut out, panel, view.now);
     }
@@ -498,6 +502,7 @@ mod tests {
             totals: (3, 0),
             surge: None,
             cache: None,
+            history: Markup::new(),
             gateways: None,
             found: None,
             filters: Filters::default(),

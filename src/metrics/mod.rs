@@ -33,7 +33,7 @@ mod surge;
 use cache::CacheMeters;
 pub use export::{ExportMeters, ExportTotals, Fetched};
 use node::class;
-pub use node::{LossCause, MoveCause, NodeMeters, NodeTotals};
+pub use node::{LatencyCounts, LossCause, MoveCause, NodeMeters, NodeTotals};
 use spool::SpoolMeters;
 pub use store::{Degradation, Fallback, StoreMeters};
 pub use surge::RoomNow;
@@ -50,7 +50,7 @@ pub const GATEWAY: &str = "gateway";
 
 /// Upstream latency buckets, seconds: a cached Moodle page takes milliseconds, a
 /// course page a few hundred, a report or backup many seconds.
-const LATENCY_BUCKETS: [f64; 14] = [
+pub const LATENCY_BUCKETS: [f64; 14] = [
     0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
@@ -316,6 +316,11 @@ impl Metrics {
         self.surge.admitted();
     }
 
+    /// Visitors let in from the waiting room's line, since start.
+    pub fn admitted_total(&self) -> u64 {
+        self.surge.admitted_total()
+    }
+
     /// The waiting room opened.
     pub fn room_opened(&self) {
         self.surge.opened();
@@ -442,6 +447,10 @@ mod tests {
             (totals.requests, totals.server_errors, totals.losses),
             (3, 1, 1)
         );
+        // The dashboard's p95 reads the histogram as counts, cumulative like `le`.
+        let counts = web4.latency_counts();
+        assert_eq!(counts[..3], [0, 3, 3], "none ≤ 2 ms, three ≤ 5 ms");
+        assert_eq!(counts[LATENCY_BUCKETS.len()], 3, "then all of them");
         assert!(
             metrics.node(node(2)).is_none(),
             "an id no config named has no meters"

@@ -3,7 +3,14 @@
 
 use std::time::Duration;
 
+use prometheus::core::Metric as _;
 use prometheus::{Histogram, IntCounter};
+
+use super::LATENCY_BUCKETS;
+
+/// A node's latency histogram as counts: how many answers took at most each of
+/// [`LATENCY_BUCKETS`] (cumulative), then all of them (the `+Inf` bucket).
+pub type LatencyCounts = [u64; LATENCY_BUCKETS.len() + 1];
 
 /// Why a student lost a logged-in session, as far as the gateway can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +94,19 @@ impl NodeMeters {
     /// A logged-in session this node replaced by a new one outside login and logout.
     pub fn lost(&self, cause: LossCause) {
         self.losses[cause as usize].inc();
+    }
+
+    /// The latency histogram's counts, for the dashboard's plot of the p95 (read
+    /// by its sampler every few seconds, never on the request path).
+    pub fn latency_counts(&self) -> LatencyCounts {
+        let mut counts = [0; LATENCY_BUCKETS.len() + 1];
+        let metric = self.latency.metric();
+        let histogram = metric.get_histogram();
+        for (count, bucket) in counts.iter_mut().zip(histogram.get_bucket()) {
+            *count = bucket.cumulative_count();
+        }
+        counts[LATENCY_BUCKETS.len()] = histogram.get_sample_count();
+        counts
     }
 
     /// What the dashboard shows of this node.

@@ -174,6 +174,10 @@ impl SurgeMeters {
         self.admitted.inc();
     }
 
+    pub(super) fn admitted_total(&self) -> u64 {
+        self.admitted.get()
+    }
+
     pub(super) fn opened(&self) {
         self.openings.inc();
     }
