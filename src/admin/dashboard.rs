@@ -32,6 +32,7 @@ use super::login::{self, Keys, Viewer};
 use super::page::{self, Card, Filters, Found, Row, View};
 use super::rates::Rates;
 use super::{cache, cache_panel, cluster, gateways_panel, history_panel, nodes, parse_key, surge};
+use crate::cluster::slow_start::FULL;
 use crate::cluster::upstreams::Upstream;
 use crate::config::NodeState;
 use crate::gateway::{Gateway, Settings};
@@ -194,6 +195,9 @@ fn card(dash: &Dash, upstream: &Upstream, data: NodeId, capped: bool) -> Card {
         rate,
         losses: totals.losses,
         slots: (node && capped).then(|| upstream.slots.now()),
+        warming: node
+            .then(|| upstream.share(dash.gateway.settings().upstreams.slow_start()))
+            .filter(|&share| share < FULL),
     }
 }
 

@@ -6,11 +6,13 @@
 //! [`Snapshot`]; the request path keeps no copy of them.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 
+use crate::cluster::slow_start::fraction;
 use crate::cluster::upstreams::Upstream;
 use crate::gateway::Gateway;
 use crate::metrics::{Snapshot, UpstreamNow};
@@ -28,10 +30,11 @@ pub(super) async fn scrape(State(gateway): State<Arc<Gateway>>) -> impl IntoResp
 pub(super) fn snapshot(gateway: &Gateway) -> Snapshot {
     let settings = gateway.settings();
     let upstreams = &settings.upstreams;
-    let nodes = upstreams.nodes().iter().map(|n| now(gateway, n, true));
+    let window = Some(upstreams.slow_start());
+    let nodes = upstreams.nodes().iter().map(|n| now(gateway, n, window));
     Snapshot {
         upstreams: nodes
-            .chain([now(gateway, upstreams.data(), false)])
+            .chain([now(gateway, upstreams.data(), None)])
             .collect(),
         in_flight: gateway.in_flight(),
         table_len: gateway.table().len(),
@@ -42,8 +45,9 @@ pub(super) fn snapshot(gateway: &Gateway) -> Snapshot {
     }
 }
 
-fn now(gateway: &Gateway, upstream: &Upstream, node: bool) -> UpstreamNow {
-    let table = gateway.table();
+/// One upstream now; `window`: a PHP node's slow start (`None`: the data server).
+fn now(gateway: &Gateway, upstream: &Upstream, window: Option<Duration>) -> UpstreamNow {
+    let (table, node) = (gateway.table(), window.is_some());
     UpstreamNow {
         name: upstream.name.clone(),
         node,
@@ -56,5 +60,6 @@ fn now(gateway: &Gateway, upstream: &Upstream, node: bool) -> UpstreamNow {
             0
         },
         slots: upstream.slots.now(),
+        share: window.map_or(1.0, |w| fraction(upstream.share(w))),
     }
 }

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{bad_request, counts, not_found, ApiError, Counts};
 use crate::cluster::slots::{Class, SlotsNow};
+use crate::cluster::slow_start::{fraction, FULL};
 use crate::cluster::upstreams::Upstream;
 use crate::cluster::upstreams::Upstreams;
 use crate::config::NodeState;
@@ -63,6 +64,10 @@ pub(super) struct Node {
     /// Draining or disabled with no logged-in session left: safe to stop.
     #[serde(skip_serializing_if = "Option::is_none")]
     drained: Option<bool>,
+    /// While it warms up after coming back (`[session] slow_start`): the fraction
+    /// of its full share of new sessions it gets now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warming: Option<f64>,
     /// Its slots under `[surge]` (`GET /nodes` only, PHP nodes only).
     #[serde(flatten)]
     slots: Option<Slots>,
@@ -110,6 +115,7 @@ fn row(gateway: &Gateway, upstream: &Upstream, details: bool, sessions: bool) ->
     let table = gateway.table();
     let (live, logged_in) = (table.live(upstream.id), table.logged_in(upstream.id));
     let state = upstream.state();
+    let share = sessions.then(|| upstream.share(gateway.settings().upstreams.slow_start()));
     Node {
         name: upstream.name.clone(),
         url: details.then(|| upstream.url()),
@@ -124,6 +130,7 @@ fn row(gateway: &Gateway, upstream: &Upstream, details: bool, sessions: bool) ->
         maintenance: upstream.health.in_maintenance(),
         counts: sessions.then(|| counts(live, logged_in)),
         drained: (sessions && state != NodeState::Active).then_some(logged_in == 0),
+        warming: share.filter(|&s| s < FULL).map(fraction),
         slots: (details && sessions).then(|| slots(upstream.slots.now())),
     }
 }

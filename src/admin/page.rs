@@ -23,6 +23,7 @@ use super::surge::SurgeNow;
 use super::surge_panel;
 use crate::cluster::health::LastProbe;
 use crate::cluster::slots::SlotsNow;
+use crate::cluster::slow_start::Share;
 use crate::config::NodeState;
 use crate::sessions::affinity::SessionState;
 
@@ -45,6 +46,8 @@ pub(super) struct Card {
     pub(super) losses: u64,
     /// Its slots, on a PHP node while some node has a cap (`None`: not shown).
     pub(super) slots: Option<SlotsNow>,
+    /// Its share of new sessions while it warms up (`[session] slow_start`).
+    pub(super) warming: Option<Share>,
 }
 
 /// One row of the session table.
@@ -213,6 +216,15 @@ fn write_card(out: &mut Markup, card: &Card, view: &View) {
         html!(
             out,
             "<span class=\"badge\" title=\"no logged-in student left\">drained</span>"
+        );
+    }
+    if let Some(share) = card.warming {
+        html!(
+            out,
+            "<span class=\"badge\" title=\"slow start: its share of new sessions grows while \
+             its caches warm\">warming ",
+            share / 10,
+            " %</span>"
         );
     }
     let since = duration(view.now.saturating_sub(card.since));
@@ -488,6 +500,7 @@ mod tests {
             rate: None,
             losses: 1,
             slots: None,
+            warming: None,
         }
     }
 
@@ -579,6 +592,17 @@ mod tests {
         ] {
             assert!(html.contains(&landed), "{landed}");
         }
+    }
+
+    #[test]
+    fn a_warming_node_shows_its_share_of_new_sessions() {
+        let warming = Card {
+            state: NodeState::Active,
+            warming: Some(350),
+            ..card("web1", "answered 200 OK")
+        };
+        let html = body(&view(vec![warming, card("web2", "answered 200 OK")]));
+        assert_eq!(html.matches(">warming 35 %<").count(), 1, "web1 only");
     }
 
     #[test]

@@ -17,6 +17,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::slow_start::Share;
+
 /// A position in the configured `[[nodes]]` list.
 pub type Position = usize;
 
@@ -25,6 +27,9 @@ pub type Position = usize;
 pub struct Balancer {
     /// One weighted round of node indices in smooth order; its length is the weight sum.
     schedule: Box<[Position]>,
+    /// For each slot of `schedule`, how many of the round's earlier slots are its
+    /// node's: with the round's number, a node's own count of turns.
+    nth: Box<[u32]>,
     weights: Box<[u32]>,
     /// Tickets for new sessions.
     deal: AtomicUsize,
@@ -39,8 +44,17 @@ impl Balancer {
     /// If `weights` is empty or holds a zero: config validation rules both out.
     pub fn new(weights: &[u32]) -> Self {
         assert!(!weights.is_empty() && weights.iter().all(|&w| w > 0));
+        let schedule = smooth_schedule(weights);
+        let mut seen = vec![0u32; weights.len()];
+        let nth = (schedule.iter())
+            .map(|&p| {
+                seen[p] += 1;
+                seen[p] - 1
+            })
+            .collect();
         Self {
-            schedule: smooth_schedule(weights).into_boxed_slice(),
+            schedule: schedule.into_boxed_slice(),
+            nth,
             weights: weights.into(),
             deal: AtomicUsize::new(0),
             spread: AtomicUsize::new(0),
@@ -77,32 +91,45 @@ impl Balancer {
         self.schedule[ticket % self.schedule.len()]
     }
 
+    /// Which of its own turns a ticket is for the node it lands on, counted from
+    /// the first ticket: a warming node takes some of its turns by this number
+    /// ([`takes_turn`](super::slow_start::takes_turn)).
+    pub fn turn(&self, ticket: usize) -> u64 {
+        let (round, slot) = (ticket / self.round(), ticket % self.round());
+        let weight = u64::from(self.weights[self.schedule[slot]]);
+        (round as u64).wrapping_mul(weight) + u64::from(self.nth[slot])
+    }
+
     /// The eligible node with the fewest live sessions per unit of weight;
-    /// `live(node)` reads the current count. Ties rotate with the deal counter so that
-    /// an empty cluster still deals evenly instead of always picking the first node.
+    /// `live(node)` reads the current count, `share(node)` scales a warming node's
+    /// weight (in thousandths), so it fills up to its share of the others' load
+    /// rather than taking every newcomer until it has as many. Ties rotate with the
+    /// deal counter so that an empty cluster still deals evenly instead of always
+    /// picking the first node.
     pub fn least_sessions(
         &self,
         live: impl Fn(Position) -> u64,
+        share: impl Fn(Position) -> Share,
         eligible: impl Fn(Position) -> bool,
     ) -> Option<Position> {
         let n = self.weights.len();
         let start = self.deal.fetch_add(1, Ordering::Relaxed) % n;
-        let mut best: Option<(Position, u64)> = None;
+        let mut best: Option<(Position, u64, u128)> = None;
         for node in (0..n)
             .map(|offset| (start + offset) % n)
             .filter(|&p| eligible(p))
         {
             let node_live = live(node);
-            // node_live / w(node) < best_live / w(best), without division.
-            let better = best.is_none_or(|(best, best_live)| {
-                u128::from(node_live) * u128::from(self.weights[best])
-                    < u128::from(best_live) * u128::from(self.weights[node])
+            let weight = u128::from(self.weights[node]) * u128::from(share(node).max(1));
+            // node_live / weight < best_live / best_weight, without division.
+            let better = best.is_none_or(|(_, best_live, best_weight)| {
+                u128::from(node_live) * best_weight < u128::from(best_live) * weight
             });
             if better {
-                best = Some((node, node_live));
+                best = Some((node, node_live, weight));
             }
         }
-        best.map(|(node, _)| node)
+        best.map(|(node, ..)| node)
     }
 }
 
@@ -128,6 +155,7 @@ fn smooth_schedule(weights: &[u32]) -> Vec<Position> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::slow_start::FULL;
 
     fn counts(picks: impl Iterator<Item = Position>, nodes: usize) -> Vec<usize> {
         let mut counts = vec![0; nodes];
@@ -184,15 +212,45 @@ mod tests {
         let b = Balancer::new(&[1, 2, 1]);
         let live = [10, 12, 9];
         // per weight: 10, 6, 9
-        assert_eq!(b.least_sessions(|n| live[n], |_| true), Some(1));
-        assert_eq!(b.least_sessions(|n| live[n], |n| n != 1), Some(2));
-        assert_eq!(b.least_sessions(|n| live[n], |_| false), None);
+        let full = |_| FULL;
+        assert_eq!(b.least_sessions(|n| live[n], full, |_| true), Some(1));
+        assert_eq!(b.least_sessions(|n| live[n], full, |n| n != 1), Some(2));
+        assert_eq!(b.least_sessions(|n| live[n], full, |_| false), None);
     }
 
     #[test]
     fn least_sessions_rotates_ties() {
         let b = Balancer::new(&[1, 1, 1]);
-        let picks: Vec<_> = (0..3).map(|_| b.least_sessions(|_| 0, |_| true)).collect();
+        let picks: Vec<_> = (0..3)
+            .map(|_| b.least_sessions(|_| 0, |_| FULL, |_| true))
+            .collect();
         assert_eq!(picks, [Some(0), Some(1), Some(2)]);
+    }
+
+    #[test]
+    fn a_warming_node_fills_to_its_share_of_the_others_load() {
+        let b = Balancer::new(&[1, 1]);
+        // Node 1 came back empty at a quarter share: it takes newcomers until it
+        // holds a quarter of node 0's 100, then only its share of them.
+        let live = std::cell::RefCell::new([100u64, 0]);
+        let quarter = |n| if n == 1 { 250 } else { FULL };
+        for _ in 0..25 {
+            let n = b.least_sessions(|n| live.borrow()[n], quarter, |_| true);
+            live.borrow_mut()[n.unwrap()] += 1;
+        }
+        assert_eq!(*live.borrow(), [100, 25]);
+        for _ in 0..50 {
+            let n = b.least_sessions(|n| live.borrow()[n], quarter, |_| true);
+            live.borrow_mut()[n.unwrap()] += 1;
+        }
+        assert_eq!(*live.borrow(), [140, 35], "four in five to the warm node");
+    }
+
+    #[test]
+    fn a_ticket_names_its_nodes_own_turn() {
+        let b = Balancer::new(&[2, 1]);
+        // The schedule is a b a; node a's turns are 0, 1, then 2, 3 in the next round.
+        let turns: Vec<_> = (0..6).map(|t| (b.at(t), b.turn(t))).collect();
+        assert_eq!(turns, [(0, 0), (1, 0), (0, 1), (0, 2), (1, 1), (0, 3)]);
     }
 }

@@ -36,6 +36,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Notify;
 
+use crate::cluster::slow_start::CameBack;
 use crate::config::HealthConfig;
 use crate::http::fault::{self, ConnectFault};
 
@@ -53,6 +54,8 @@ pub struct Health {
     since: AtomicU64,
     /// Whether the last probe saw Moodle's maintenance answer.
     maintenance: AtomicBool,
+    /// When it last came back up, for slow start (never when it was up from start).
+    pub came_up_at: CameBack,
     /// Wakes requests waiting for this upstream to come back.
     came_up: Notify,
     /// What the last probe saw, and when.
@@ -74,6 +77,7 @@ impl Default for Health {
             state: AtomicU64::new(UP),
             since: AtomicU64::new(unix_now()),
             maintenance: AtomicBool::new(false),
+            came_up_at: CameBack::default(),
             came_up: Notify::new(),
             last_probe: Mutex::new(None),
         }
@@ -179,6 +183,7 @@ impl Health {
             self.since.store(unix_now(), Ordering::Relaxed);
         }
         if change == Change::Up {
+            self.came_up_at.now();
             self.came_up.notify_waiters();
         }
         change

@@ -1,7 +1,8 @@
 //! The nodes: who they are (stable ids, addresses, weights, admin state), whether
 //! they are up (active probes, passive marks), and who gets the next session (the
 //! lock-free deal), and how many requests each works on at once (its slots, and
-//! the line of requests waiting for them). Beside them, the data server's file
+//! the line of requests waiting for them), and how a node back in the deal warms
+//! up (`slow_start`). Beside them, the data server's file
 //! export, watched by the same probes (`export`).
 //!
 //! It owns the nodes only. It must never import `sessions` or `gateway`: it does
@@ -14,4 +15,5 @@ pub mod balancer;
 pub mod export;
 pub mod health;
 pub mod slots;
+pub mod slow_start;
 pub mod upstreams;

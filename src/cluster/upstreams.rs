@@ -17,12 +17,14 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http::uri::Authority;
 
 use crate::cluster::balancer::Balancer;
 use crate::cluster::health::Health;
 use crate::cluster::slots::{Crowd, Slots};
+use crate::cluster::slow_start::{self, CameBack, Share};
 use crate::config::{Balance, Config, NodeState, UpstreamConfig};
 use crate::http::pool::Conns;
 use crate::node_id::{NodeId, MAX_NODE_IDS};
@@ -47,6 +49,9 @@ pub struct Upstream {
     pub slots: Arc<Slots>,
     /// The admin state as a [`NodeState`] index, shared like `health`.
     state: Arc<AtomicU8>,
+    /// When an admin or the file last made it active again (or a reload brought a
+    /// new node or address), for slow start; shared like `state`.
+    came_back: Arc<CameBack>,
     /// The state the config file asked for, to tell an admin's change from a file's.
     configured: NodeState,
 }
@@ -54,18 +59,25 @@ pub struct Upstream {
 impl Upstream {
     /// What an admin wants of this node now.
     pub fn state(&self) -> NodeState {
-        match self.state.load(Ordering::Relaxed) {
-            0 => NodeState::Active,
-            1 => NodeState::Draining,
-            _ => NodeState::Disabled,
-        }
+        state_from(self.state.load(Ordering::Relaxed))
     }
 
     /// Changes the admin state (drain, undrain, disable); returns the previous one.
+    /// A node made active again starts its slow start.
     pub fn set_state(&self, state: NodeState) -> NodeState {
-        let previous = self.state();
-        self.state.store(state_index(state), Ordering::Relaxed);
-        previous
+        let previous = self.state.swap(state_index(state), Ordering::Relaxed);
+        let active = state_index(NodeState::Active);
+        if previous != active && state == NodeState::Active {
+            self.came_back.now();
+        }
+        state_from(previous)
+    }
+
+    /// Its share of its full share of new sessions now, under `window`
+    /// ([`slow_start`](crate::cluster::slow_start)): the later of its health's
+    /// return and its admin's counts.
+    pub fn share(&self, window: Duration) -> Share {
+        slow_start::share_now([&self.came_back, &self.health.came_up_at], window)
     }
 
     /// The state the config file gives this node.
@@ -77,11 +89,12 @@ impl Upstream {
     /// when the file's `state` for this node is still what it was then
     /// (`configured_then`): the admin's word stands until someone changes it, and
     /// an admin who edits the file's `state` while the gateway is down is the newer
-    /// word. Returns whether the node's state changed.
+    /// word. Returns whether the node's state changed. No slow start: at start the
+    /// node was serving before, as far as this gateway knows.
     pub fn take_back(&self, saved: NodeState, configured_then: NodeState) -> bool {
         let kept = configured_then == self.configured && saved != self.state();
         if kept {
-            self.set_state(saved);
+            self.state.store(state_index(saved), Ordering::Relaxed);
         }
         kept
     }
@@ -99,6 +112,14 @@ impl Upstream {
     /// `http://host:port`, for the admin API and logs.
     pub fn url(&self) -> String {
         format!("http://{}", self.authority)
+    }
+}
+
+fn state_from(index: u8) -> NodeState {
+    match index {
+        0 => NodeState::Active,
+        1 => NodeState::Draining,
+        _ => NodeState::Disabled,
     }
 }
 
@@ -144,6 +165,8 @@ pub struct Upstreams {
     /// Deals positions in `nodes`.
     balancer: Balancer,
     balance: Balance,
+    /// `[session] slow_start`: the ramp of a node back in the deal (zero: none).
+    slow_start: Duration,
     /// What every node's line shares, kept across generations.
     crowd: Arc<Crowd>,
 }
@@ -167,7 +190,8 @@ impl Upstreams {
         for node in &config.nodes {
             let kept = previous.and_then(|p| p.by_name(&node.name));
             let (id, cap) = (ids.id(&node.name)?, node.cap(&config.surge));
-            let built = upstream(node, id, cap, &crowd, kept.map(|k| &**k));
+            let reloading = previous.is_some();
+            let built = upstream(node, id, cap, &crowd, kept.map(|k| &**k), reloading);
             (built.slots.starts()).set_share(config.surge.start_share(cap));
             nodes.push(Arc::new(built));
         }
@@ -177,7 +201,14 @@ impl Upstreams {
         let data_id = ids.id(&config.data.name)?;
         // The data server is not capped: without [offload] it serves SCORM files
         // only, which no class of student should wait for behind another.
-        let data = upstream(&config.data, data_id, 0, &crowd, kept_data.map(|d| &**d));
+        let data = upstream(
+            &config.data,
+            data_id,
+            0,
+            &crowd,
+            kept_data.map(|d| &**d),
+            false,
+        );
         let data = Arc::new(data);
         let slots = nodes.iter().map(|n| n.id.index() + 1).max().unwrap_or(0);
         let mut by_id = vec![None; slots];
@@ -191,6 +222,7 @@ impl Upstreams {
             nodes: nodes.into(),
             data,
             balance: config.session.balance,
+            slow_start: config.session.slow_start,
             crowd,
         })
     }
@@ -257,27 +289,42 @@ impl Upstreams {
         Some(self.nodes[position].id)
     }
 
-    /// The deal's choice among the positions `eligible` allows.
+    /// The deal's choice among the positions `eligible` allows. Round robin skips
+    /// the turns a warming node is not owed yet (the turn passes on, as it does past
+    /// a node that cannot take the session); least-sessions scales its weight.
     fn pick(
         &self,
         shared: Option<usize>,
         live: &impl Fn(NodeId) -> u64,
         eligible: impl Fn(usize) -> bool + Copy,
     ) -> Option<usize> {
+        let share = |position: usize| self.nodes[position].share(self.slow_start);
         match self.balance {
-            Balance::RoundRobin => shared
-                .map(|ticket| self.balancer.at(ticket))
-                .filter(|&position| eligible(position))
-                .or_else(|| self.next_eligible(|| self.balancer.deal_ticket(), eligible)),
-            Balance::LeastSessions => self
-                .balancer
-                .least_sessions(|p| live(self.nodes[p].id), eligible),
+            Balance::RoundRobin => {
+                let owed = |ticket: usize| {
+                    let turn = self.balancer.turn(ticket);
+                    slow_start::takes_turn(turn, share(self.balancer.at(ticket)))
+                };
+                let ticket = || self.balancer.deal_ticket();
+                let at = |ticket| Some(self.balancer.at(ticket)).filter(|&p| eligible(p));
+                (shared.filter(|&t| owed(t)).and_then(at))
+                    .or_else(|| self.next_eligible(ticket, eligible, owed))
+            }
+            Balance::LeastSessions => {
+                let live = |p: usize| live(self.nodes[p].id);
+                self.balancer.least_sessions(live, share, eligible)
+            }
         }
     }
 
     /// How new sessions are dealt.
     pub fn balance(&self) -> Balance {
         self.balance
+    }
+
+    /// `[session] slow_start`: how long a node back in the deal ramps up.
+    pub fn slow_start(&self) -> Duration {
+        self.slow_start
     }
 
     /// A node for a request that carries no session and starts none: the same
@@ -287,34 +334,44 @@ impl Upstreams {
             let node = &self.nodes[position];
             node.takes_new() && Some(node.id) != except
         };
-        let position = self.next_eligible(|| self.balancer.spread_ticket(), eligible)?;
+        let ticket = || self.balancer.spread_ticket();
+        let position = self.next_eligible(ticket, eligible, |_| true)?;
         Some(self.nodes[position].id)
     }
 
-    /// Takes tickets until one lands on an eligible node, at most one round. A
-    /// skipped ticket is used up, so the turn passes to the next node in order and
-    /// the remaining nodes still share new sessions evenly. Concurrent requests take
-    /// tickets from the same counter, so one request can draw only ineligible nodes'
-    /// tickets while others take the eligible ones: it then walks the schedule from
-    /// its last ticket without drawing more, and finds a node whenever one is
-    /// eligible.
+    /// Takes tickets until one lands on an eligible node whose turn it is
+    /// (`owed(ticket)`: a warming node is not owed all of its turns), at most one
+    /// round. A skipped ticket is used up, so the turn passes to the next node in
+    /// order and the remaining nodes still share new sessions evenly. A round in
+    /// which only warming nodes could take the session, none of them owed the turn,
+    /// ends on the first of them drawn: a node is never refused a student nobody
+    /// else can take. Concurrent requests take tickets from the same counter, so one
+    /// request can draw only ineligible nodes' tickets while others take the
+    /// eligible ones: it then walks the schedule from its last ticket without drawing
+    /// more, and finds a node whenever one is eligible.
     fn next_eligible(
         &self,
         ticket: impl Fn() -> usize,
         eligible: impl Fn(usize) -> bool,
+        owed: impl Fn(usize) -> bool,
     ) -> Option<usize> {
         let round = self.balancer.round();
-        let mut last = 0;
+        let (mut last, mut warming) = (0, None);
         for _ in 0..round {
             last = ticket();
             let position = self.balancer.at(last);
             if eligible(position) {
-                return Some(position);
+                if owed(last) {
+                    return Some(position);
+                }
+                warming.get_or_insert(position);
             }
         }
-        (1..round)
-            .map(|step| self.balancer.at(last.wrapping_add(step)))
-            .find(|&p| eligible(p))
+        warming.or_else(|| {
+            (1..round)
+                .map(|step| self.balancer.at(last.wrapping_add(step)))
+                .find(|&p| eligible(p))
+        })
     }
 }
 
@@ -322,12 +379,16 @@ impl Upstreams {
 /// previous generation (an admin's drain survives a reload, even one that moves the
 /// node to a new address), and its health when the address is the same (a new
 /// address is a new machine as far as health goes).
+///
+/// A node a reload brings (a new name, or a new address: a new machine) starts its
+/// slow start; at the gateway's start (`reloading` false) no node does.
 fn upstream(
     config: &UpstreamConfig,
     id: NodeId,
     cap: usize,
     crowd: &Arc<Crowd>,
     kept: Option<&Upstream>,
+    reloading: bool,
 ) -> Upstream {
     let state = match kept {
         Some(k) => {
@@ -339,6 +400,10 @@ fn upstream(
         None => Arc::new(AtomicU8::new(state_index(config.state))),
     };
     let same_address = kept.filter(|k| k.authority == config.authority);
+    let came_back = kept.map_or_else(Arc::default, |k| k.came_back.clone());
+    if reloading && same_address.is_none() {
+        came_back.now();
+    }
     let health = same_address.map_or_else(Arc::default, |k| k.health.clone());
     let conns = same_address.map_or_else(Arc::default, |k| k.conns.clone());
     let slots = match kept {
@@ -357,6 +422,7 @@ fn upstream(
         conns,
         slots,
         state,
+        came_back,
         configured: config.state,
     }
 }
@@ -364,6 +430,7 @@ fn upstream(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::health::Change;
     use crate::config::ConfigEnv;
     use crate::node_id::node;
     use std::path::Path;
@@ -457,6 +524,146 @@ mod tests {
             .collect();
         let missed: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
         assert_eq!(missed, 0);
+    }
+
+    /// Four equal nodes with a minute's slow start (or `window`), under round robin
+    /// or least-sessions.
+    fn four(window: &str, balance: &str) -> Upstreams {
+        let session = format!("[session]\nslow_start = \"{window}\"\nbalance = \"{balance}\"\n");
+        let mut nodes = String::new();
+        for name in ["a", "b", "c", "d"] {
+            let host = name.as_bytes()[0];
+            nodes += &format!("[[nodes]]\nname = \"{name}\"\nurl = \"http://10.0.0.{host}\"\n");
+        }
+        let text = format!("{session}{nodes}[data]\nname = \"data\"\nurl = \"http://10.0.0.9\"\n");
+        let config = Config::parse(&text, Path::new("."), ConfigEnv::default()).unwrap();
+        Upstreams::build(&config, &NodeIds::default(), None).unwrap()
+    }
+
+    /// Moves both of `node`'s returns `seconds` into the past, as if that long had passed.
+    fn back_for(node: &Upstream, seconds: u64) {
+        let ago = slow_start::now_ms().saturating_sub(seconds * 1000);
+        for back in [&*node.came_back, &node.health.came_up_at] {
+            if back.get().is_some() {
+                back.at(ago);
+            }
+        }
+    }
+
+    /// How many of `deals` new sessions go to `name`.
+    fn dealt_to(u: &Upstreams, name: &str, deals: usize) -> usize {
+        let dealt = names(u, (0..deals).map(|_| u.deal(|_| 0, None)));
+        dealt.iter().filter(|n| *n == name).count()
+    }
+
+    #[test]
+    fn a_node_back_from_down_gets_a_growing_share_of_new_sessions_over_the_window() {
+        let u = four("60s", "round-robin");
+        let d = u.by_name("d").unwrap();
+        assert_eq!(
+            dealt_to(&u, "d", 400),
+            100,
+            "a quarter, before anything happens"
+        );
+        d.health.failure(1);
+        assert_eq!(dealt_to(&u, "d", 400), 0);
+        assert_eq!(d.health.success(1), Change::Up);
+        // A tenth of its turns: 0.1 / 3.1 of the deals, then 0.5 / 3.5, then 1 / 4.
+        let mut shares = Vec::new();
+        for seconds in [0, 30, 60] {
+            back_for(d, seconds);
+            shares.push((d.share(u.slow_start()), dealt_to(&u, "d", 3100)));
+        }
+        assert_eq!(shares, [(100, 100), (500, 443), (1000, 775)]);
+    }
+
+    #[test]
+    fn an_undrained_or_enabled_node_ramps_too() {
+        for out in [NodeState::Draining, NodeState::Disabled] {
+            let u = four("60s", "round-robin");
+            let d = u.by_name("d").unwrap();
+            d.set_state(out);
+            assert_eq!(dealt_to(&u, "d", 300), 0, "{out:?}");
+            d.set_state(NodeState::Active);
+            assert_eq!(d.share(u.slow_start()), slow_start::FLOOR, "{out:?}");
+            assert_eq!(dealt_to(&u, "d", 3100), 100, "{out:?}");
+            back_for(d, 45);
+            assert_eq!(d.share(u.slow_start()), 750, "{out:?}");
+            back_for(d, 60);
+            assert_eq!(dealt_to(&u, "d", 400), 100, "{out:?}: all of its share");
+        }
+    }
+
+    #[test]
+    fn a_window_of_zero_gives_a_node_its_full_share_at_once() {
+        let u = four("0", "round-robin");
+        let d = u.by_name("d").unwrap();
+        d.set_state(NodeState::Draining);
+        d.set_state(NodeState::Active);
+        d.health.failure(1);
+        d.health.success(1);
+        assert_eq!(d.share(u.slow_start()), slow_start::FULL);
+        assert_eq!(dealt_to(&u, "d", 400), 100);
+    }
+
+    #[test]
+    fn nothing_warms_at_start_nor_when_a_restart_takes_an_admins_state_back() {
+        let u = four("60s", "round-robin");
+        let d = u.by_name("d").unwrap();
+        d.set_state(NodeState::Draining);
+        let restarted = four("60s", "round-robin");
+        let d_again = restarted.by_name("d").unwrap();
+        d_again.set_state(NodeState::Draining);
+        assert!(d_again.take_back(NodeState::Active, NodeState::Active));
+        for node in restarted.nodes().iter().chain([d_again]) {
+            assert_eq!(node.share(restarted.slow_start()), slow_start::FULL);
+        }
+        d.set_state(NodeState::Active);
+        assert!(
+            d.share(u.slow_start()) < slow_start::FULL,
+            "an undrain does"
+        );
+    }
+
+    #[test]
+    fn a_node_a_reload_adds_or_moves_warms_up() {
+        let ids = NodeIds::default();
+        let first = Upstreams::build(&config(&[("a", ""), ("b", "")]), &ids, None).unwrap();
+        let mut moved = config(&[("a", ""), ("b", ""), ("c", "")]);
+        moved.nodes[1].authority = "10.0.0.200".parse().unwrap();
+        let second = Upstreams::build(&moved, &ids, Some(&first)).unwrap();
+        let share = |name| second.by_name(name).unwrap().share(second.slow_start());
+        assert_eq!(share("a"), slow_start::FULL, "a stayed as it was");
+        assert_eq!(share("b"), slow_start::FLOOR, "b is a new machine");
+        assert_eq!(share("c"), slow_start::FLOOR, "c is new");
+    }
+
+    #[test]
+    fn a_warming_node_takes_a_session_nobody_else_can() {
+        let u = four("60s", "round-robin");
+        for name in ["a", "b", "c"] {
+            u.by_name(name).unwrap().health.failure(1);
+        }
+        let d = u.by_name("d").unwrap();
+        d.set_state(NodeState::Draining);
+        d.set_state(NodeState::Active);
+        assert_eq!(dealt_to(&u, "d", 50), 50);
+    }
+
+    #[test]
+    fn under_least_sessions_a_warming_node_counts_as_a_lighter_one() {
+        let u = four("60s", "least-sessions");
+        let d = u.by_name("d").unwrap();
+        d.set_state(NodeState::Disabled);
+        d.set_state(NodeState::Active);
+        back_for(d, 30);
+        // The others hold 100 each, d none: at half a share it fills to 50, not 100.
+        let live = std::cell::RefCell::new([100u64, 100, 100, 0]);
+        for _ in 0..50 {
+            let id = u.deal(|id| live.borrow()[id.index()], None).unwrap();
+            live.borrow_mut()[id.index()] += 1;
+        }
+        assert_eq!(*live.borrow(), [100, 100, 100, 50]);
     }
 
     #[test]

@@ -18,18 +18,21 @@ use toml::Spanned;
 use super::edge::Listeners;
 use super::lines::KeyLines;
 use super::values::{
-    cookie_name, cookie_path, parse_addr, parse_balance, parse_duration, parse_net, parse_store,
-    site_path, wwwroot,
+    cookie_name, cookie_path, parse_addr, parse_balance, parse_duration, parse_net,
+    parse_slow_start, parse_store, site_path, wwwroot,
 };
 use super::{
     error, line_of, syntax_error, Balance, Config, ConfigEnv, ConfigError, ConfigErrors,
     SessionConfig, SessionStore, SiteConfig, Timeouts, DEFAULT_ANONYMOUS_IDLE, DEFAULT_BODY_IDLE,
     DEFAULT_CONNECT, DEFAULT_COOKIE, DEFAULT_FAILOVER_HOLD, DEFAULT_KEEP_ALIVE, DEFAULT_LISTEN,
     DEFAULT_LOGGED_IN_IDLE, DEFAULT_MAX_SESSIONS, DEFAULT_REQUEST_HEADERS,
-    DEFAULT_RESPONSE_HEADERS, DEFAULT_SESSIONTIMEOUT, DEFAULT_SHUTDOWN, DEFAULT_TUNNEL_IDLE,
-    DEFAULT_UPLOAD, DEFAULT_UPLOAD_MIN_RATE, DEFAULT_UPLOAD_RATE_WINDOW, DEFAULT_UPSTREAM_IDLE,
-    KEEP_ALIVE_RANGE,
+    DEFAULT_RESPONSE_HEADERS, DEFAULT_SESSIONTIMEOUT, DEFAULT_SHUTDOWN, DEFAULT_SLOW_START,
+    DEFAULT_TUNNEL_IDLE, DEFAULT_UPLOAD, DEFAULT_UPLOAD_MIN_RATE, DEFAULT_UPLOAD_RATE_WINDOW,
+    DEFAULT_UPSTREAM_IDLE, KEEP_ALIVE_RANGE,
 };
+
+/// What `session.slow_start` must be, for a value that is not a string.
+const SLOW_START_WANT: &str = "a duration string (like \"60s\"), or \"0\" for none";
 
 // The keys each table accepts, space-separated; anything else is reported. The
 // tables of other files' sections keep their lists next to their readers.
@@ -37,7 +40,7 @@ const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts healt
                         route_cookie limits tls offload access_log store surge cache nodes data";
 const SITE_KEYS: &str = "wwwroot path hosts";
 const SESSION_KEYS: &str =
-    "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle sessiontimeout store failover_hold";
+    "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle sessiontimeout store failover_hold slow_start";
 const TIMEOUT_KEYS: &str = "connect response_headers upstream_idle request_headers keep_alive \
                             body_idle shutdown tunnel_idle upload_min_rate upload_rate_window upload";
 
@@ -349,6 +352,9 @@ impl<'t> Checker<'t> {
             sessiontimeout: self.duration(&s, "sessiontimeout", DEFAULT_SESSIONTIMEOUT),
             store: store.map_or(SessionStore::NodeLocal, |v| v.0),
             failover_hold: self.duration(&s, "failover_hold", DEFAULT_FAILOVER_HOLD),
+            slow_start: self
+                .parsed_as(&s, "slow_start", SLOW_START_WANT, parse_slow_start)
+                .map_or(DEFAULT_SLOW_START, |v| v.0),
         }
     }
 

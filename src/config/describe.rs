@@ -55,7 +55,7 @@ impl Config {
         format!(
             "public listener: {}\ntls: {}\nadmin listener: {admin}\ntrusted proxies: {proxies}\n\
              {}site path: {site}\nsite hosts: {}\nsession cookie: {} (path {})\nbalance: {}\n\
-             sessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
+             slow start: {}\nsessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
              timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, \
              client keep-alive {kept}, body idle {body}, \
              tunnel idle {tunnel}, uploads {rate} and {upload} in all\nlimits: {}\n{}{}",
@@ -66,11 +66,24 @@ impl Config {
             s.cookie,
             s.cookie_path,
             s.balance,
+            self.describe_slow_start(),
             s.max_sessions,
             self.describe_limits(),
             self.describe_operations(),
             self.describe_routing()
         )
+    }
+
+    /// `[session] slow_start`: how a node back in the deal ramps up.
+    fn describe_slow_start(&self) -> String {
+        let back = "a node back from down, draining or disabled";
+        match self.session.slow_start {
+            w if w.is_zero() => format!("off ({back} gets its full share of new sessions at once)"),
+            w => format!(
+                "{back} gets a tenth of its share of new sessions, rising to all of it over {}",
+                d(w)
+            ),
+        }
     }
 
     /// `[site] wwwroot`, with what every node's config.php must agree on.

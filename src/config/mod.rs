@@ -110,6 +110,12 @@ pub const MAX_WEIGHT: u32 = 1000;
 /// `session.failover_hold` default: long enough for a node's web server or PHP-FPM
 /// to restart, short enough that a student sees a slow page rather than an error.
 pub const DEFAULT_FAILOVER_HOLD: Duration = Duration::from_secs(10);
+/// `session.slow_start` default: a Moodle node's OPcache and local caches fill on
+/// its first few hundred pages, a minute of a busy site's newcomers at a tenth
+/// rising to its full share.
+pub const DEFAULT_SLOW_START: Duration = Duration::from_secs(60);
+/// Longest `session.slow_start`: a longer ramp only keeps a warm node idle.
+pub const MAX_SLOW_START: Duration = Duration::from_secs(3600);
 /// `timeouts.tunnel_idle` default: HAProxy's usual `timeout tunnel`.
 pub const DEFAULT_TUNNEL_IDLE: Duration = Duration::from_secs(3600);
 /// `limits.max_header_bytes` default (HAProxy's `tune.bufsize` order, nginx's
@@ -432,6 +438,9 @@ pub struct SessionConfig {
     /// `failover_hold`: with a node-local store, how long a request waits for its
     /// down node to come back before it is re-dealt. Default 10s.
     pub failover_hold: Duration,
+    /// `slow_start`: how long a node back in the deal (up again, undrained, enabled)
+    /// takes to reach its full share of new sessions; zero: at once. Default 60s.
+    pub slow_start: Duration,
 }
 
 /// `store`: where Moodle keeps its sessions.

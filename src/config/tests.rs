@@ -48,6 +48,7 @@ site path: / (Moodle at the host root)
 site hosts: any (every Host header is passed on)
 session cookie: MoodleSession (path /)
 balance: round-robin
+slow start: a node back from down, draining or disabled gets a tenth of its share of new sessions, rising to all of it over 1m
 sessions: at most 1000000; forgotten after 8h 30m idle when logged in, 1h when anonymous
 timeouts: connect 5s, response headers 1m, upstream idle 4s, request headers 10s, client keep-alive 1m 15s, body idle 1m, tunnel idle 1h, uploads at least 1KiB/s over 1m and 2h in all
 limits: request head 32KiB and 100 header lines (431 beyond), URI 8KiB (414 beyond), body 2GiB (413 beyond), read whole before a node is contacted up to 64KiB, on disk up to 64MiB (4GiB at once, in moodle-gateway.spool); 10000 connections and 10000 requests in flight (503 beyond); 100 streams per HTTP/2 connection
@@ -70,6 +71,7 @@ routing: SCORM files (/pluginfile.php/*/mod_scorm/..., and the same files via /w
     assert_eq!(c.session.logged_in_idle, DEFAULT_LOGGED_IN_IDLE);
     assert_eq!(c.session.store, SessionStore::NodeLocal);
     assert_eq!(c.session.failover_hold, DEFAULT_FAILOVER_HOLD);
+    assert_eq!(c.session.slow_start, DEFAULT_SLOW_START);
     assert_eq!(c.timeouts.shutdown, DEFAULT_SHUTDOWN);
     assert_eq!(c.timeouts.tunnel_idle, DEFAULT_TUNNEL_IDLE);
     assert_eq!(c.timeouts.keep_alive, DEFAULT_KEEP_ALIVE);
@@ -131,6 +133,7 @@ anonymous_idle = "15m"
 sessiontimeout = "2h"
 store = "shared"
 failover_hold = "45s"
+slow_start = "0"
 [timeouts]
 connect = "1s"
 response_headers = "2m"
@@ -202,6 +205,7 @@ site path: /moodle
 site hosts: moodle.example.edu, moodle.example.edu:8443, 192.0.2.1, [2001:db8::1]:8080 (requests naming another host are refused)
 session cookie: MoodleSessionprod (path /moodle/)
 balance: least-sessions
+slow start: off (a node back from down, draining or disabled gets its full share of new sessions at once)
 sessions: at most 5000; forgotten after 2h 30m idle when logged in, 15m when anonymous
 timeouts: connect 1s, response headers 2m, upstream idle 30s, request headers 3s, client keep-alive 2m, body idle 20s, tunnel idle 2h, uploads at least 2KiB/s over 30s and 3h in all
 limits: request head 64KiB and 200 header lines (431 beyond), URI 16KiB (414 beyond), body 100MB (413 beyond), read whole before a node is contacted up to 128KiB, on disk up to 32MiB (1GiB at once, in /var/cache/moodle-gateway); 50000 connections and 2000 requests in flight (503 beyond); 250 streams per HTTP/2 connection
@@ -228,6 +232,7 @@ routing: SCORM files (/moodle/pluginfile.php/*/mod_scorm/..., and the same files
         Some("s3cret-token-0123456789abcdef0123")
     );
     assert_eq!(c.session.failover_hold, Duration::from_secs(45));
+    assert_eq!(c.session.slow_start, Duration::ZERO, "off");
     assert_eq!(c.timeouts.tunnel_idle, Duration::from_secs(7200));
     assert_eq!(c.timeouts.keep_alive, Duration::from_secs(120));
     assert_eq!(c.limits.max_header_bytes, 65536);
@@ -253,6 +258,29 @@ fn check(doc: &str, want: &str) {
         errors(&format!("{doc}\n{NODES}{DATA}")),
         want.trim(),
         "for {doc:?}"
+    );
+}
+
+#[test]
+fn slow_start_is_a_duration_up_to_an_hour_or_zero_for_none() {
+    let window = |value: &str| {
+        let text = format!("[session]\nslow_start = {value}\n{NODES}{DATA}");
+        parse(&text, None).map(|c| c.session.slow_start)
+    };
+    assert_eq!(window("\"2s\"").unwrap(), Duration::from_secs(2));
+    assert_eq!(window("\"0\"").unwrap(), Duration::ZERO);
+    assert_eq!(window("\"0s\"").unwrap(), Duration::ZERO);
+    check(
+        "[session]\nslow_start = \"2h\"",
+        r#"2: session.slow_start: "2h" is longer than an hour: a longer ramp only keeps a warm node idle"#,
+    );
+    check(
+        "[session]\nslow_start = \"soon\"",
+        r#"2: session.slow_start: "soon" is not a duration (like "5s", "90s" or "8h30m"), or "0" for no slow start"#,
+    );
+    check(
+        "[session]\nslow_start = 60",
+        r#"2: session.slow_start: expected a duration string (like "60s"), or "0" for none, found integer"#,
     );
 }
 
@@ -451,7 +479,7 @@ fn all_problems_come_back_together_sorted_by_line() {
     assert_eq!(
         errors.to_string(),
         "gw.toml:3: nodes[0].url: \"ftp://h\" is not an http:// URL\n\
-         gw.toml:5: session.cookies: unknown key (expected one of: cookie, cookie_path, balance, max_sessions, logged_in_idle, anonymous_idle, sessiontimeout, store, failover_hold)\n\
+         gw.toml:5: session.cookies: unknown key (expected one of: cookie, cookie_path, balance, max_sessions, logged_in_idle, anonymous_idle, sessiontimeout, store, failover_hold, slow_start)\n\
          gw.toml:7: nodes[1].name: duplicate name \"web1\" (already used by nodes[0])"
     );
 }

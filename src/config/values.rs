@@ -12,7 +12,7 @@ use ipnet::IpNet;
 
 use super::{
     Balance, NodeState, SecretSource, SessionStore, StatusRange, TokenSource, Wwwroot,
-    ADMIN_TOKEN_ENV, MIN_ADMIN_TOKEN, MIN_ROUTE_SECRET, ROUTE_SECRET_ENV,
+    ADMIN_TOKEN_ENV, MAX_SLOW_START, MIN_ADMIN_TOKEN, MIN_ROUTE_SECRET, ROUTE_SECRET_ENV,
 };
 
 /// `Err(message())` unless `ok`: keeps the value checks below flat.
@@ -39,6 +39,18 @@ pub(super) fn parse_duration(raw: &str) -> Result<Duration, String> {
     ensure(!d.is_zero(), || format!("{raw:?} must be greater than 0"))?;
     ensure(d <= MAX_DURATION, || {
         format!("{raw:?} is longer than a year")
+    })
+    .map(|()| d)
+}
+
+/// `session.slow_start`: a duration up to an hour, or `"0"` (`"0s"`) for none.
+pub(super) fn parse_slow_start(raw: &str) -> Result<Duration, String> {
+    if raw == "0" || humantime::parse_duration(raw).is_ok_and(|d| d.is_zero()) {
+        return Ok(Duration::ZERO);
+    }
+    let d = parse_duration(raw).map_err(|e| format!("{e}, or \"0\" for no slow start"))?;
+    ensure(d <= MAX_SLOW_START, || {
+        format!("{raw:?} is longer than an hour: a longer ramp only keeps a warm node idle")
     })
     .map(|()| d)
 }

@@ -26,6 +26,8 @@ struct Site {
     web1_down: bool,
     web1_draining: bool,
     web1_disabled: bool,
+    /// web1 was drained and is back: in its slow start.
+    web1_warming: bool,
     web2_down: bool,
     data_down: bool,
 }
@@ -98,6 +100,11 @@ fn gateway(site: Site) -> Gateway {
     if site.web1_disabled {
         web1.set_state(NodeState::Disabled);
     }
+    if site.web1_warming {
+        web1.set_state(NodeState::Draining);
+        web1.set_state(NodeState::Active);
+        assert!(web1.share(upstreams.slow_start()) < crate::cluster::slow_start::FULL);
+    }
     drop(settings);
     gateway
 }
@@ -158,6 +165,8 @@ async fn every_request_goes_where_the_routing_rule_says() {
         (PAGE, OnWeb1, site(), Sticky("web1"), "its own node"),
         (PAGE, OnWeb1, Site { web1_draining: true, ..site() }, Sticky("web1"),
             "a draining node keeps its sessions"),
+        (PAGE, OnWeb1, Site { web1_warming: true, ..site() }, Sticky("web1"),
+            "a node in its slow start keeps its sessions: affinity always wins"),
         (PAGE, OnWeb1, down_shared, Moved("web2"), "shared store: another node at once"),
         (PAGE, OnWeb1, down_local, Moved("web2"), "node-local: another node after the hold"),
         (PAGE, OnWeb1, Site { web1_disabled: true, ..site() }, Moved("web2"),

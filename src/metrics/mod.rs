@@ -16,8 +16,8 @@ use std::sync::OnceLock;
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::cluster::slots::{Class, SlotsNow};
@@ -91,6 +91,9 @@ pub struct UpstreamNow {
     pub logged_in: u64,
     /// Its cap, the requests holding a slot and those waiting.
     pub slots: SlotsNow,
+    /// Of its full share of new sessions, what it gets now: below 1 while it warms
+    /// up after coming back (`[session] slow_start`).
+    pub share: f64,
 }
 
 /// The gateway's metrics: the registry and the handles that feed it.
@@ -109,6 +112,7 @@ pub struct Metrics {
     sessions: IntGaugeVec,
     up: IntGaugeVec,
     admin_state: IntGaugeVec,
+    slow_start: GaugeVec,
     in_flight: IntGauge,
     table_len: IntGauge,
     /// The gateway's own answers, by class.
@@ -207,6 +211,17 @@ impl Metrics {
                 "upstream_admin_state",
                 "1 for the admin state each upstream is in.",
                 &["upstream", "state"],
+            ),
+            slow_start: add(
+                &registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "node_slow_start_share",
+                        "Of each node's full share of new sessions, what it gets now: \
+                         below 1 while it warms up after coming back.",
+                    ),
+                    &["node"],
+                ),
             ),
             in_flight: gauge(
                 &registry,
@@ -355,6 +370,7 @@ impl Metrics {
         self.sessions.reset();
         self.up.reset();
         self.admin_state.reset();
+        self.slow_start.reset();
         self.surge.reset();
         self.surge.room(&now.room);
         self.cache.set(&now.cache);
@@ -372,6 +388,9 @@ impl Metrics {
                 self.admin_state.with_label_values(&[name, state]).set(on);
             }
             if upstream.node {
+                self.slow_start
+                    .with_label_values(&[name])
+                    .set(upstream.share);
                 self.surge.node(name, &upstream.slots);
                 let anonymous = upstream.live.saturating_sub(upstream.logged_in);
                 let sessions = |state| self.sessions.with_label_values(&[name, state]);
@@ -480,6 +499,7 @@ mod tests {
                 live: 1,
                 logged_in: 1,
                 slots: SlotsNow::default(),
+                share: 1.0,
             }],
             ..Snapshot::default()
         };
@@ -532,6 +552,7 @@ mod tests {
             live,
             logged_in: 1,
             slots: SlotsNow::default(),
+            share: 0.25,
         };
         let first = metrics.render(&Snapshot {
             upstreams: vec![web1(3)],
@@ -540,6 +561,7 @@ mod tests {
         assert!(first.contains(r#"moodle_gateway_sessions{node="web1",state="anonymous"} 2"#));
         assert!(first
             .contains(r#"moodle_gateway_upstream_admin_state{state="active",upstream="web1"} 1"#));
+        assert!(first.contains(r#"moodle_gateway_node_slow_start_share{node="web1"} 0.25"#));
         let later = metrics.render(&Snapshot::default());
         assert!(!later.contains(r#"node="web1""#), "{later}");
     }

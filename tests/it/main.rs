@@ -24,6 +24,7 @@ mod scenarios;
 mod sessions;
 mod signals;
 mod site;
+mod slow_start;
 mod slowloris;
 mod store;
 mod support;

@@ -25,6 +25,10 @@ fn config(cluster: &Cluster, extra: &str) -> String {
     cluster.config_toml("127.0.0.1:0", Some(("127.0.0.1:0", TOKEN)), &extra)
 }
 
+/// For the tests that look for a returning node among a few newcomers at once:
+/// slow start's ramp has its own test (`slow_start.rs`).
+const FULL_SHARE_AT_ONCE: &str = "session.slow_start = \"0\"\n";
+
 async fn start(cluster: &Cluster, extra: &str) -> TestGateway {
     TestGateway::start(&config(cluster, extra)).await
 }
@@ -106,7 +110,8 @@ async fn with_node_local_sessions_a_student_waits_for_a_node_that_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_node_local_sessions_a_node_that_stays_down_hands_its_students_over_after_the_hold() {
     let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
-    let gateway = start(&cluster, "session.failover_hold = \"1s\"").await;
+    let extra = format!("{FULL_SHARE_AT_ONCE}session.failover_hold = \"1s\"");
+    let gateway = start(&cluster, &extra).await;
     let (mut student, node) = logged_in(&gateway, 1).await;
     cluster.by_name(&node).unwrap().stop();
     wait_health(&gateway, &node, "down").await;
@@ -183,7 +188,7 @@ async fn moodle_maintenance_mode_is_passed_through_and_ejects_no_node() {
 async fn a_drained_node_keeps_its_students_gets_no_new_ones_and_says_when_it_is_empty_and_disable_moves_them(
 ) {
     let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
-    let gateway = start(&cluster, "").await;
+    let gateway = start(&cluster, FULL_SHARE_AT_ONCE).await;
     let mut students = Vec::new();
     for n in 0..4 {
         students.push(logged_in(&gateway, n).await);
@@ -296,7 +301,10 @@ async fn reloads_add_and_remove_nodes_with_requests_in_flight_and_never_fail_one
     let mut cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
     cluster.add_node("web3").unwrap();
     let file = ConfigFile::new("reload");
-    let full = format!("state.file = \"\"\n{}", config(&cluster, ""));
+    let full = format!(
+        "state.file = \"\"\n{}",
+        config(&cluster, FULL_SHARE_AT_ONCE)
+    );
     let path = file.write(&without(&cluster, &full, "web3"));
     let config = Config::load(&path).unwrap();
     let gateway = TestGateway::start_with_source(config, &path).await;
