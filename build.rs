@@ -85,7 +85,7 @@ The command line cannot be read.
 No session was lost, and every simulated student finished their steps.
 .TP
 \fB1\fR
-A session was lost, a student's step failed, or the demo could not start (a port in use).
+A session was lost, a student's step failed, or the demo could not start (a port in use, a \fB\-\-write\-config\fR file it cannot write).
 .TP
 \fB2\fR
 The command line cannot be read.
@@ -200,6 +200,24 @@ Drive 200 students, 20 at a time, and exit with the table of where they went:
 .RS
 .nf
 moodle\-gateway demo \-\-students 200 \-\-concurrency 20
+.fi
+.RE
+.PP
+Write the config the demo runs, check it, and ask its stand-ins from another shell:
+.PP
+.RS
+.nf
+moodle\-gateway demo \-\-write\-config demo.toml
+moodle\-gateway check \-\-config demo.toml
+MOODLE_GATEWAY_DOCTOR_PASSWORD=x moodle\-gateway doctor \-\-config demo.toml \-\-login student
+.fi
+.RE
+.PP
+A surge: slow nodes, a crowd, the line and the waiting room on the dashboard:
+.PP
+.RS
+.nf
+moodle\-gateway demo \-\-surge
 .fi
 .RE
 "#,

@@ -55,8 +55,10 @@ pub enum Command {
     /// vrrp_script: exit 0 when its listener accepts and its admin listener's
     /// /readyz says a node is active and up, 1 otherwise (the reason on stderr).
     Ready(ConfigArg),
-    /// See the whole product on this machine: four stand-in Moodle PHP nodes and a data
-    /// server on loopback, the gateway in front of them, and the admin API.
+    /// See the whole product on this machine, set up as the book recommends: four
+    /// stand-in Moodle PHP nodes with node-local sessions, a data server whose file
+    /// export sends the files each student's own node names (the offload), the gateway
+    /// in front of them, and the admin API with its dashboard.
     Demo {
         /// Drive this many simulated students through login, browsing, SCORM and
         /// logout, print the per-node table, and exit (non-zero if a session was lost).
@@ -71,6 +73,16 @@ pub enum Command {
         /// Where the demo's admin API listens.
         #[arg(long, default_value = "127.0.0.1:9090", value_name = "ADDR")]
         admin_listen: std::net::SocketAddr,
+        /// Show a surge: few PHP workers and slow pages on every node, a cap in the
+        /// gateway, and a crowd of newcomers arriving in waves, so the line and the
+        /// waiting room appear on the dashboard.
+        #[arg(long)]
+        surge: bool,
+        /// Write the config the demo runs to PATH (mode 600: it holds the admin
+        /// token), for `check --config PATH`, and `doctor --config PATH` while the
+        /// demo runs.
+        #[arg(long, value_name = "PATH")]
+        write_config: Option<PathBuf>,
     },
     /// Ask the live site, through every node and the data server, what a Moodle expert
     /// would (wwwroot, sslproxy, the session store, the offload, revisions, clocks) and

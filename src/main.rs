@@ -53,11 +53,15 @@ fn main() -> ExitCode {
             concurrency,
             listen,
             admin_listen,
+            surge,
+            write_config,
         } => demo(moodle_gateway::demo::DemoOptions {
             listen,
             admin_listen,
             students,
             concurrency: concurrency.max(1),
+            surge,
+            write_config,
         }),
     }
 }

@@ -8,6 +8,8 @@
 
 mod arrivals;
 mod browser;
+mod crowd;
+mod setup;
 pub mod standin;
 mod students;
 
@@ -16,11 +18,14 @@ pub use students::{simulate_students, Failure, Students, StudentsReport};
 
 use std::error::Error;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
-use crate::config::{Config, DEFAULT_COOKIE};
+use crate::config::DEFAULT_COOKIE;
 use crate::demo::standin::Cluster;
 use crate::gateway::Gateway;
 use crate::App;
@@ -39,6 +44,11 @@ pub struct DemoOptions {
     pub students: Option<usize>,
     /// At most this many students at once (default 8).
     pub concurrency: usize,
+    /// Few PHP workers and slow pages on every node, a capped gateway, and (while
+    /// serving) a crowd arriving in waves: the line and the waiting room at work.
+    pub surge: bool,
+    /// Where to write the config the demo runs, for `check` and `doctor`.
+    pub write_config: Option<PathBuf>,
 }
 
 impl Default for DemoOptions {
@@ -48,6 +58,8 @@ impl Default for DemoOptions {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             students: None,
             concurrency: 8,
+            surge: false,
+            write_config: None,
         }
     }
 }
@@ -68,29 +80,123 @@ impl DemoOutcome {
     }
 }
 
+/// A running demo: the stand-in cluster, the real gateway in front of it with the
+/// config [`Demo::config_text`], and (once welcomed) simulated visitors.
+pub struct Demo {
+    cluster: Cluster,
+    gateway: Arc<Gateway>,
+    public: SocketAddr,
+    admin: SocketAddr,
+    token: String,
+    config: String,
+    surge: bool,
+    stop: oneshot::Sender<()>,
+    server: JoinHandle<std::io::Result<()>>,
+    visitors: Vec<JoinHandle<()>>,
+}
+
+impl Demo {
+    /// Binds both listeners, spawns the stand-ins, writes the config (to
+    /// `write_config` too) and starts the gateway on it. Call inside a Tokio runtime.
+    pub async fn start(options: &DemoOptions) -> Result<Demo, Box<dyn Error>> {
+        let cluster = Cluster::spawn_offloaded(DEMO_NODES, "", DEFAULT_COOKIE)?;
+        let public = bind(options.listen, "students", "--listen").await?;
+        let admin = bind(options.admin_listen, "the admin API", "--admin-listen").await?;
+        let token = random_hex()?;
+        let setup = setup::Setup {
+            public: public.local_addr()?,
+            admin: admin.local_addr()?,
+            token: &token,
+            route_secret: &random_hex()?,
+            surge: options.surge,
+        };
+        let config = setup::config_text(&cluster, &setup);
+        let parsed = setup::parse(&config)
+            .map_err(|e| format!("check refuses the demo's own config (a bug):\n{e}"))?;
+        if let Some(path) = &options.write_config {
+            write_secret_file(path, &config)
+                .map_err(|e| format!("cannot write the config to {}: {e}", path.display()))?;
+        }
+        if options.surge {
+            for node in cluster.nodes() {
+                node.set_workers(Some((setup::SURGE_WORKERS, setup::SURGE_PAGE)));
+            }
+        }
+        let app = App::new(parsed);
+        let gateway = app.gateway().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(app.serve(public, Some(admin), async {
+            let _ = stopped.await;
+        }));
+        Ok(Demo {
+            cluster,
+            gateway,
+            public: setup.public,
+            admin: setup.admin,
+            token,
+            config,
+            surge: options.surge,
+            stop,
+            server,
+            visitors: Vec::new(),
+        })
+    }
+
+    /// Lets simulated students arrive one by one, and with `surge` the crowd in
+    /// waves, until [`Demo::stop`].
+    pub fn welcome_visitors(&mut self) {
+        let (site, cookie) = (self.cluster.site_path(), self.cluster.cookie());
+        let arriving = arrivals::arrive(self.public, site.to_owned(), cookie.to_owned());
+        self.visitors.push(tokio::spawn(arriving));
+        if self.surge {
+            let crowd = crowd::arrive(self.public, site.to_owned(), cookie.to_owned());
+            self.visitors.push(tokio::spawn(crowd));
+        }
+    }
+
+    /// Where students reach the gateway.
+    pub fn public_addr(&self) -> SocketAddr {
+        self.public
+    }
+
+    /// Where the admin API listens.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+    }
+
+    /// The admin token of this run.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The stand-in cluster.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// The config the gateway runs, as `--write-config` writes it.
+    pub fn config_text(&self) -> &str {
+        &self.config
+    }
+
+    /// Stops the visitors and the gateway; returns the sessions the stand-ins lost.
+    pub async fn stop(self) -> Result<u64, Box<dyn Error>> {
+        for visitor in &self.visitors {
+            visitor.abort();
+        }
+        let _ = self.stop.send(());
+        self.server.await??;
+        Ok(self.cluster.lost_sessions())
+    }
+}
+
 /// Runs the cluster and the gateway; with `students`, drives them and reports.
 pub async fn run(options: DemoOptions) -> Result<DemoOutcome, Box<dyn Error>> {
-    let cluster = Cluster::spawn(DEMO_NODES, "", DEFAULT_COOKIE)?;
-    let public = bind(options.listen, "students", "--listen").await?;
-    let admin = bind(options.admin_listen, "the admin API", "--admin-listen").await?;
-    let (public_addr, admin_addr) = (public.local_addr()?, admin.local_addr()?);
-    let token = random_token()?;
-    let admin_settings = Some((admin_addr.to_string(), token.clone()));
-    let admin_settings = admin_settings
-        .as_ref()
-        .map(|(l, t)| (l.as_str(), t.as_str()));
-    let toml = cluster.config_toml(&public_addr.to_string(), admin_settings, "");
-    let app = App::new(demo_config(&toml)?);
-    let gateway = app.gateway().clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(app.serve(public, Some(admin), async {
-        let _ = stopped.await;
-    }));
-    print_banner(&cluster, public_addr, admin_addr, &token);
+    let mut demo = Demo::start(&options).await?;
+    print_banner(&demo, &options);
     let report = match options.students {
         None => {
-            let (site, cookie) = (cluster.site_path().to_owned(), cluster.cookie().to_owned());
-            let arriving = tokio::spawn(arrivals::arrive(public_addr, site, cookie));
+            demo.welcome_visitors();
             println!(
                 "A simulated student logs in every {}s (at most {} stay); watch them on the \
                  dashboard. Serving until Ctrl-C.",
@@ -98,20 +204,29 @@ pub async fn run(options: DemoOptions) -> Result<DemoOutcome, Box<dyn Error>> {
                 arrivals::STAY
             );
             tokio::signal::ctrl_c().await?;
-            arriving.abort();
             None
         }
-        Some(count) => {
-            Some(drive(&cluster, &gateway, public_addr, count, options.concurrency).await)
-        }
+        Some(count) => Some(drive(&demo, count, options.concurrency).await),
     };
-    let _ = stop.send(());
-    server.await??;
-    let lost_sessions = cluster.lost_sessions();
+    let lost_sessions = demo.stop().await?;
     Ok(DemoOutcome {
         report,
         lost_sessions,
     })
+}
+
+/// The config holds the admin token and the route cookie's secret: readable by its
+/// owner only, as `check` would want of a real one.
+fn write_secret_file(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text.as_bytes())
 }
 
 /// A listener on `addr`, or an error that names the address and the `flag` that
@@ -125,47 +240,65 @@ async fn bind(addr: SocketAddr, whom: &str, flag: &str) -> std::io::Result<TcpLi
     })
 }
 
-/// 32 random bytes as hex: a fresh admin token per run, never a default one.
-fn random_token() -> std::io::Result<String> {
+/// 32 random bytes as hex: a fresh admin token (and route secret) per run, never
+/// a default one.
+fn random_hex() -> std::io::Result<String> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn print_banner(cluster: &Cluster, public: SocketAddr, admin: SocketAddr, token: &str) {
+fn print_banner(demo: &Demo, options: &DemoOptions) {
+    let (cluster, public, admin, token) = (demo.cluster(), demo.public, demo.admin, &demo.token);
     let nodes: Vec<String> = cluster
         .nodes()
         .iter()
         .map(|n| format!("{} {}", n.name(), n.addr()))
         .collect();
-    println!("moodle-gateway demo: stand-in Moodle nodes with node-local sessions");
     println!(
-        "  nodes: {}; data server {}",
-        nodes.join(", "),
+        "moodle-gateway demo: stand-in Moodle nodes with node-local sessions, files through \
+         each student's own node (the offload)"
+    );
+    println!("  nodes: {}", nodes.join(", "));
+    let export = cluster
+        .export()
+        .map(|e| e.addr().to_string())
+        .unwrap_or_default();
+    println!(
+        "  data server {}, its file export {export}",
         cluster.data().addr()
     );
-    println!(
-        "  students:  http://{public}{}/login/index.php",
-        cluster.site_path()
-    );
+    println!("  students:  http://{public}/login/index.php   (any name and password)");
     println!("  dashboard: http://{admin}/   log in with the admin token below");
     println!("  admin API: http://{admin}/affinity   token {token}");
     println!("  curl -H 'Authorization: Bearer {token}' http://{admin}/affinity");
+    if let Some(path) = &options.write_config {
+        let path = path.display();
+        println!(
+            "  config: {path}   (moodle-gateway check --config {path}, and doctor while this runs)"
+        );
+    }
+    if options.surge {
+        println!(
+            "  surge: {} PHP workers per node, {} ms a page, the gateway's cap {}; while serving, \
+             {} newcomers arrive every {} s: watch the line and the waiting room",
+            setup::SURGE_WORKERS,
+            setup::SURGE_PAGE.as_millis(),
+            setup::SURGE_WORKERS - 1,
+            crowd::CROWD,
+            crowd::EVERY.as_secs()
+        );
+    }
 }
 
 /// Logs everyone in, snapshots the gateway's table while they are all logged in,
 /// logs everyone out, then prints the report.
-async fn drive(
-    cluster: &Cluster,
-    gateway: &Gateway,
-    addr: SocketAddr,
-    count: usize,
-    concurrency: usize,
-) -> StudentsReport {
+async fn drive(demo: &Demo, count: usize, concurrency: usize) -> StudentsReport {
+    let cluster = demo.cluster();
     let (site, cookie) = (cluster.site_path(), cluster.cookie());
-    let students = Students::log_in(addr, site, cookie, count, concurrency).await;
-    let table = gateway.table();
-    let nodes = gateway.settings();
+    let students = Students::log_in(demo.public, site, cookie, count, concurrency).await;
+    let table = demo.gateway.table();
+    let nodes = demo.gateway.settings();
     let snapshot: Vec<(String, u64, u64)> = (nodes.upstreams.nodes().iter())
         .map(|node| {
             (
@@ -201,9 +334,13 @@ fn print_report(report: &StudentsReport, snapshot: &[(String, u64, u64)], lost: 
     }
 }
 
-/// The demo's config: no state file, since the demo's sessions die with it.
-pub(crate) fn demo_config(toml: &str) -> Result<Config, crate::config::ConfigErrors> {
-    let mut config = Config::parse(toml, Path::new("."), Default::default())?;
+/// A test's config for a plain stand-in cluster: no state file, since its sessions
+/// die with it.
+#[cfg(test)]
+pub(crate) fn demo_config(
+    toml: &str,
+) -> Result<crate::config::Config, crate::config::ConfigErrors> {
+    let mut config = crate::config::Config::parse(toml, Path::new("."), Default::default())?;
     config.state.file = None;
     Ok(config)
 }
@@ -219,6 +356,7 @@ mod tests {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             students: Some(8),
             concurrency: 1,
+            ..DemoOptions::default()
         };
         let outcome = run(options).await.unwrap();
         assert!(outcome.success(), "{outcome:?}");

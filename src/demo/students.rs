@@ -12,15 +12,19 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
+use super::standin::{REVISION, SCORM_LAUNCH};
 use super::Browser;
 
-/// The sessionless assets a login page pulls in: they must not start sessions or
-/// move the deal of new sessions.
-const ASSETS: [&str; 3] = [
-    "/theme/styles.php/boost/1/all",
-    "/lib/javascript.php/1/lib/javascript-static.js",
-    "/theme/image.php/boost/core/1/i/loading",
-];
+/// The sessionless assets a login page pulls in, at the stand-ins' revision (so the
+/// gateway's asset cache keeps them): they must not start sessions or move the deal
+/// of new sessions.
+fn assets() -> [String; 3] {
+    [
+        format!("/theme/styles.php/boost/{REVISION}_1/all"),
+        format!("/lib/javascript.php/{REVISION}/lib/javascript-static.js"),
+        format!("/theme/image.php/boost/core/{REVISION}/i/loading"),
+    ]
+}
 
 /// One step that did not go as Moodle would have it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,10 +199,11 @@ impl Student {
         self.page(Method::GET, "/my/", "Hello").await?;
         self.page(Method::GET, "/course/view.php?id=2", "Hello")
             .await?;
-        let path = "/pluginfile.php/27/mod_scorm/content/1/index.html";
-        let file = self.browser.get(path).await?;
-        if file.status != StatusCode::OK || file.upstream() != "data" {
-            return Err(file.unexpected(&format!("GET {path}"), "200 from data"));
+        // From the data server, whichever way: straight, or named by the node.
+        let file = self.browser.get(SCORM_LAUNCH).await?;
+        if file.status != StatusCode::OK || !file.text().ends_with(" from data\n") {
+            let what = format!("GET {SCORM_LAUNCH}");
+            return Err(file.unexpected(&what, "200 with the data server's bytes"));
         }
         self.page(Method::GET, "/mod/scorm/player.php?a=1", "Hello")
             .await?;
@@ -213,8 +218,8 @@ impl Student {
         let (Some(token), Some(guest)) = (logintoken(&form.text()), form.issued.clone()) else {
             return Err(form.unexpected("GET /login/index.php", "a logintoken and a session"));
         };
-        for asset in ASSETS {
-            let reply = self.browser.get(asset).await?;
+        for asset in assets() {
+            let reply = self.browser.get(&asset).await?;
             if reply.status != StatusCode::OK || reply.issued.is_some() {
                 return Err(reply.unexpected(&format!("GET {asset}"), "200 without a session"));
             }
@@ -253,7 +258,7 @@ impl Student {
 }
 
 /// The token after `logintoken=` in a login page.
-fn logintoken(page: &str) -> Option<String> {
+pub(super) fn logintoken(page: &str) -> Option<String> {
     let (_, rest) = page.split_once("logintoken=")?;
     let token: String = rest
         .chars()

@@ -7,6 +7,7 @@ mod cli;
 mod crash;
 mod dashboard;
 mod dashboard_store;
+mod demo;
 mod faults;
 mod half_close;
 mod handover;

@@ -3,13 +3,16 @@
 
 use std::io;
 
-use super::{Registry, Role, StandIn, StandInConfig};
+use super::{Registry, Role, StandIn, StandInConfig, ALIAS};
 
 /// `web1..webN` and `data`, sharing one [`Registry`]: a Moodle cluster with node-local
-/// sessions, the setup where a misrouted request costs a student their login.
+/// sessions, the setup where a misrouted request costs a student their login. With
+/// [`Cluster::spawn_offloaded`] also the data server's file export, and nodes that
+/// hand files over to it.
 pub struct Cluster {
     nodes: Vec<StandIn>,
     data: StandIn,
+    export: Option<StandIn>,
     registry: Registry,
     site_path: String,
     cookie: String,
@@ -18,12 +21,36 @@ pub struct Cluster {
 impl Cluster {
     /// Spawns `nodes` PHP nodes and the data server. Call inside a Tokio runtime.
     pub fn spawn(nodes: usize, site_path: &str, cookie: &str) -> io::Result<Cluster> {
+        Self::spawn_as(nodes, site_path, cookie, false)
+    }
+
+    /// [`Cluster::spawn`], set up for the file offload as the book recommends with
+    /// node-local sessions: every node has `$CFG->xsendfile`, and the data server
+    /// has a file export; [`Cluster::config_toml`] then writes `[offload]`.
+    pub fn spawn_offloaded(nodes: usize, site_path: &str, cookie: &str) -> io::Result<Cluster> {
+        Self::spawn_as(nodes, site_path, cookie, true)
+    }
+
+    fn spawn_as(nodes: usize, site_path: &str, cookie: &str, offload: bool) -> io::Result<Cluster> {
         let registry = Registry::new();
         let (site_path, cookie) = (site_path.to_owned(), cookie.to_owned());
-        let data = member(&registry, &site_path, &cookie, "data", Role::Data)?;
+        let data = member(&registry, &site_path, &cookie, "data", Role::Data, false)?;
+        let export = offload
+            .then(|| {
+                member(
+                    &registry,
+                    &site_path,
+                    &cookie,
+                    "export",
+                    Role::Export,
+                    false,
+                )
+            })
+            .transpose()?;
         let mut cluster = Cluster {
             nodes: Vec::with_capacity(nodes),
             data,
+            export,
             registry,
             site_path,
             cookie,
@@ -50,6 +77,7 @@ impl Cluster {
             &self.cookie,
             name,
             Role::Node,
+            self.export.is_some(),
         )?;
         self.nodes.push(node);
         Ok(self.nodes.last().expect("just pushed"))
@@ -63,6 +91,11 @@ impl Cluster {
     /// The data server.
     pub fn data(&self) -> &StandIn {
         &self.data
+    }
+
+    /// The data server's file export, in a cluster set up for the offload.
+    pub fn export(&self) -> Option<&StandIn> {
+        self.export.as_ref()
     }
 
     /// A node or the data server by name.
@@ -117,6 +150,13 @@ impl Cluster {
         }
         toml += extra;
         toml += "\n";
+        toml + &self.upstreams_toml()
+    }
+
+    /// The `[[nodes]]` blocks, `[data]` and, set up for the offload, `[offload]`:
+    /// the end of a config for this cluster.
+    pub fn upstreams_toml(&self) -> String {
+        let mut toml = String::new();
         for node in &self.nodes {
             toml += "\n";
             toml += &nodes_block(node);
@@ -126,6 +166,12 @@ impl Cluster {
             self.data.name(),
             self.data.addr()
         );
+        if let Some(export) = &self.export {
+            toml += &format!(
+                "\n[offload]\nurl = \"http://{}\"\nprefix = {ALIAS:?}\n",
+                export.addr()
+            );
+        }
         toml
     }
 
@@ -153,12 +199,14 @@ fn member(
     cookie: &str,
     name: &str,
     role: Role,
+    xsendfile: bool,
 ) -> io::Result<StandIn> {
     let config = StandInConfig {
         name: name.to_owned(),
         site_path: site_path.to_owned(),
         cookie: cookie.to_owned(),
         role,
+        xsendfile,
     };
     StandIn::spawn(config, registry.clone())
 }

@@ -1,40 +1,31 @@
-//! The data server's answers: any `mod_scorm` file, without checking sessions.
+//! The data server's answers: any `mod_scorm` file, without checking sessions; the
+//! rest as the Moodle it also runs (its own sessions, its login page, the probes).
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
-use http::{Response, StatusCode, Uri};
+use http::request::Parts;
+use http::{Response, StatusCode};
 use http_body_util::Full;
 
-use super::{reply, Inner};
-
-/// Size of `.../big.bin` on the data server: enough to cross many body chunks.
-pub(super) const BIG_FILE: usize = 1 << 20;
+use super::files::stored;
+use super::Inner;
 
 impl Inner {
-    /// Any `mod_scorm` file (every URL form) from the data server, and its health
-    /// probe paths; the rest is 404.
-    pub(super) fn file(&self, uri: &Uri) -> Response<Full<Bytes>> {
-        let target = uri.path_and_query().map_or("/", |p| p.as_str());
-        // It runs Moodle too: its theme scripts and heartbeat answer, so the
-        // gateway's health probes find it alive.
-        if target.contains("/theme/") || target.contains("/admin/tool/heartbeat/") {
-            return reply(StatusCode::OK, format!("alive: {}\n", self.config.name));
-        }
+    /// Any `mod_scorm` file (every URL form) from the data server; anything else is
+    /// a page of its Moodle.
+    pub(super) fn file(&self, parts: &Parts, body: &[u8]) -> Response<Full<Bytes>> {
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         if !(target.contains("mod_scorm") || target.contains("moddata/scorm")) {
-            return reply(StatusCode::NOT_FOUND, "not a SCORM file\n");
+            return self.node(parts, body);
         }
-        if uri.path().ends_with("/big.bin") {
-            let bytes: Vec<u8> = (0..BIG_FILE).map(|i| (i % 251) as u8).collect();
-            let mut response = reply(StatusCode::OK, bytes);
-            response.headers_mut().insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            );
-            return response;
-        }
-        reply(
-            StatusCode::OK,
-            format!("SCORM {} from {}\n", uri.path(), self.config.name),
-        )
+        let mut response = Response::new(Full::new(stored(parts.uri.path())));
+        let kind = match parts.uri.path().ends_with("/big.bin") {
+            true => "application/octet-stream",
+            false => "text/html; charset=utf-8",
+        };
+        let kind = HeaderValue::from_static(kind);
+        response.headers_mut().insert(CONTENT_TYPE, kind);
+        *response.status_mut() = StatusCode::OK;
+        response
     }
 }

@@ -30,18 +30,23 @@
 //! Every request is still recorded in [`StandIn::requests`]; a hang comes first, then
 //! maintenance, then the directives and session logic above.
 
+mod assets;
 mod cluster;
 mod data;
 mod directives;
+mod files;
 mod node;
 mod outages;
+mod pages;
 mod registry;
 mod serving;
 #[cfg(test)]
 mod tests;
 mod workers;
 
+pub use assets::REVISION;
 pub use cluster::Cluster;
+pub use files::{ALIAS, BIG_FILE, SCORM_LAUNCH};
 pub use registry::Registry;
 
 use std::convert::Infallible;
@@ -71,7 +76,11 @@ pub enum Role {
     /// The data server: answers SCORM files without checking sessions. The real one
     /// runs `scorm_pluginfile()` after `require_login()`, so it needs a shared session
     /// store; the stand-in skips that check to keep the cluster's sessions node-local.
+    /// Everything else it answers as the Moodle it also runs.
     Data,
+    /// The data server's file export (`[offload] url`): a plain web server for the
+    /// file pool, no PHP, no sessions.
+    Export,
 }
 
 /// How one stand-in behaves.
@@ -83,8 +92,12 @@ pub struct StandInConfig {
     pub site_path: String,
     /// The session cookie name: `MoodleSession` plus any `$CFG->sessioncookie` suffix.
     pub cookie: String,
-    /// Node or data server.
+    /// Node, data server or export.
     pub role: Role,
+    /// `$CFG->xsendfile = 'X-Accel-Redirect'` with the alias [`ALIAS`]: a logged-in
+    /// student's `pluginfile.php` is answered with the file's headers and its place
+    /// in the pool, for the gateway to fetch from the export (`[offload]`).
+    pub xsendfile: bool,
 }
 
 /// One request as the stand-in received it, for assertions on what the gateway sent.
@@ -300,8 +313,11 @@ async fn handle(
         _ if inner.maintenance.load(Ordering::SeqCst) => outages::maintenance_page(),
         Some(Ok(script)) => script.respond().await,
         Some(Err(reason)) => reply(StatusCode::INTERNAL_SERVER_ERROR, reason),
-        None if inner.config.role == Role::Data => inner.file(&parts.uri),
-        None => inner.node(&parts, &body),
+        None => match inner.config.role {
+            Role::Data => inner.file(&parts, &body),
+            Role::Export => files::exported(parts.uri.path(), &inner.config.site_path),
+            Role::Node => inner.node(&parts, &body),
+        },
     };
     response
         .headers_mut()

@@ -1,5 +1,7 @@
 //! A PHP node's Moodle-like session behaviour: which scripts run in a session, the
-//! login form, login and logout rotating the id, and pages behind `require_login()`.
+//! login form, login and logout rotating the id, and pages behind `require_login()`
+//! (with `$CFG->xsendfile`, `pluginfile.php` too: the student's own node checks the
+//! login and names the file for the data server's export).
 
 use bytes::Bytes;
 use http::header::{HeaderValue, COOKIE, LOCATION, SET_COOKIE};
@@ -7,8 +9,9 @@ use http::request::Parts;
 use http::{HeaderMap, Method, Response, StatusCode};
 use http_body_util::Full;
 
+use super::pages::{wwwroot, Viewer};
 use super::registry::Current;
-use super::{reply, Inner, StandInConfig};
+use super::{assets, files, reply, Inner, StandInConfig};
 
 /// Scripts that never start a session (`NO_MOODLE_COOKIES`), relative to the site path.
 /// Deliberately written out again rather than taken from `crate::moodle`: the
@@ -24,12 +27,15 @@ const SESSIONLESS: &[&str] = &[
     "/lib/requirejs.php",
     "/tokenpluginfile.php",
 ];
-/// Scripts that call `require_login()`.
+/// Scripts that call `require_login()` (and `pluginfile.php` on a node with
+/// `$CFG->xsendfile`, which the stand-in then serves as Moodle does).
 const LOGIN_REQUIRED: &[&str] = &[
     "/my/",
     "/course/view.php",
     "/mod/scorm/player.php",
     "/mod/scorm/datamodel.php",
+    "/mod/resource/view.php",
+    "/user/profile.php",
 ];
 
 /// What a path under the site is, as Moodle's scripts see it.
@@ -80,16 +86,19 @@ impl Inner {
         };
         match target(rest) {
             Target::Heartbeat => reply(StatusCode::OK, "Server is ALIVE\n"),
-            Target::Sessionless => reply(
-                StatusCode::OK,
-                format!("/* {rest} from {} */\n", self.config.name),
-            ),
-            Target::Script(script) => self.script(script, parts, body),
+            Target::Sessionless => assets::asset(rest, &self.config.name),
+            Target::Script(script) => self.script(script, rest, parts, body),
         }
     }
 
     /// One script inside a session, then `Set-Cookie` if the session started or rotated.
-    fn script(&self, script: &str, parts: &Parts, body: &[u8]) -> Response<Full<Bytes>> {
+    fn script(
+        &self,
+        script: &str,
+        rest: &str,
+        parts: &Parts,
+        body: &[u8],
+    ) -> Response<Full<Bytes>> {
         let StandInConfig {
             name,
             site_path: site,
@@ -99,15 +108,21 @@ impl Inner {
         let mut current = self
             .registry
             .resolve(name, session_cookie(&parts.headers, cookie));
+        let root = wwwroot(&parts.headers, site);
         let post = parts.method == Method::POST;
+        let guarded = LOGIN_REQUIRED.contains(&script)
+            || script == "/my/index.php"
+            || (script == "/pluginfile.php" && self.config.xsendfile);
         let mut response = match script {
-            "/login/index.php" if post => self.log_in(&mut current, body),
-            "/login/index.php" => login_form(site, name, &current.logintoken, ""),
-            "/login/logout.php" => self.log_out(&mut current),
-            s if LOGIN_REQUIRED.contains(&s) || s == "/my/index.php" => match &current.user {
-                None => redirect(format!("{site}/login/index.php")),
-                Some(_) if post && s == "/mod/scorm/datamodel.php" => reply(StatusCode::OK, "true"),
-                Some(user) => reply(StatusCode::OK, hello(site, user, name)),
+            "/login/index.php" if post => self.log_in(&mut current, body, &root),
+            "/login/index.php" => {
+                let form = viewer(&root, &current).login_form(name, &current.logintoken, "");
+                reply(StatusCode::OK, form)
+            }
+            "/login/logout.php" => self.log_out(&mut current, &root),
+            s if guarded => match &current.user {
+                None => redirect(format!("{root}/login/index.php")),
+                Some(user) => self.behind_login(s, rest, user, viewer(&root, &current), post),
             },
             _ => reply(StatusCode::OK, format!("<p>{script} from {name}\n")),
         };
@@ -120,53 +135,71 @@ impl Inner {
         response
     }
 
+    /// A script behind `require_login()`, for a logged-in `user`.
+    fn behind_login(
+        &self,
+        script: &str,
+        rest: &str,
+        user: &str,
+        viewer: Viewer<'_>,
+        post: bool,
+    ) -> Response<Full<Bytes>> {
+        let name = &self.config.name;
+        let page = |content: &str| reply(StatusCode::OK, viewer.hello(user, name, content));
+        match script {
+            "/mod/scorm/datamodel.php" if post => reply(StatusCode::OK, "true"),
+            "/pluginfile.php" => files::accelerated(rest),
+            // The resource's "open" display: straight to its file.
+            "/mod/resource/view.php" => redirect(format!("{}{HANDOUT}", viewer.wwwroot)),
+            "/course/view.php" => page(&viewer.course()),
+            "/mod/scorm/player.php" => page(&viewer.player()),
+            "/user/profile.php" => page(&viewer.profile()),
+            _ => page(""),
+        }
+    }
+
     /// `login_user()` after the `logintoken` check: any username and password pass.
-    fn log_in(&self, current: &mut Current, body: &[u8]) -> Response<Full<Bytes>> {
-        let (name, site) = (&self.config.name, &self.config.site_path);
+    fn log_in(&self, current: &mut Current, body: &[u8], root: &str) -> Response<Full<Bytes>> {
+        let name = &self.config.name;
         if form_value(body, "logintoken").as_deref() != Some(current.logintoken.as_str()) {
             let error = "<p class=\"error\">invalidlogintoken: your session may have timed out\n";
-            return login_form(site, name, &current.logintoken, error);
+            let form = viewer(root, current).login_form(name, &current.logintoken, error);
+            return reply(StatusCode::OK, form);
         }
         let user = form_value(body, "username").filter(|u| !u.is_empty());
         let user = user.unwrap_or_else(|| "student".to_owned());
         self.registry.rotate(name, current, Some(user));
-        redirect(format!("{site}/my/"))
+        redirect(format!("{root}/my/"))
     }
 
     /// `terminate_current()`: a logged-in student gets a new anonymous session.
-    fn log_out(&self, current: &mut Current) -> Response<Full<Bytes>> {
+    fn log_out(&self, current: &mut Current, root: &str) -> Response<Full<Bytes>> {
         if current.user.is_some() {
             self.registry.rotate(&self.config.name, current, None);
         }
-        redirect(format!("{}/", self.config.site_path))
+        redirect(format!("{root}/"))
     }
 }
 
-/// Moodle's `redirect()` answers 303 See Other.
+/// The handout's file, below the site: where its resource page sends the student.
+const HANDOUT: &str = "/pluginfile.php/31/mod_resource/content/1/handout.txt";
+
+/// The page settings of `current`'s session: its sesskey is part of its login
+/// token here (Moodle keeps both in the session).
+fn viewer<'a>(root: &'a str, current: &'a Current) -> Viewer<'a> {
+    Viewer {
+        wwwroot: root,
+        sesskey: current.logintoken.get(..10).unwrap_or(""),
+        user_id: if current.user.is_some() { 3 } else { 0 },
+    }
+}
+
+/// Moodle's `redirect()` answers 303 See Other, to an absolute URL under wwwroot.
 fn redirect(location: String) -> Response<Full<Bytes>> {
     let mut response = reply(StatusCode::SEE_OTHER, "");
     let location = HeaderValue::try_from(location).expect("site paths are header-safe");
     response.headers_mut().insert(LOCATION, location);
     response
-}
-
-/// A usable form for a real browser (the demo), and `logintoken=TOKEN` for scripts.
-fn login_form(site: &str, node: &str, token: &str, error: &str) -> Response<Full<Bytes>> {
-    reply(StatusCode::OK, format!(
-        "<!doctype html><title>Log in</title>{error}<p>Log in on {node} (any name and password)\n\
-         <form method=\"post\" action=\"{site}/login/index.php\">\
-         <input type=\"hidden\" name=\"logintoken\" value=\"{token}\">\
-         <input name=\"username\" value=\"student\"><input name=\"password\" type=\"password\" value=\"x\">\
-         <button>Log in</button></form>\n<!-- logintoken={token} -->\n"
-    ))
-}
-
-fn hello(site: &str, user: &str, node: &str) -> String {
-    format!(
-        "Hello {user} from {node}\n<p><a href=\"{site}/course/view.php?id=2\">course</a> \
-         <a href=\"{site}/mod/scorm/player.php?a=1\">SCORM</a> \
-         <a href=\"{site}/login/logout.php?sesskey=x\">log out</a>\n"
-    )
 }
 
 /// The first cookie called `name` across all `Cookie` headers, as PHP reads it;

@@ -71,7 +71,9 @@ impl Registry {
 
     /// `core\session\manager::start()`: the cookie's session if `node` holds it, else a
     /// new guest session. A live id held by another node is a lost session: Moodle
-    /// finds the row without session data, so it deletes the row and regenerates.
+    /// finds the row without session data and regenerates; a logged-in session's row
+    /// is deleted (the student is logged out everywhere), a visitor's is left to its
+    /// own node (as `doctor` relies on when it shows one node's visitor to the others).
     pub(super) fn resolve(&self, node: &str, id: Option<&str>) -> Current {
         let mut sessions = self.lock();
         if let Some(id) = id {
@@ -86,9 +88,14 @@ impl Registry {
                         issue,
                     };
                 }
-                Some(_) => {
+                // Moodle deletes a logged-in session found without its data; a
+                // visitor's row (no user) stays, and its own node keeps serving it.
+                Some(s) => {
+                    let logged_in = s.user.is_some();
                     sessions.lost += 1;
-                    sessions.by_id.remove(id);
+                    if logged_in {
+                        sessions.by_id.remove(id);
+                    }
                 }
                 None => {}
             }

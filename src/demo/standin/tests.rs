@@ -5,7 +5,7 @@ use std::time::Duration;
 use http::header::SET_COOKIE;
 use http::{Method, StatusCode};
 
-use super::data::BIG_FILE;
+use super::files::BIG_FILE;
 use super::Cluster;
 use crate::demo::{Browser, Reply};
 
@@ -61,9 +61,11 @@ async fn login_with_the_right_token_rotates_the_id() {
     let mut b = browser(&cluster, 0);
     let (form, login) = log_in(&mut b).await;
     let (guest, user) = (form.issued.unwrap(), login.issued.clone().unwrap());
+    let my = format!("http://{}/moodle/my/", cluster.nodes()[0].addr());
     assert_eq!(
         (login.status, login.location()),
-        (StatusCode::SEE_OTHER, "/moodle/my/")
+        (StatusCode::SEE_OTHER, my.as_str()),
+        "Moodle redirects to wwwroot's address"
     );
     assert_ne!(guest, user);
     assert_eq!(cluster.registry().owner(&guest), None);
@@ -100,7 +102,11 @@ async fn logout_starts_a_new_anonymous_session() {
     let mut b = browser(&cluster, 0);
     let user = log_in(&mut b).await.1.issued.unwrap();
     let out = b.get("/login/logout.php?sesskey=x").await.unwrap();
-    assert_eq!((out.status, out.location()), (StatusCode::SEE_OTHER, "/"));
+    let home = format!("http://{}/", cluster.nodes()[0].addr());
+    assert_eq!(
+        (out.status, out.location()),
+        (StatusCode::SEE_OTHER, home.as_str())
+    );
     assert!(out.issued.as_ref().is_some_and(|id| *id != user));
     assert!(b.get("/my/").await.unwrap().sent_to_login());
     let again = b.get("/login/logout.php?sesskey=x").await.unwrap();
