@@ -24,7 +24,7 @@ use crate::cluster::balancer::Balancer;
 use crate::cluster::health::Health;
 use crate::cluster::slots::{Crowd, Slots};
 use crate::config::{Balance, Config, NodeState, UpstreamConfig};
-use crate::http::pool::Conns;
+use crate::http::upstream::pool::Conns;
 use crate::node_id::{NodeId, MAX_NODE_IDS};
 
 /// One node or the data server, with what is known about it now.

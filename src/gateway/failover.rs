@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use crate::http::server::StudentBody;
+use crate::http::h1::server::StudentBody;
 use http::{Request, Response};
 
 use super::{Gateway, Known, Route, Settings};
@@ -18,9 +18,9 @@ use crate::cluster::slots::Ask;
 use crate::config::SessionStore;
 use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
-use crate::http::proxy::{self, Failed, Hygiene, Peer, Target};
-use crate::http::tunnel;
-use crate::http::upload::Upload;
+use crate::http::upstream::proxy::{self, Failed, Hygiene, Peer, Target};
+use crate::http::upstream::tunnel;
+use crate::http::upstream::upload::Upload;
 use crate::metrics::MoveCause;
 
 impl Gateway {

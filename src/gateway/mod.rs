@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::http::server::StudentBody;
+use crate::http::h1::server::StudentBody;
 use arc_swap::{ArcSwap, Cache, Guard};
 use bytes::Bytes;
 use http::header::{HeaderValue, SET_COOKIE};
@@ -48,13 +48,13 @@ use crate::error::GatewayError;
 use crate::node_id::NodeId;
 use failover::Hold;
 
-use crate::http::asset_cache::{AssetCache, Fill, Teed};
+use crate::http::upstream::asset_cache::{AssetCache, Fill, Teed};
 use crate::http::body::IdleLimited;
-use crate::http::edge::EdgeRules;
-use crate::http::offload::{self, Asked, Offload};
-use crate::http::pool::Pool;
-use crate::http::proxy::{self, Bounds, Client, Peer};
-use crate::http::spool::Spool;
+use crate::http::accept::edge::EdgeRules;
+use crate::http::upstream::offload::{self, Asked, Offload};
+use crate::http::upstream::pool::Pool;
+use crate::http::upstream::proxy::{self, Bounds, Client, Peer};
+use crate::http::body::spool::Spool;
 use crate::logs::Every;
 use crate::metrics::{Metrics, MoveCause, RoomNow};
 use crate::moodle::{self, IssuedSession, RequestKind, Site};

@@ -8,26 +8,10 @@
 //! config it is handed the sections it applies (`[limits]`, `[timeouts]`, the
 //! allowed hosts), never the whole `Config`.
 
-pub mod asset_cache;
+pub mod accept;
 pub mod body;
-pub mod client;
-pub mod edge;
-pub mod fault;
-pub mod inherited;
-pub mod listener;
-pub mod offload;
-pub mod pool;
-pub mod proxy;
-pub(crate) mod server;
-pub(crate) mod splice;
-pub mod spool;
-pub mod stall;
-pub(crate) mod streams;
-pub mod tickets;
-pub mod tls;
-pub mod tunnel;
-pub mod upload;
-pub(crate) mod wire;
+pub mod h1;
+pub mod upstream;
 
 /// Entry points for the fuzz targets (`fuzz/`) and the differential tests, which
 /// feed the HTTP/1.1 parsers and writer bytes without a listener or a node: the
@@ -35,6 +19,6 @@ pub(crate) mod wire;
 /// connection. Not for the gateway's use.
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use super::client::fuzzing::*;
-    pub use super::server::fuzzing::*;
+    pub use super::h1::client::fuzzing::*;
+    pub use super::h1::server::fuzzing::*;
 }

@@ -1,5 +1,5 @@
 //! The accept loop of one listener: connection caps, TLS handshakes, HTTP/1.1 (the
-//! gateway's own side, [`crate::http::server`], with hyper's behind it for upgrades and
+//! gateway's own side, [`crate::http::h1::server`], with hyper's behind it for upgrades and
 //! the rest) or HTTP/2 by ALPN, and the drain at shutdown.
 //!
 //! Why hand-written rather than `axum::serve` or hyper-util's helpers: a public
@@ -29,10 +29,10 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{LimitsConfig, Timeouts};
-use crate::http::server::{self, Ended, FromHyper, StudentBody, StudentIo};
-use crate::http::splice::Splice;
-use crate::http::stall::{Backlog, SocketPacedService, WriteStall};
-use crate::http::streams::Streams;
+use crate::http::h1::server::{self, Ended, FromHyper, StudentBody, StudentIo};
+use crate::http::body::splice::Splice;
+use crate::http::body::stall::{Backlog, SocketPacedService, WriteStall};
+use crate::http::accept::streams::Streams;
 
 /// A failing `accept` repeats every 50 ms while its cause lasts (`EMFILE`).
 static ACCEPT_FAILED: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(10));
@@ -142,7 +142,7 @@ impl Listening {
 /// their socket is full. At hyper's default (about 400 KiB in up to 16 queued
 /// chunks, each holding on to the node connection's read buffer) a student who
 /// stops reading cost 0.9 MB; with this limit hyper stops taking the node's body
-/// after three 16 KiB chunks (and [`crate::http::stall::SocketPaced`] after one, on
+/// after three 16 KiB chunks (and [`crate::http::body::stall::SocketPaced`] after one, on
 /// a connection that has not yet shown it keeps up), and back-pressure reaches the node.
 fn http1_buffer(max_header_bytes: usize) -> usize {
     (max_header_bytes + 8 * 1024).max(16 * 1024)

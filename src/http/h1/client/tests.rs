@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::*;
-use crate::http::upload::Upload;
+use crate::http::upstream::upload::Upload;
 
 /// What one exchange came to, as the pool sees it.
 #[derive(Debug)]

@@ -23,7 +23,7 @@
 //! for `HEAD`, `204` and `304`), `Connection: close` when the connection will
 //! close, HTTP/1.0 answered as 1.0 and kept open only when asked, a `Date`.
 //! A student whose socket keeps up gets three body chunks to a `writev` ([`BATCH`]);
-//! one who does not is given one chunk at a time (see [`crate::http::stall`]).
+//! one who does not is given one chunk at a time (see [`crate::http::body::stall`]).
 
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
@@ -44,11 +44,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::clock::Deadline;
 use crate::error::GatewayError;
 use crate::http::body::BoxError;
-use crate::http::client::NODE_BUFFER;
-use crate::http::listener::Stopping;
-use crate::http::splice::{Pipe, Splice, PIPE_FILL};
-use crate::http::stall::PROVEN;
-use crate::http::wire::{
+use crate::http::h1::client::NODE_BUFFER;
+use crate::http::accept::listener::Stopping;
+use crate::http::body::splice::{Pipe, Splice, PIPE_FILL};
+use crate::http::body::stall::PROVEN;
+use crate::http::h1::wire::{
     chunk_line, ends_chunked, has_token, itoa, known_names, line, parse_length, Outgoing,
 };
 use halves::{ReadHalf, WriteHalf};
@@ -961,7 +961,7 @@ impl Connection {
     }
 
     /// Moves the body from the node's socket into the student's through a pipe for
-    /// as long as the body lets it (see [`crate::http::splice`]), keeping the rules
+    /// as long as the body lets it (see [`crate::http::body::splice`]), keeping the rules
     /// of the frames' way: one node buffer at a time until the socket has shown it
     /// keeps up, the write stall, the body's own limits.
     fn poll_splice<B: Splice>(

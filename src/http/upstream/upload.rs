@@ -11,14 +11,14 @@
 //! `limits.buffer_body_bytes` (nearly every Moodle POST), and holds the few larger
 //! uploads to `timeouts.upload_min_rate` and `timeouts.upload`. Bodies up to
 //! `limits.spool_body_bytes` (a typical assignment) are kept on disk until whole
-//! ([`crate::http::spool`]), so only the few larger than that cost a worker while
+//! ([`crate::http::body::spool`]), so only the few larger than that cost a worker while
 //! they arrive, and for a bounded time only.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use crate::http::server::StudentBody;
+use crate::http::h1::server::StudentBody;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
@@ -28,8 +28,8 @@ use crate::http::body::{
     is_body_idle, BodyTooLarge, BoxError, ClientBodyError, IdleLimited, UploadTooLong,
     UploadTooSlow,
 };
-use crate::http::proxy::Bounds;
-use crate::http::spool::{Spool, Spooled};
+use crate::http::upstream::proxy::Bounds;
+use crate::http::body::spool::{Spool, Spooled};
 
 /// A request body as the gateway holds it before it goes to a node: what has been
 /// read of it (on disk in `spooled`, then in memory in `head`) and what has not

@@ -3,8 +3,8 @@
 //! pieces with their chunk framing, none of them copied), and the numbers a head
 //! carries.
 //!
-//! The node side ([`crate::http::client`]) writes requests and reads answers; the
-//! student side ([`crate::http::server`]) reads requests and writes answers. Both
+//! The node side ([`crate::http::h1::client`]) writes requests and reads answers; the
+//! student side ([`crate::http::h1::server`]) reads requests and writes answers. Both
 //! move bodies as the `Bytes` they arrived in.
 
 use std::io::{self, IoSlice};

@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::http::server::StudentBody;
-use crate::http::wire::has_token;
+use crate::http::h1::server::StudentBody;
+use crate::http::h1::wire::has_token;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -31,10 +31,10 @@ use tokio::net::TcpStream;
 
 use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
-use crate::http::fault::ConnectFault;
-use crate::http::pool::NodeBody;
-use crate::http::proxy::{self, Bounds, Peer, Target};
-use crate::http::upload::{RequestBody, Upload};
+use crate::http::upstream::fault::ConnectFault;
+use crate::http::upstream::pool::NodeBody;
+use crate::http::upstream::proxy::{self, Bounds, Peer, Target};
+use crate::http::upstream::upload::{RequestBody, Upload};
 
 /// Whether the request asks to switch to WebSocket and its connection can. Only
 /// hyper's server can switch one, and it leaves an `OnUpgrade` in each request that

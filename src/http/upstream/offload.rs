@@ -28,10 +28,10 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery};
 use http::{Method, Request, Response, StatusCode};
 
-use super::body::IdleLimited;
-use super::pool::{Conns, Pool};
-use super::proxy::{self, Bounds, Failed, Hygiene, Peer, Target};
-use super::upload::Upload;
+use crate::http::body::IdleLimited;
+use crate::http::upstream::pool::{Conns, Pool};
+use crate::http::upstream::proxy::{self, Bounds, Failed, Hygiene, Peer, Target};
+use crate::http::upstream::upload::Upload;
 use crate::error::GatewayError;
 
 const X_ACCEL_REDIRECT: HeaderName = HeaderName::from_static("x-accel-redirect");

@@ -1,10 +1,14 @@
 //! The bodies that stream through the gateway, the ways they fail, and the one
 //! thing the gateway must know about them while they move: when either side has
-//! paused for too long. (The upload's own rules are in [`crate::http::upload`].)
+//! paused for too long. (The upload's own rules are in [`crate::http::upstream::upload`].)
 //!
 //! Both wrappers hand hyper's frames on untouched (no copy, no boxing of the body);
 //! the idle timer is armed only while a body is actually waiting for data, so a
 //! small response that arrives in one piece never touches the timer wheel.
+
+pub(crate) mod splice;
+pub mod spool;
+pub mod stall;
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -15,7 +19,7 @@ use std::time::Duration;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use crate::http::splice::{Pipe, Splice};
+use crate::http::body::splice::{Pipe, Splice};
 
 /// A body error as hyper wants it.
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -107,7 +111,7 @@ pub fn wraps<T: StdError + 'static>(error: &(dyn StdError + 'static)) -> bool {
 /// pooling it, and cuts the student's connection rather than end a truncated body as
 /// if it were complete.
 #[derive(Debug)]
-pub struct IdleLimited<B = crate::http::pool::NodeBody> {
+pub struct IdleLimited<B = crate::http::upstream::pool::NodeBody> {
     inner: B,
     idle: Duration,
     /// Kept between waits and reset, so a long download allocates it once.

@@ -2,7 +2,7 @@
 //! client, streaming bodies both ways, and mapping upstream failures to statuses.
 //!
 //! Bodies are never collected: the client's body is handed to the node connection
-//! ([`crate::http::client`]) as the upstream request body and the upstream's body is
+//! ([`crate::http::h1::client`]) as the upstream request body and the upstream's body is
 //! handed back as the response body, so a
 //! 1 GiB SCORM package or upload moves through a few 16 KiB buffers at a time and
 //! back-pressure flows from the slow side to the fast one.
@@ -21,13 +21,13 @@ use crate::error::GatewayError;
 use crate::http::body::{
     is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, UploadTooLong, UploadTooSlow,
 };
-use crate::http::client::ClientError;
-use crate::http::fault::ConnectFault;
-use crate::http::offload;
-use crate::http::pool::{ConnectError, Conns, NodeBody, Pool, Reuse, SendError};
-use crate::http::spool::Spool;
-use crate::http::upload::{RequestBody, Upload};
-use crate::http::wire::names_lines;
+use crate::http::h1::client::ClientError;
+use crate::http::upstream::fault::ConnectFault;
+use crate::http::upstream::offload;
+use crate::http::upstream::pool::{ConnectError, Conns, NodeBody, Pool, Reuse, SendError};
+use crate::http::body::spool::Spool;
+use crate::http::upstream::upload::{RequestBody, Upload};
+use crate::http::h1::wire::names_lines;
 
 /// How long the parts of one exchange may take, and how large the upload may be.
 #[derive(Debug, Clone, Copy)]
@@ -111,7 +111,7 @@ pub struct Peer<'a> {
 
 impl Peer<'_> {
     /// Which kept node connections the request may take: a student's first
-    /// request only a quiet one (see [`crate::http::pool`]).
+    /// request only a quiet one (see [`crate::http::upstream::pool`]).
     pub fn reuse(&self) -> Reuse {
         if self.first {
             Reuse::Quiet
@@ -225,7 +225,7 @@ fn connect_failed(upstream: &str, error: &ConnectError) -> ConnectFault {
 /// one node, another node must not see the same POST.
 ///
 /// A small body is read whole before any node is contacted (see
-/// [`crate::http::upload`]): a slow student then never holds a PHP worker. A
+/// [`crate::http::upstream::upload`]): a slow student then never holds a PHP worker. A
 /// caller that spools reads the body with [`read_ahead`] first.
 ///
 /// Not an `async fn`: one keeps each argument twice (as it came and as a local),

@@ -40,10 +40,10 @@ use tokio::net::TcpStream;
 
 use crate::clock::Deadline;
 use crate::http::body::BoxError;
-use crate::http::splice::Pipe;
-use crate::http::stall::WriteStall;
-use crate::http::upload::RequestBody;
-use crate::http::wire::{
+use crate::http::body::splice::Pipe;
+use crate::http::body::stall::WriteStall;
+use crate::http::upstream::upload::RequestBody;
+use crate::http::h1::wire::{
     chunk_line, closed, ends_chunked, itoa, known_names, line, name_is, parse_length, Outgoing,
 };
 
