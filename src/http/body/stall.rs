@@ -197,7 +197,7 @@ pub struct Backlog {
 }
 
 /// What a socket must take in a row to be let off pacing: four node chunks.
-pub const PROVEN: usize = 4 * crate::http::h1::client::NODE_BUFFER;
+pub const PROVEN: usize = 4 * crate::http::body::NODE_BUFFER;
 
 impl Backlog {
     fn gave(&self, bytes: usize) {
@@ -347,7 +347,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A node connection's chunk, as a fast node's body comes.
-    const CHUNK: usize = crate::http::h1::client::NODE_BUFFER;
+    const CHUNK: usize = crate::http::body::NODE_BUFFER;
 
     #[tokio::test(start_paused = true)]
     async fn a_write_the_reader_never_takes_fails_after_the_limit() {

@@ -46,12 +46,12 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::net::TcpStream;
 
-use crate::http::body::BoxError;
-use crate::http::h1::client::{ClientError, Connection};
-use crate::http::upstream::fault::ConnectFault;
 use crate::http::body::splice::{Pipe, Splice};
 use crate::http::body::stall::WriteStall;
-use crate::http::upstream::upload::RequestBody;
+use crate::http::body::BoxError;
+use crate::http::body::RequestBody;
+use crate::http::h1::client::{ClientError, Connection};
+use crate::http::upstream::fault::ConnectFault;
 
 /// How long a kept connection must have been idle before a student's first request
 /// may take it (see the module's note): longer than a node's late bytes take.
@@ -584,7 +584,7 @@ mod tests {
     }
 
     fn get() -> Request<RequestBody> {
-        let body = RequestBody::new(crate::http::upstream::upload::Upload::empty(), 0);
+        let body = RequestBody::empty();
         let mut request = Request::new(body);
         request
             .headers_mut()
