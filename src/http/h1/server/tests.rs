@@ -4,12 +4,13 @@
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Either, Full, StreamBody};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
 use crate::http::body::splice::patterned as file;
 use crate::http::body::stall::WriteStall;
+use crate::http::h1::handover::FromHyper;
 
 /// What a test waits for at most before it calls the gateway stuck.
 const PATIENCE: Duration = Duration::from_secs(5);
