@@ -32,8 +32,8 @@ use crate::access_log::AccessLog;
 use crate::config::{Config, StoreConfig};
 use crate::gateway::{self, Gateway};
 use crate::http::accept::listener::{serve_connections, Listening};
-use crate::http::upstream::proxy::{Client, Withheld};
 use crate::http::accept::tickets::SharedTickets;
+use crate::http::upstream::proxy::{Client, Withheld};
 use crate::sessions::clock::Clock;
 use crate::sessions::state;
 
@@ -390,7 +390,9 @@ impl App {
             let https_port = public.local_addr().map_or(443, |a| a.port());
             let serving = serve_connections(listener, listening.clone(), drain(), move |_, _| {
                 tower::service_fn(move |request: Request<StudentBody>| async move {
-                    Ok::<_, Infallible>(crate::http::accept::tls::redirect_to_https(&request, https_port))
+                    Ok::<_, Infallible>(crate::http::accept::tls::redirect_to_https(
+                        &request, https_port,
+                    ))
                 })
             });
             tokio::spawn(serving)

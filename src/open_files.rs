@@ -10,8 +10,8 @@
 //! the service manager (systemd's `LimitNOFILE=`) or root can raise.
 
 use crate::config::Config;
-use crate::http::upstream::pool::MAX_IDLE;
 use crate::http::body::splice::MAX_PIPES;
+use crate::http::upstream::pool::MAX_IDLE;
 
 /// Descriptors beyond the connections: stdio, the listeners (public, admin,
 /// redirect), the runtime's epoll and wake-up descriptors, the signal pipe, the
