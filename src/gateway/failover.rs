@@ -24,6 +24,10 @@ use crate::http::upstream::tunnel;
 use crate::http::upstream::upload::Upload;
 use crate::metrics::MoveCause;
 
+/// What the forward loop hands back: the route the request took, the node's
+/// answer with its body under `body_idle`, and how long it waited for its node.
+type Forwarded = (Route, Response<IdleLimited<NodeBody>>, Option<Duration>);
+
 impl Gateway {
     /// Forwards to the route's upstream, recording the outcome in its health. A
     /// request whose connection could not even be opened may be sent again (nothing
@@ -55,9 +59,7 @@ impl Gateway {
         waited: &'a mut Option<Duration>,
         hold: Option<Hold>,
         settings: &'a Settings,
-    ) -> impl Future<
-        Output = Result<(Route, Response<IdleLimited<NodeBody>>, Option<Duration>), GatewayError>,
-    > + 'a {
+    ) -> impl Future<Output = Result<Forwarded, GatewayError>> + 'a {
         async move {
             if tunnel::is_upgrade(&request) {
                 let upstream = settings
