@@ -2,7 +2,7 @@
 //!
 //! `serve` takes listeners that are already bound, so tests run the real server on
 //! `127.0.0.1:0` and `main` stays a thin shell. Each listener's accept loop is in
-//! [`crate::http::listener`]; this file wires the gateway, the admin API, the background
+//! [`crate::http::accept::listener`]; this file wires the gateway, the admin API, the background
 //! tasks (sweeper, health checks of the nodes and the file export, snapshots) and
 //! reloads together.
 //!
@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use crate::http::server::StudentBody;
+use crate::http::h1::server::StudentBody;
 use axum::extract::ConnectInfo;
 use axum::Router;
 use http::{Request, Response};
@@ -31,9 +31,9 @@ use tower::ServiceExt;
 use crate::access_log::AccessLog;
 use crate::config::{Config, StoreConfig};
 use crate::gateway::{self, Gateway};
-use crate::http::listener::{serve_connections, Listening};
-use crate::http::proxy::{Client, Withheld};
-use crate::http::tickets::SharedTickets;
+use crate::http::accept::listener::{serve_connections, Listening};
+use crate::http::accept::tickets::SharedTickets;
+use crate::http::upstream::proxy::{Client, Withheld};
 use crate::sessions::clock::Clock;
 use crate::sessions::state;
 
@@ -66,7 +66,7 @@ pub struct App {
 #[derive(Clone)]
 struct PublicTls {
     acceptor: TlsAcceptor,
-    certs: Arc<crate::http::tls::Certificates>,
+    certs: Arc<crate::http::accept::tls::Certificates>,
     /// With a shared store: the ticket keys every gateway of the site seals with.
     tickets: Option<Arc<SharedTickets>>,
 }
@@ -281,8 +281,8 @@ impl App {
 
     /// Serves the public listener over TLS with the certificates `certs` (HTTP/2
     /// and HTTP/1.1 by ALPN); a reload re-reads them.
-    pub fn with_tls(mut self, certs: Arc<crate::http::tls::Certificates>) -> Self {
-        let mut config = crate::http::tls::server_config(certs.clone(), true);
+    pub fn with_tls(mut self, certs: Arc<crate::http::accept::tls::Certificates>) -> Self {
+        let mut config = crate::http::accept::tls::server_config(certs.clone(), true);
         // With a shared store, a student moved to another gateway resumes there.
         let tickets = match self.gateway.store().is_shared() {
             true => SharedTickets::new()
@@ -296,7 +296,7 @@ impl App {
             config = Arc::new(shared);
         }
         self.tls = Some(PublicTls {
-            acceptor: crate::http::tls::acceptor(config),
+            acceptor: crate::http::accept::tls::acceptor(config),
             certs,
             tickets,
         });
@@ -400,7 +400,9 @@ impl App {
             let https_port = public.local_addr().map_or(443, |a| a.port());
             let serving = serve_connections(listener, listening.clone(), drain(), move |_, _| {
                 tower::service_fn(move |request: Request<StudentBody>| async move {
-                    Ok::<_, Infallible>(crate::http::tls::redirect_to_https(&request, https_port))
+                    Ok::<_, Infallible>(crate::http::accept::tls::redirect_to_https(
+                        &request, https_port,
+                    ))
                 })
             });
             tokio::spawn(serving)
@@ -536,7 +538,7 @@ async fn share_ticket_keys(
     secret: [u8; 32],
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    use crate::http::tickets::{fresh_key, period_at, unwrap, wrap};
+    use crate::http::accept::tickets::{fresh_key, period_at, unwrap, wrap};
     let period = || period_at(std::time::SystemTime::now());
     let fresh = || wrap(&secret, &fresh_key()?);
     let install = |found: Vec<(u64, Vec<u8>)>| {

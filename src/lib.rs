@@ -16,32 +16,24 @@
 //! - [`gateway`]: one request's journey: admit, classify, route, forward (`failover`: where
 //!   an attempt that sent nothing may go next), learn (`learning`: the node's `Set-Cookie`
 //!   and the session-loss detector). Where the wings meet.
-//! - [`http`]: bytes in and out.
-//!   - [`http::listener`]: one listener's accept loop: caps, TLS, HTTP/1.1 or HTTP/2, the drain.
-//!   - [`http::inherited`]: listening sockets passed in by systemd or by the previous
-//!     process, each matched to a configured listener.
-//!   - `http::server`: the HTTP/1.1 a student's connection speaks, by hand for plain
-//!     requests, handed to hyper's server for the rest (upgrades, chunked uploads).
-//!   - `http::wire`: what both hand-written HTTP/1.1 sides share: the `writev` queue, numbers.
-//!   - [`http::tls`]: the public listener's certificate, reloaded by `SIGHUP`; ALPN;
-//!     resumption by ticket; the redirect to HTTPS.
-//!   - [`http::tickets`]: TLS tickets sealed with the keys the gateways of a site share.
-//!   - [`http::edge`]: what a request must be before it is looked at: sizes, framing, one
-//!     known host.
-//!   - [`http::proxy`]: forwarding mechanics: header hygiene, streaming, upstream failures as
-//!     statuses.
-//!   - [`http::pool`]: keep-alive connections to the upstreams, driven by the request using them.
-//!   - [`http::fault`]: whose fault a failed connect is: the gateway's own limits, a refusal,
-//!     or the node.
-//!   - [`http::body`]: the streaming bodies: when an upload is sent, how long a body may pause.
-//!   - [`http::stall`]: a student who stops reading is cut after `body_idle`, freeing the node.
-//!   - `http::splice`: a large answer's body moved from the node's socket to the student's
-//!     inside the kernel, through a pipe.
-//!   - `http::streams`: an HTTP/2 connection without streams closes after `request_headers`;
-//!     a stream that gets no window for `body_idle` frees its node.
-//!   - [`http::offload`]: a node's `X-Accel-Redirect` answered with the bytes of the data
-//!     server's file export, under the node's headers.
-//!   - [`http::tunnel`]: upgraded connections (WebSocket): a byte tunnel once the node said 101.
+//! - [`http`]: bytes in and out, in four folders by role, each importing only the ones
+//!   before it here.
+//!   - [`http::body`]: the streaming bodies, how they fail and how long they may pause
+//!     (`stall`: a student who stops reading is cut after `body_idle`); `splice`: a
+//!     large answer moved inside the kernel; [`http::body::spool`]: uploads kept on
+//!     disk until whole.
+//!   - [`http::h1`]: HTTP/1.1 on the wire. `server`: the students' side, by hand for
+//!     plain requests; `handover`: where it meets hyper's server for the rest
+//!     (upgrades, chunked uploads); [`http::h1::client`]: the nodes' side; `wire`: what
+//!     both share (the `writev` queue, numbers, header lines).
+//!   - [`http::accept`]: where a student's connection begins: the accept loop (caps,
+//!     TLS, HTTP/1.1 or HTTP/2, the drain), inherited sockets, TLS and its shared
+//!     tickets, HTTP/2's idle streams, and the edge rules (sizes, framing, one known
+//!     host).
+//!   - [`http::upstream`]: where a request leaves for a node: the upload read ahead,
+//!     forwarding (`proxy`: header hygiene, streaming, failures as statuses), kept
+//!     connections (`pool`), whose fault a failed connect is, WebSocket tunnels, the
+//!     file offload, and the asset cache.
 //! - [`sessions`]: the session table and how it outlives a process.
 //!   - [`sessions::affinity`]: the session → node table learned from the nodes' `Set-Cookie`.
 //!   - [`sessions::clock`]: table time, in seconds that mean the same to the next process.

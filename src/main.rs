@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use cli::{Cli, Command, ConfigArg, RunArgs};
 use moodle_gateway::handover::{self, Handover, Predecessor};
-use moodle_gateway::http::inherited::{Inherited, Origin};
+use moodle_gateway::http::accept::inherited::{Inherited, Origin};
 use moodle_gateway::{app::Listeners, App, Config};
 use sd_notify::NotifyState;
 use tokio::net::TcpListener;
@@ -333,7 +333,7 @@ async fn serve(config: Config, path: &std::path::Path, start: Start) -> Result<(
     }
     drop(inherited);
     let certificates = match &config.tls {
-        Some(tls) => Some(moodle_gateway::http::tls::Certificates::load(
+        Some(tls) => Some(moodle_gateway::http::accept::tls::Certificates::load(
             &tls.cert, &tls.key,
         )?),
         None => None,

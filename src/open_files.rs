@@ -5,13 +5,13 @@
 //! node. A service manager's default soft limit (systemd: 1024) is far below
 //! `limits.max_connections` (10000 by default), so without this the gateway would
 //! run out of descriptors long before its own cap and answer students 503 (see
-//! [`crate::http::fault`]: it no longer blames the nodes for it, but the students
+//! [`crate::http::upstream::fault`]: it no longer blames the nodes for it, but the students
 //! still wait). Only the soft limit is raised, never above the hard one, which only
 //! the service manager (systemd's `LimitNOFILE=`) or root can raise.
 
 use crate::config::Config;
-use crate::http::pool::MAX_IDLE;
-use crate::http::splice::MAX_PIPES;
+use crate::http::body::splice::MAX_PIPES;
+use crate::http::upstream::pool::MAX_IDLE;
 
 /// Descriptors beyond the connections: stdio, the listeners (public, admin,
 /// redirect), the runtime's epoll and wake-up descriptors, the signal pipe, the

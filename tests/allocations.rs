@@ -95,15 +95,15 @@ async fn a_proxied_request_allocates_no_more_than_it_does_today() {
     /// copy of its head (the header map's two vectors) to be sent again if its node
     /// closes before answering, since hyper cannot hand back a
     /// request it sent. 11 on 2026-12-03: the request's future is boxed for the time it
-    /// waits for its response head (`http::stall::SocketPacedResponse`), so that hyper's
+    /// waits for its response head (`http::body::stall::SocketPacedResponse`), so that hyper's
     /// per-connection room for it is a pointer, not 8 KB held by every idle keep-alive
     /// connection and every stalled reader. 8 (measured 7) the same day: the node side
-    /// speaks HTTP/1.1 itself (`http::client`), without hyper's request channel,
+    /// speaks HTTP/1.1 itself (`http::h1::client`), without hyper's request channel,
     /// its answer's oneshot and its body's channel, and parses the answer's headers
     /// into the request's emptied map. 6 (measured 5) the same day: the GET's head
     /// is no longer copied, since the node connection keeps the head it sent until
     /// the answer's arrives and hands it back if none does. 5 (measured 4) on
-    /// 2026-12-05: the students' HTTP/1.1 is the gateway's own (`http::server`), and
+    /// 2026-12-05: the students' HTTP/1.1 is the gateway's own (`http::h1::server`), and
     /// the last answer's emptied header map takes the next request's headers.
     const CEILING: usize = 5;
 

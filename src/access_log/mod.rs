@@ -36,8 +36,8 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::config::{AccessLogConfig, AccessLogFormat};
+use crate::http::body::splice::{Pipe, Splice};
 use crate::http::body::BoxError;
-use crate::http::splice::{Pipe, Splice};
 use format::{combined, header, json, masked_referer, request_line};
 use writer::{Message, SendOrDrop};
 

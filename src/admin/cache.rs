@@ -20,7 +20,7 @@ use axum::Json;
 use serde::Serialize;
 
 use crate::gateway::Gateway;
-use crate::http::asset_cache::CacheNow;
+use crate::http::upstream::asset_cache::CacheNow;
 
 /// The asset cache as the admin sees it, read when asked.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

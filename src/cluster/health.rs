@@ -12,7 +12,7 @@
 //! `health.timeout`; for a student's request, no connection only (a slow page, such
 //! as a course backup, is not a sick node; a hung node fails its probes). Never the
 //! gateway's own lack of resources (no socket at the open-file limit, no local port:
-//! [`crate::http::fault`]), which would take every healthy node down at once. A Moodle
+//! [`crate::http::upstream::fault`]), which would take every healthy node down at once. A Moodle
 //! `500` is the application's answer about one page, not about the node. Moodle's maintenance
 //! answer (`503` with `Retry-After`; docs/src/moodle.md, "Health and maintenance") means the *site* is down on purpose:
 //! every node says it at once, and ejecting them all would replace Moodle's
@@ -38,7 +38,7 @@ use tokio::sync::Notify;
 
 use crate::cluster::slow_start::CameBack;
 use crate::config::HealthConfig;
-use crate::http::fault::{self, ConnectFault};
+use crate::http::upstream::fault::{self, ConnectFault};
 
 const UP: u64 = 1 << 63;
 const STREAK: u64 = u32::MAX as u64;

@@ -7,8 +7,8 @@
 //!
 //! It owns the nodes only. It must never import `sessions` or `gateway`: it does
 //! not know which sessions a node holds. Of `http` it uses only the keep-alive
-//! connection list each upstream owns ([`Conns`](crate::http::pool::Conns)) and
-//! whose fault a failed connect is ([`fault`](crate::http::fault)), and the [`Held`](crate::http::pool::Held)
+//! connection list each upstream owns ([`Conns`](crate::http::upstream::pool::Conns)) and
+//! whose fault a failed connect is ([`fault`](crate::http::upstream::fault)), and the [`Held`](crate::http::upstream::pool::Held)
 //! a node's response body keeps its slot with.
 
 pub mod balancer;

@@ -27,7 +27,7 @@
 //!
 //! A slot is held from before the request is sent until the node's response has
 //! been read to its end or dropped (the PHP worker is busy until then), which the
-//! [`Held`](crate::http::pool::Held) in the node's body does. It knows nothing of
+//! [`Held`](crate::http::upstream::pool::Held) in the node's body does. It knows nothing of
 //! sessions or HTTP: the gateway says which class a request is in.
 //!
 //! Quiz starts have a gate of their own in front of the line ([`Starts`]): a share
@@ -46,7 +46,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::http::pool::Held;
+use crate::http::upstream::pool::Held;
 
 /// Who is asking, in the order a freed slot goes to them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -26,7 +26,7 @@ use crate::cluster::health::Health;
 use crate::cluster::slots::{Crowd, Slots};
 use crate::cluster::slow_start::{self, CameBack, Share};
 use crate::config::{Balance, Config, NodeState, UpstreamConfig};
-use crate::http::pool::Conns;
+use crate::http::upstream::pool::Conns;
 use crate::node_id::{NodeId, MAX_NODE_IDS};
 
 /// One node or the data server, with what is known about it now.

@@ -14,7 +14,7 @@ use http::{Method, Request, Response};
 use http_body_util::Full;
 
 use super::Gateway;
-use crate::http::asset_cache::{Fill, Lookup, Role, Wants, FILL_WAIT};
+use crate::http::upstream::asset_cache::{Fill, Lookup, Role, Wants, FILL_WAIT};
 
 /// What the cache says of one request.
 pub(super) enum Cached {
@@ -71,7 +71,7 @@ impl Gateway {
     }
 
     /// The asset cache, for the admin API and `/metrics`.
-    pub fn asset_cache(&self) -> &crate::http::asset_cache::AssetCache {
+    pub fn asset_cache(&self) -> &crate::http::upstream::asset_cache::AssetCache {
         &self.cache
     }
 }

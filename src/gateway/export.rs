@@ -13,6 +13,7 @@ use http::Response;
 use super::{Gateway, Settings};
 use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
+use crate::http::upstream::pool::NodeBody;
 use crate::logs::Every;
 use crate::metrics::Fetched;
 use crate::moodle;
@@ -36,8 +37,8 @@ impl Gateway {
         settings: &Settings,
         prefix: &str,
         redirect: &HeaderValue,
-        served: Result<Response<IdleLimited>, GatewayError>,
-    ) -> Result<Response<IdleLimited>, GatewayError> {
+        served: Result<Response<IdleLimited<NodeBody>>, GatewayError>,
+    ) -> Result<Response<IdleLimited<NodeBody>>, GatewayError> {
         let Some(export) = settings.export.as_deref() else {
             return served;
         };

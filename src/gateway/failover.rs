@@ -1,7 +1,7 @@
 //! What a request does when its node cannot be reached: the forward loop, and the
 //! one rule of where an attempt that sent nothing may go next.
 //!
-//! Why here and not in `http::proxy`: whether a request may go to another node
+//! Why here and not in `http::upstream::proxy`: whether a request may go to another node
 //! depends on its session (a node-local session only lives on its node) and on the
 //! store, which only the gateway knows; the proxy only reports whether anything of
 //! the request left.
@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use crate::http::server::StudentBody;
+use crate::http::h1::server::StudentBody;
 use http::{Request, Response};
 
 use super::{Gateway, Known, Route, Settings};
@@ -18,10 +18,15 @@ use crate::cluster::slots::Ask;
 use crate::config::SessionStore;
 use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
-use crate::http::proxy::{self, Failed, Hygiene, Peer, Target};
-use crate::http::tunnel;
-use crate::http::upload::Upload;
+use crate::http::upstream::pool::NodeBody;
+use crate::http::upstream::proxy::{self, Failed, HopByHop, Peer, Target};
+use crate::http::upstream::tunnel;
+use crate::http::upstream::upload::Upload;
 use crate::metrics::MoveCause;
+
+/// What the forward loop hands back: the route the request took, the node's
+/// answer with its body under `body_idle`, and how long it waited for its node.
+type Forwarded = (Route, Response<IdleLimited<NodeBody>>, Option<Duration>);
 
 impl Gateway {
     /// Forwards to the route's upstream, recording the outcome in its health. A
@@ -54,8 +59,7 @@ impl Gateway {
         waited: &'a mut Option<Duration>,
         hold: Option<Hold>,
         settings: &'a Settings,
-    ) -> impl Future<Output = Result<(Route, Response<IdleLimited>, Option<Duration>), GatewayError>> + 'a
-    {
+    ) -> impl Future<Output = Result<Forwarded, GatewayError>> + 'a {
         async move {
             if tunnel::is_upgrade(&request) {
                 let upstream = settings
@@ -88,7 +92,7 @@ impl Gateway {
                 hold,
                 replayed: false,
             };
-            let mut hygiene = Hygiene::Due(peer);
+            let mut hop_by_hop = HopByHop::Due(peer);
             loop {
                 let slot = self.slot(route, known, ask, &mut retry.hold, settings);
                 let (slotted, permit, took_slot) = slot.await?;
@@ -107,7 +111,7 @@ impl Gateway {
                     &self.pool,
                     target,
                     request,
-                    hygiene,
+                    hop_by_hop,
                     settings.bounds,
                     peer.reuse(),
                 );
@@ -159,7 +163,7 @@ impl Gateway {
                 }
                 // A replay goes as it was sent, prepared once.
                 if replay {
-                    hygiene = Hygiene::Done;
+                    hop_by_hop = HopByHop::Done;
                 }
                 // Only a request with no affinity moves: no node holds its session. Its
                 // body, if any, is whole in memory, or nothing of it was read.

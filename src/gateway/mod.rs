@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::http::server::StudentBody;
+use crate::http::h1::server::StudentBody;
 use arc_swap::{ArcSwap, Cache, Guard};
 use bytes::Bytes;
 use http::header::{HeaderValue, SET_COOKIE};
@@ -48,13 +48,13 @@ use crate::error::GatewayError;
 use crate::node_id::NodeId;
 use failover::Hold;
 
-use crate::http::asset_cache::{AssetCache, Fill, Teed};
+use crate::http::accept::edge::EdgeRules;
+use crate::http::body::spool::Spool;
 use crate::http::body::IdleLimited;
-use crate::http::edge::EdgeRules;
-use crate::http::offload::{self, Asked, Offload};
-use crate::http::pool::Pool;
-use crate::http::proxy::{self, Bounds, Client, Peer};
-use crate::http::spool::Spool;
+use crate::http::upstream::asset_cache::{AssetCache, Fill, Teed};
+use crate::http::upstream::offload::{self, Asked, Offload};
+use crate::http::upstream::pool::{NodeBody, Pool};
+use crate::http::upstream::proxy::{self, Bounds, Client, Peer};
 use crate::logs::Every;
 use crate::metrics::{Metrics, MoveCause, RoomNow};
 use crate::moodle::{self, IssuedSession, RequestKind, Site};
@@ -68,7 +68,7 @@ use waiting_room::{Entry, WaitingRoom};
 /// What a student receives: the node's streaming body (copied into the asset cache
 /// on its way when it fills an entry), or the gateway's own bytes (a short page, a
 /// cached asset).
-pub type ProxyBody = Either<Teed<IdleLimited>, Full<Bytes>>;
+pub type ProxyBody = Either<Teed<IdleLimited<NodeBody>>, Full<Bytes>>;
 
 /// A session the table knows: the key of its id, the node that holds it, and
 /// what the session-loss detector needs (logged in? idle since when? or only just
@@ -592,11 +592,11 @@ impl Gateway {
         &self,
         route: Route,
         redirect: &HeaderValue,
-        response: Response<IdleLimited>,
+        response: Response<IdleLimited<NodeBody>>,
         asked: Option<Asked>,
         peer: Peer<'_>,
         settings: &Settings,
-    ) -> Result<Response<IdleLimited>, GatewayError> {
+    ) -> Result<Response<IdleLimited<NodeBody>>, GatewayError> {
         match (&settings.offload, route.node(), asked) {
             (Some(offload), Some(_), Some(asked)) => {
                 let bounds = settings.bounds;
@@ -781,7 +781,7 @@ impl Gateway {
 
 /// The node's answer on its way to the student, filling the asset cache if this
 /// request fills an entry (and the answer may be kept).
-fn sent(response: Response<IdleLimited>, fill: Option<Fill>) -> Response<ProxyBody> {
+fn sent(response: Response<IdleLimited<NodeBody>>, fill: Option<Fill>) -> Response<ProxyBody> {
     match fill {
         Some(fill) => fill.keep(response).map(Either::Left),
         None => response.map(|body| Either::Left(Teed::plain(body))),

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::cluster::slots::Class;
-use crate::http::server::StudentBody;
+use crate::http::h1::server::StudentBody;
 use futures_util::future::Either;
 use http::header::STRICT_TRANSPORT_SECURITY;
 use http::{Request, Response};
@@ -35,7 +35,7 @@ use tower_http::set_header::SetResponseHeaderLayer;
 use super::{Gateway, ProxyBody, Served, Settings, SettingsCache};
 use crate::access_log::{AccessLog, AccessLogLayer, Logged, Trail};
 use crate::error::GatewayError;
-use crate::http::proxy::{Client, Withheld};
+use crate::http::upstream::proxy::{Client, Withheld};
 
 /// The students' path for one connection from `client`: every layer a request passes
 /// through, outermost first, and the gateway's journey at the bottom. `withheld` is
@@ -141,7 +141,7 @@ fn trail(settings: &Settings, served: Served) -> Trail {
 /// A refusal answered at once, or the inner service's answer.
 type Refusable<F, E> = Either<Ready<Result<Response<ProxyBody>, E>>, F>;
 
-/// Applies the edge rules of the settings in force ([`crate::http::edge`]).
+/// Applies the edge rules of the settings in force ([`crate::http::accept::edge`]).
 #[derive(Debug, Clone)]
 pub struct EdgeLayer {
     gateway: Arc<Gateway>,

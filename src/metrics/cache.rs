@@ -4,7 +4,7 @@
 use prometheus::{IntCounter, IntGauge, Registry};
 
 use super::{counter, gauge, gauge_value};
-use crate::http::asset_cache::CacheNow;
+use crate::http::upstream::asset_cache::CacheNow;
 
 /// The handles, made once.
 #[derive(Debug, Clone)]

@@ -67,11 +67,11 @@ pub struct Snapshot {
     /// The waiting room.
     pub room: RoomNow,
     /// The asset cache.
-    pub cache: crate::http::asset_cache::CacheNow,
+    pub cache: crate::http::upstream::asset_cache::CacheNow,
     /// Whether the file export passes its probes; `None` without `[offload]`.
     pub export_up: Option<bool>,
     /// The upload spool.
-    pub spool: crate::http::spool::SpoolNow,
+    pub spool: crate::http::body::spool::SpoolNow,
 }
 
 /// One upstream at scrape time.

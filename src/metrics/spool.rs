@@ -4,7 +4,7 @@
 use prometheus::{IntCounter, IntGauge, Registry};
 
 use super::{counter, gauge, gauge_value};
-use crate::http::spool::SpoolNow;
+use crate::http::body::spool::SpoolNow;
 
 /// The handles, made once.
 #[derive(Debug, Clone)]

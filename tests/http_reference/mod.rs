@@ -15,9 +15,9 @@ use std::cell::RefCell;
 use std::time::Duration;
 
 use http::{HeaderMap, Request};
-use moodle_gateway::http::client::{ClientError, Connection};
+use moodle_gateway::http::body::stall::WriteStall;
 use moodle_gateway::http::fuzzing::{AnswerFraming, RequestRead};
-use moodle_gateway::http::stall::WriteStall;
+use moodle_gateway::http::h1::client::{ClientError, Connection};
 
 /// Header lines either side reads at most (`limits.max_headers`'s default).
 const MAX_HEADERS: usize = 100;

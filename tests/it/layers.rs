@@ -2,7 +2,8 @@
 //! modules of a lower layer, so no two of them import each other and a newcomer can
 //! read the tree from the bottom up. The layers are the architecture of the crate's
 //! `Layout` doc (src/lib.rs); this test is what keeps it true when someone adds a
-//! `use crate::…` in a hurry.
+//! `use crate::…` in a hurry. Inside `http/` its folders keep the same rule
+//! ([`HTTP_LAYERS`]), so the largest wing has no import cycle either.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -15,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     // Bytes in and out.
     &["http"],
-    // The access log's thread (its body passes a splice on, see `http::splice`), the
+    // The access log's thread (its body passes a splice on, see `http::body::splice`), the
     // nodes (which own their keep-alive connections), and the file limit.
     &["access_log", "cluster", "open_files", "ready"],
     // What is counted, and the session table: each knows a node by its id only.
@@ -31,8 +32,25 @@ const LAYERS: &[&[&str]] = &[
     &["demo", "handover"],
 ];
 
+/// The folders of `http/`, bottom to top, under the same rule: a folder imports only
+/// folders of a lower rank, so `http/` holds no import cycle. The two sides of a
+/// gateway share a rank: the students' (`accept`) and the nodes' (`upstream`) both
+/// stand on HTTP/1.1 (`h1`) and the bodies (`body`), and only `gateway` joins them.
+const HTTP_LAYERS: &[&[&str]] = &[
+    // Bodies in motion and every pause they may take; a body on disk.
+    &["body"],
+    // HTTP/1.1 on the wire, the students' side and the nodes'.
+    &["h1"],
+    // Where a connection begins, and where a request leaves for a node.
+    &["accept", "upstream"],
+];
+
 fn layer(module: &str) -> Option<usize> {
-    LAYERS.iter().position(|layer| layer.contains(&module))
+    rank(LAYERS, module)
+}
+
+fn rank(layers: &[&[&str]], name: &str) -> Option<usize> {
+    layers.iter().position(|layer| layer.contains(&name))
 }
 
 /// The modules behind lib.rs's `pub use module::…::Name;` (`crate::App`).
@@ -50,11 +68,16 @@ fn reexports(lib: &str) -> Vec<(String, String)> {
 
 /// Every `crate::name` a file's code (not its comments) refers to.
 fn imports(code: &str) -> BTreeSet<String> {
+    imports_under(code, "crate::")
+}
+
+/// Every `{prefix}name` a file's code (not its comments) refers to.
+fn imports_under(code: &str, prefix: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     for line in code.lines() {
         let line = line.split("//").next().unwrap_or("");
-        for (at, _) in line.match_indices("crate::") {
-            let rest = &line[at + "crate::".len()..];
+        for (at, _) in line.match_indices(prefix) {
+            let rest = &line[at + prefix.len()..];
             let name: String = (rest.chars())
                 .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                 .collect();
@@ -120,6 +143,83 @@ fn every_module_imports_only_modules_below_it() {
         upward.is_empty(),
         "imports that do not point down:\n{}",
         upward.join("\n")
+    );
+}
+
+/// An import from one folder of `http/` to another that does not point down, for a
+/// file at `relative` (under `src/http/`) with `code`.
+fn http_upward(relative: &Path, code: &str) -> Vec<String> {
+    let mut parts = relative.components();
+    let folder = parts.next().unwrap().as_os_str().to_str().unwrap();
+    if parts.next().is_none() {
+        // http/mod.rs sits above its folders.
+        return Vec::new();
+    }
+    let Some(own) = rank(HTTP_LAYERS, folder) else {
+        return vec![format!(
+            "src/http/{folder} is in no rank of HTTP_LAYERS: place it there"
+        )];
+    };
+    let mut upward = Vec::new();
+    // Folders name each other by `crate::http::`; `super::super::` would hide one.
+    if code.contains("super::super::") {
+        upward.push(format!(
+            "src/http/{} climbs with super::super::",
+            relative.display()
+        ));
+    }
+    for imported in imports_under(code, "crate::http::") {
+        let theirs = rank(HTTP_LAYERS, &imported);
+        if imported != folder && theirs.is_none_or(|theirs| theirs >= own) {
+            upward.push(format!(
+                "src/http/{} imports crate::http::{imported}",
+                relative.display()
+            ));
+        }
+    }
+    upward
+}
+
+#[test]
+fn every_folder_of_http_imports_only_folders_below_it() {
+    let http = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/http");
+    let mut files = Vec::new();
+    rust_files(&http, &mut files);
+    let mut upward = Vec::new();
+    let mut checked = 0;
+    for file in files {
+        let relative = file.strip_prefix(&http).unwrap();
+        let code = std::fs::read_to_string(&file).unwrap();
+        checked += imports_under(&code, "crate::http::").len();
+        upward.extend(http_upward(relative, &code));
+    }
+    assert!(
+        checked > 25,
+        "only {checked} imports found: is the scan broken?"
+    );
+    assert!(
+        upward.is_empty(),
+        "imports inside http/ that do not point down:\n{}",
+        upward.join("\n")
+    );
+}
+
+#[test]
+fn a_cycle_between_two_folders_of_http_is_found() {
+    // h1 below upstream: the nodes' side may use the wire, never the other way.
+    let down = "use crate::http::h1::client::Connection;";
+    let up = "use crate::http::upstream::upload::Upload;";
+    assert!(http_upward(Path::new("upstream/pool.rs"), down).is_empty());
+    assert_eq!(
+        http_upward(Path::new("h1/client.rs"), up),
+        ["src/http/h1/client.rs imports crate::http::upstream"]
+    );
+    // The two sides share a rank, so neither may import the other.
+    let side = "let x = crate::http::accept::edge::EdgeRules::new(a, b);";
+    assert_eq!(http_upward(Path::new("upstream/proxy.rs"), side).len(), 1);
+    assert_eq!(
+        http_upward(Path::new("h1/wire.rs"), "super::super::body::X").len(),
+        1
     );
 }
 

@@ -643,7 +643,7 @@ async fn serving_file(file: Bytes) -> std::net::SocketAddr {
 }
 
 /// A large file takes the kernel's way from the upstream's socket to the student's (a
-/// pipe, see `http::splice`), past every layer a node's body passes: it arrives
+/// pipe, see `http::body::splice`), past every layer a node's body passes: it arrives
 /// byte for byte, twice on one kept connection, and the access log counts every byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_file_arrives_whole_twice_on_one_connection_and_the_log_counts_every_byte() {

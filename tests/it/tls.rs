@@ -12,7 +12,7 @@ use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use moodle_gateway::app::Listeners;
 use moodle_gateway::demo::standin::Cluster;
-use moodle_gateway::http::tls::Certificates;
+use moodle_gateway::http::accept::tls::Certificates;
 use moodle_gateway::{App, Config};
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::{TcpListener, TcpStream};

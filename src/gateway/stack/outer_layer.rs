@@ -22,8 +22,8 @@ use super::students;
 use crate::access_log::AccessLog;
 use crate::config::Config;
 use crate::gateway::Gateway;
-use crate::http::listener::{serve_connections, Listening};
-use crate::http::proxy::{Client, Withheld};
+use crate::http::accept::listener::{serve_connections, Listening};
+use crate::http::upstream::proxy::{Client, Withheld};
 use crate::sessions::clock::Clock;
 
 /// What the layer saw of one exchange.

@@ -11,25 +11,25 @@
 //! `limits.buffer_body_bytes` (nearly every Moodle POST), and holds the few larger
 //! uploads to `timeouts.upload_min_rate` and `timeouts.upload`. Bodies up to
 //! `limits.spool_body_bytes` (a typical assignment) are kept on disk until whole
-//! ([`crate::http::spool`]), so only the few larger than that cost a worker while
+//! ([`crate::http::body::spool`]), so only the few larger than that cost a worker while
 //! they arrive, and for a bounded time only.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use crate::http::server::StudentBody;
+use crate::http::h1::server::StudentBody;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::time::{Instant, Sleep};
 
+use crate::http::body::spool::{Spool, Spooled};
 use crate::http::body::{
-    is_body_idle, BodyTooLarge, BoxError, ClientBodyError, IdleLimited, UploadTooLong,
+    is_body_idle, BodyTooLarge, BoxError, ClientBodyError, IdleLimited, RequestBody, UploadTooLong,
     UploadTooSlow,
 };
-use crate::http::proxy::Bounds;
-use crate::http::spool::{Spool, Spooled};
+use crate::http::upstream::proxy::Bounds;
 
 /// A request body as the gateway holds it before it goes to a node: what has been
 /// read of it (on disk in `spooled`, then in memory in `head`) and what has not
@@ -65,16 +65,6 @@ impl Upload {
         }
         Self {
             rest: Some(Box::new(Paced::new(body, bounds))),
-            ..Self::default()
-        }
-    }
-
-    /// A body already read whole into memory.
-    #[cfg(test)]
-    pub fn whole(body: Bytes) -> Self {
-        Self {
-            head: Some(body),
-            read_ahead: true,
             ..Self::default()
         }
     }
@@ -310,16 +300,8 @@ impl Body for Paced {
     }
 }
 
-/// The student's request body on its way to a node. The node connection starts the
-/// response-header timeout only once this has gone out in full: PHP reads a whole
-/// upload before the script runs, so a 300 MB SCORM package that takes two minutes
-/// to arrive must not be cut off by a 60 s wait for the answer.
-///
-/// One pointer wide, as it moves with the request through its futures: a request
-/// without a body (most of them) allocates nothing.
-#[derive(Debug)]
-pub struct RequestBody(Option<Box<Sending>>);
-
+/// An upload on its way to a node: what was read ahead goes first, then the rest
+/// as the student sends it.
 #[derive(Debug)]
 struct Sending {
     /// Read onto disk before the node was contacted, sent first.
@@ -332,38 +314,48 @@ struct Sending {
     allowed: u64,
 }
 
-impl RequestBody {
-    /// Sends `upload`, at most `max_bytes` of it.
-    pub fn new(upload: Upload, max_bytes: u64) -> Self {
-        if upload.is_empty() {
-            return Self(None);
+impl Upload {
+    /// The body as it goes to a node, at most `max_bytes` of it. The node connection
+    /// starts the response-header timeout only once this has gone out in full: PHP
+    /// reads a whole upload before the script runs, so a 300 MB SCORM package that
+    /// takes two minutes to arrive must not be cut off by a 60 s wait for the answer.
+    pub fn into_request_body(self, max_bytes: u64) -> RequestBody {
+        if self.is_empty() {
+            return RequestBody::empty();
         }
-        let head = upload.head.filter(|head| !head.is_empty());
-        let spooled = upload.spooled.filter(|spooled| !spooled.is_empty());
+        let head = self.head.filter(|head| !head.is_empty());
+        let spooled = self.spooled.filter(|spooled| !spooled.is_empty());
         let read = head.as_ref().map_or(0, |head| head.len() as u64)
             + spooled.as_ref().map_or(0, Spooled::len);
-        Self(Some(Box::new(Sending {
+        RequestBody::new(Sending {
             spooled,
             head,
-            rest: upload.rest,
+            rest: self.rest,
             allowed: max_bytes.saturating_sub(read),
-        })))
+        })
     }
 }
 
-impl Sending {
-    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let frame = match self.spooled.as_mut().filter(|s| !s.is_end_stream()) {
+impl Body for Sending {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let frame = match this.spooled.as_mut().filter(|s| !s.is_end_stream()) {
             Some(spooled) => Pin::new(spooled).poll_frame(cx),
-            None => match (self.head.take(), self.rest.as_mut()) {
+            None => match (this.head.take(), this.rest.as_mut()) {
                 (Some(head), _) => Poll::Ready(Some(Ok(Frame::data(head)))),
                 (None, None) => Poll::Ready(None),
                 (None, Some(rest)) => match Pin::new(rest).poll_frame(cx) {
                     Poll::Ready(Some(Ok(data))) => {
                         let len = data.data_ref().map_or(0, |d| d.len() as u64);
-                        match self.allowed.checked_sub(len) {
+                        match this.allowed.checked_sub(len) {
                             Some(left) => {
-                                self.allowed = left;
+                                this.allowed = left;
                                 Poll::Ready(Some(Ok(data)))
                             }
                             // Chunked bodies have no length to check up front: cut here.
@@ -396,32 +388,5 @@ impl Sending {
             sum.set_upper(upper + read);
         }
         sum
-    }
-}
-
-impl Body for RequestBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        match &mut self.0 {
-            Some(sending) => sending.poll_frame(cx),
-            None => Poll::Ready(None),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0
-            .as_ref()
-            .is_none_or(|sending| sending.is_end_stream())
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.0
-            .as_ref()
-            .map_or(SizeHint::with_exact(0), |sending| sending.size_hint())
     }
 }

@@ -3,8 +3,8 @@
 //! pieces with their chunk framing, none of them copied), and the numbers a head
 //! carries.
 //!
-//! The node side ([`crate::http::client`]) writes requests and reads answers; the
-//! student side ([`crate::http::server`]) reads requests and writes answers. Both
+//! The node side ([`crate::http::h1::client`]) writes requests and reads answers; the
+//! student side ([`crate::http::h1::server`]) reads requests and writes answers. Both
 //! move bodies as the `Bytes` they arrived in.
 
 use std::io::{self, IoSlice};
@@ -40,33 +40,33 @@ impl<const PARTS: usize> Default for Outgoing<PARTS> {
 
 impl<const PARTS: usize> Outgoing<PARTS> {
     /// The most slices [`Self::slices`] fills: the head and every part.
-    pub const SLICES: usize = PARTS + 1;
+    pub(crate) const SLICES: usize = PARTS + 1;
     /// A head allocation larger than this (a very large cookie) is not kept for the
     /// next message.
     const HEAD_KEPT: usize = 4096;
 
     /// Parts that can still be queued.
-    pub fn room(&self) -> usize {
+    pub(crate) fn room(&self) -> usize {
         PARTS - self.len
     }
 
     /// Whether no body part is queued (the head may be).
-    pub fn no_parts(&self) -> bool {
+    pub(crate) fn no_parts(&self) -> bool {
         self.len == 0
     }
 
     /// Body bytes queued.
-    pub fn queued(&self) -> usize {
+    pub(crate) fn queued(&self) -> usize {
         self.queued
     }
 
     /// Whether nothing is left to write.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0 && self.head_at == self.head.len()
     }
 
     /// Queues a body piece after what is queued.
-    pub fn push(&mut self, bytes: Bytes) {
+    pub(crate) fn push(&mut self, bytes: Bytes) {
         debug_assert!(self.len < PARTS);
         self.queued += bytes.len();
         self.parts[self.len] = bytes;
@@ -74,7 +74,7 @@ impl<const PARTS: usize> Outgoing<PARTS> {
     }
 
     /// Forgets everything queued.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.head.clear();
         self.head_at = 0;
         for part in &mut self.parts[..self.len] {
@@ -85,7 +85,7 @@ impl<const PARTS: usize> Outgoing<PARTS> {
     }
 
     /// Fills `slices` with what is left to write, in order; returns how many.
-    pub fn slices<'a>(&'a self, slices: &mut [IoSlice<'a>]) -> usize {
+    pub(crate) fn slices<'a>(&'a self, slices: &mut [IoSlice<'a>]) -> usize {
         let head = &self.head[self.head_at..];
         let mut count = 0;
         if !head.is_empty() {
@@ -100,7 +100,7 @@ impl<const PARTS: usize> Outgoing<PARTS> {
     }
 
     /// Drops the first `written` bytes.
-    pub fn advance(&mut self, mut written: usize) {
+    pub(crate) fn advance(&mut self, mut written: usize) {
         let head = self.head.len() - self.head_at;
         if head > 0 {
             if written < head {

@@ -3,7 +3,7 @@
 //! same, with one mutex locked for each call (contended only if a request's body
 //! were read from another task while its answer is written); these halves also let
 //! the answer reach the socket itself, to splice a large body into it
-//! ([`crate::http::splice`]).
+//! ([`crate::http::body::splice`]).
 
 use std::io;
 use std::pin::Pin;
@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::StudentIo;
-use crate::http::stall::WriteStall;
+use crate::http::body::stall::WriteStall;
 
 type Shared = Arc<Mutex<StudentIo>>;
 

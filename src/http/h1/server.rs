@@ -23,7 +23,7 @@
 //! for `HEAD`, `204` and `304`), `Connection: close` when the connection will
 //! close, HTTP/1.0 answered as 1.0 and kept open only when asked, a `Date`.
 //! A student whose socket keeps up gets three body chunks to a `writev` ([`BATCH`]);
-//! one who does not is given one chunk at a time (see [`crate::http::stall`]).
+//! one who does not is given one chunk at a time (see [`crate::http::body::stall`]).
 
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
@@ -39,16 +39,16 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::clock::Deadline;
 use crate::error::GatewayError;
-use crate::http::body::BoxError;
-use crate::http::client::NODE_BUFFER;
-use crate::http::listener::Stopping;
-use crate::http::splice::{Pipe, Splice, PIPE_FILL};
-use crate::http::stall::PROVEN;
-use crate::http::wire::{
+use crate::http::body::splice::{Pipe, Splice, PIPE_FILL};
+use crate::http::body::stall::PROVEN;
+use crate::http::body::{BoxError, NODE_BUFFER};
+use crate::http::h1::handover::Replayed;
+use crate::http::h1::stopping::Stopping;
+use crate::http::h1::wire::{
     chunk_line, ends_chunked, has_token, itoa, known_names, line, parse_length, Outgoing,
 };
 use halves::{ReadHalf, WriteHalf};
@@ -120,31 +120,39 @@ pub(crate) enum Ended {
 
 /// A student's request body: none, one this side reads by its `Content-Length`,
 /// or hyper's (on a connection handed over, and over HTTP/2).
-pub struct StudentBody(Kind);
+pub struct StudentBody {
+    kind: Kind,
+}
 
+/// Who reads a student's body, and how it is framed.
 enum Kind {
+    /// None: no `Content-Length`, or 0.
     Empty,
-    Sized(Box<Sized>),
+    /// This side, by its `Content-Length`.
+    Length(Box<LengthFramed>),
+    /// hyper's server: chunked, after a handover, or HTTP/2.
     Hyper(Incoming),
 }
 
 impl StudentBody {
     /// No body.
     pub fn empty() -> Self {
-        Self(Kind::Empty)
+        Self { kind: Kind::Empty }
     }
 
     /// hyper's body for a request hyper's server read.
     pub fn hyper(incoming: Incoming) -> Self {
-        Self(Kind::Hyper(incoming))
+        Self {
+            kind: Kind::Hyper(incoming),
+        }
     }
 }
 
 impl std::fmt::Debug for StudentBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
+        match &self.kind {
             Kind::Empty => f.write_str("StudentBody::Empty"),
-            Kind::Sized(sized) => write!(f, "StudentBody::Sized({} left)", sized.left),
+            Kind::Length(body) => write!(f, "StudentBody::Length({} left)", body.left),
             Kind::Hyper(_) => f.write_str("StudentBody::Hyper"),
         }
     }
@@ -158,9 +166,9 @@ impl Body for StudentBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match &mut self.0 {
+        match &mut self.kind {
             Kind::Empty => Poll::Ready(None),
-            Kind::Sized(sized) => sized
+            Kind::Length(body) => body
                 .poll_data(cx)
                 .map(|data| data.map(|d| d.map(Frame::data))),
             Kind::Hyper(incoming) => Pin::new(incoming)
@@ -170,17 +178,17 @@ impl Body for StudentBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.0 {
+        match &self.kind {
             Kind::Empty => true,
-            Kind::Sized(sized) => sized.left == 0,
+            Kind::Length(body) => body.left == 0,
             Kind::Hyper(incoming) => incoming.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.0 {
+        match &self.kind {
             Kind::Empty => SizeHint::with_exact(0),
-            Kind::Sized(sized) => SizeHint::with_exact(sized.left),
+            Kind::Length(body) => SizeHint::with_exact(body.left),
             Kind::Hyper(incoming) => incoming.size_hint(),
         }
     }
@@ -316,13 +324,13 @@ type Return = Mutex<Option<(Reading, u64)>>;
 
 /// A body of `left` more bytes, read from the connection's read side, which it
 /// holds until the last byte (or until dropped) and then gives back.
-struct Sized {
+struct LengthFramed {
     reading: Option<Reading>,
     left: u64,
     back: Arc<Return>,
 }
 
-impl Sized {
+impl LengthFramed {
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BoxError>>> {
         let Some(reading) = self.reading.as_mut() else {
             return Poll::Ready(None);
@@ -364,81 +372,9 @@ impl Sized {
     }
 }
 
-impl Drop for Sized {
+impl Drop for LengthFramed {
     fn drop(&mut self) {
         self.give_back();
-    }
-}
-
-/// A connection handed to hyper: the bytes this side read and did not use come
-/// first, then the socket.
-pub(crate) struct Replayed {
-    read: Bytes,
-    io: StudentIo,
-}
-
-impl AsyncRead for Replayed {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.read.is_empty() {
-            return Pin::new(&mut self.io).poll_read(cx, buf);
-        }
-        let n = self.read.len().min(buf.remaining());
-        buf.put_slice(&self.read[..n]);
-        self.read.advance(n);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Replayed {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
-/// A service for this side as a service for hyper's server, which hands it
-/// hyper's bodies and calls through `&self`: a clone of the service per request,
-/// made ready and called (as `hyper_util`'s glue does).
-#[derive(Clone)]
-pub(crate) struct FromHyper<S>(pub S);
-
-impl<S, B> hyper::service::Service<Request<Incoming>> for FromHyper<S>
-where
-    S: tower::Service<Request<StudentBody>, Response = Response<B>> + Clone,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = tower::util::Oneshot<S, Request<StudentBody>>;
-
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
-        tower::util::Oneshot::new(self.0.clone(), request.map(StudentBody::hyper))
     }
 }
 
@@ -501,13 +437,13 @@ where
         let version = request.version();
         let kind = match body_len {
             0 => Kind::Empty,
-            left => Kind::Sized(Box::new(Sized {
+            left => Kind::Length(Box::new(LengthFramed {
                 reading: connection.reading.take(),
                 left,
                 back: connection.back.clone(),
             })),
         };
-        let body = StudentBody(kind);
+        let body = StudentBody { kind };
         // Ready at once: no layer of the students' stack makes a request wait
         // for readiness (past `max_in_flight` a student gets a quick 503), so
         // nothing waits here that the listener's closing would have to cut short.
@@ -782,25 +718,32 @@ impl Connection {
             } else {
                 Waiting::Head
             };
-            if self.waiting != now {
-                // Idle to head: the head's first byte came just now.
-                self.waiting = now;
-                self.deadline.set(match now {
-                    Waiting::Idle => limits.keep_alive,
-                    Waiting::Head | Waiting::No => limits.request_headers,
-                });
-            }
-            if self.deadline.poll_passed(cx) {
-                match now {
-                    Waiting::Idle => tracing::debug!("idle past timeouts.keep_alive: closed"),
-                    Waiting::Head | Waiting::No => {
-                        tracing::debug!("request head not complete within timeouts.request_headers")
-                    }
-                }
-                return Poll::Ready(Next::Close);
-            }
+            return self.poll_deadline(cx, now, limits).map(|()| Next::Close);
+        }
+    }
+
+    /// Arms the deadline of what the connection waits for `now` (`keep_alive`
+    /// between requests, `request_headers` once a head has begun), and is ready
+    /// when it has passed.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>, now: Waiting, limits: &Limits) -> Poll<()> {
+        if self.waiting != now {
+            // Idle to head: the head's first byte came just now.
+            self.waiting = now;
+            self.deadline.set(match now {
+                Waiting::Idle => limits.keep_alive,
+                Waiting::Head | Waiting::No => limits.request_headers,
+            });
+        }
+        if !self.deadline.poll_passed(cx) {
             return Poll::Pending;
         }
+        match now {
+            Waiting::Idle => tracing::debug!("idle past timeouts.keep_alive: closed"),
+            Waiting::Head | Waiting::No => {
+                tracing::debug!("request head not complete within timeouts.request_headers")
+            }
+        }
+        Poll::Ready(())
     }
 
     /// Writes `response`; `keep_alive` comes back false when the connection must
@@ -874,63 +817,7 @@ impl Connection {
         B::Error: Into<BoxError>,
     {
         loop {
-            // Room for a chunk with its framing and the last chunk after it.
-            while self.out().room() >= 4 && (self.out().no_parts() || self.proven()) {
-                if self.out().queued() >= BATCH {
-                    break;
-                }
-                let Some(live) = body.as_mut() else {
-                    break;
-                };
-                // A pipe that holds bytes is emptied first, whatever the body says
-                // now: its last fill has already ended it.
-                if splicing.holds() || (splicing.is_wanted() && live.can_splice()) {
-                    if !self.out().is_empty() {
-                        // What is queued goes first; the pipe takes over after it.
-                        break;
-                    }
-                    match ready!(self.poll_splice(cx, live.as_mut(), splicing, framing))? {
-                        Spliced::End => {
-                            *body = None;
-                            break;
-                        }
-                        Spliced::Frames => {}
-                    }
-                }
-                let frame = match live.as_mut().poll_frame(cx) {
-                    Poll::Pending => break,
-                    Poll::Ready(frame) => frame,
-                };
-                let data = match frame {
-                    None => {
-                        *body = None;
-                        self.end_body(*framing)?;
-                        break;
-                    }
-                    Some(Err(error)) => {
-                        let error: BoxError = error.into();
-                        tracing::debug!("response body failed: {error}");
-                        return Poll::Ready(Err(Cut));
-                    }
-                    Some(Ok(frame)) => match frame.into_data() {
-                        Ok(data) => data,
-                        // Trailers: not sent, as hyper's server does without a
-                        // `Trailer` header.
-                        Err(_) => continue,
-                    },
-                };
-                if !data.is_empty() {
-                    self.queue_data(data, framing);
-                }
-                if *framing == Framing::Length(0) {
-                    // A sized body is complete at its length: not polled again
-                    // (hyper cuts a body that runs past it the same way).
-                    *body = None;
-                } else if body.as_ref().is_some_and(|b| b.is_end_stream()) {
-                    *body = None;
-                    self.end_body(*framing)?;
-                }
-            }
+            ready!(self.poll_queue(cx, body, framing, splicing))?;
             if self.out().is_empty() {
                 ready!(Pin::new(&mut self.writer).poll_flush(cx)).map_err(|_| Cut)?;
                 return match body {
@@ -938,32 +825,113 @@ impl Connection {
                     Some(_) => Poll::Pending,
                 };
             }
-            let written = {
-                let mut slices = [IoSlice::new(&[]); Outgoing::<BODY_PARTS>::SLICES];
-                let out = &self.scratch.get_or_insert_with(spare::scratch).out;
-                let count = out.slices(&mut slices);
-                match Pin::new(&mut self.writer).poll_write_vectored(cx, &slices[..count]) {
-                    Poll::Pending => {
-                        self.taken = 0;
-                        return Poll::Pending;
-                    }
-                    Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(Err(Cut)),
-                    Poll::Ready(Ok(written)) => written,
-                }
-            };
-            self.out().advance(written);
-            if self.out().is_empty() {
-                self.taken = self.taken.saturating_add(written);
-            } else {
-                // A write the socket took only part of is as good as refused: the
-                // socket is full, and a chunk asked for now would wait there too.
-                self.taken = 0;
-            }
+            ready!(self.poll_write_out(cx))?;
         }
     }
 
+    /// Queues the body's frames with their framing while there is room (or moves
+    /// the body by splice when it can): ready when the queue should go out, or the
+    /// body has nothing more for now.
+    fn poll_queue<B>(
+        &mut self,
+        cx: &mut Context<'_>,
+        body: &mut Option<Pin<&mut B>>,
+        framing: &mut Framing,
+        splicing: &mut Splicing,
+    ) -> Poll<Result<(), Cut>>
+    where
+        B: Body<Data = Bytes> + Splice,
+        B::Error: Into<BoxError>,
+    {
+        // Room for a chunk with its framing and the last chunk after it.
+        while self.out().room() >= 4 && (self.out().no_parts() || self.proven()) {
+            if self.out().queued() >= BATCH {
+                break;
+            }
+            let Some(live) = body.as_mut() else {
+                break;
+            };
+            // A pipe that holds bytes is emptied first, whatever the body says
+            // now: its last fill has already ended it.
+            if splicing.holds() || (splicing.is_wanted() && live.can_splice()) {
+                if !self.out().is_empty() {
+                    // What is queued goes first; the pipe takes over after it.
+                    break;
+                }
+                match ready!(self.poll_splice(cx, live.as_mut(), splicing, framing))? {
+                    Spliced::End => {
+                        *body = None;
+                        break;
+                    }
+                    Spliced::Frames => {}
+                }
+            }
+            let frame = match live.as_mut().poll_frame(cx) {
+                Poll::Pending => break,
+                Poll::Ready(frame) => frame,
+            };
+            let data = match frame {
+                None => {
+                    *body = None;
+                    self.end_body(*framing)?;
+                    break;
+                }
+                Some(Err(error)) => {
+                    let error: BoxError = error.into();
+                    tracing::debug!("response body failed: {error}");
+                    return Poll::Ready(Err(Cut));
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => data,
+                    // Trailers: not sent, as hyper's server does without a
+                    // `Trailer` header.
+                    Err(_) => continue,
+                },
+            };
+            if !data.is_empty() {
+                self.queue_data(data, framing);
+            }
+            if *framing == Framing::Length(0) {
+                // A sized body is complete at its length: not polled again
+                // (hyper cuts a body that runs past it the same way).
+                *body = None;
+            } else if body.as_ref().is_some_and(|b| b.is_end_stream()) {
+                *body = None;
+                self.end_body(*framing)?;
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Writes what is queued with one `writev`, and notes whether the socket took
+    /// all of it (see [`Connection::proven`]).
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Cut>> {
+        let written = {
+            let mut slices = [IoSlice::new(&[]); Outgoing::<BODY_PARTS>::SLICES];
+            let out = &self.scratch.get_or_insert_with(spare::scratch).out;
+            let count = out.slices(&mut slices);
+            match Pin::new(&mut self.writer).poll_write_vectored(cx, &slices[..count]) {
+                Poll::Pending => {
+                    self.taken = 0;
+                    return Poll::Pending;
+                }
+                Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(Err(Cut)),
+                Poll::Ready(Ok(written)) => written,
+            }
+        };
+        self.out().advance(written);
+        if self.out().is_empty() {
+            self.taken = self.taken.saturating_add(written);
+        } else {
+            // A write the socket took only part of is as good as refused: the
+            // socket is full, and a chunk asked for now would wait there too.
+            self.taken = 0;
+        }
+        Poll::Ready(Ok(()))
+    }
+
     /// Moves the body from the node's socket into the student's through a pipe for
-    /// as long as the body lets it (see [`crate::http::splice`]), keeping the rules
+    /// as long as the body lets it (see [`crate::http::body::splice`]), keeping the rules
     /// of the frames' way: one node buffer at a time until the socket has shown it
     /// keeps up, the write stall, the body's own limits.
     fn poll_splice<B: Splice>(
@@ -1095,10 +1063,7 @@ impl Connection {
         else {
             return Ended::Closed;
         };
-        Ended::HandOver(Replayed {
-            read: read.freeze(),
-            io,
-        })
+        Ended::HandOver(Replayed::new(read.freeze(), io))
     }
 }
 
@@ -1203,73 +1168,113 @@ fn parse(
     // Where each piece sits, so that they can be cut from the buffer once the
     // parser lets go of it.
     let base = buf.as_ptr() as usize;
-    let offset = |part: &[u8]| part.as_ptr() as usize - base;
-    let path_at = (offset(path.as_bytes()), path.len());
-    spans.clear();
-    let mut body_len = None;
-    let mut keep_alive = version == Version::HTTP_11;
-    let mut close = false;
-    // Lines that send the request to hyper's server, once every line is read:
-    // `Transfer-Encoding` is looked at with `Content-Length` first.
-    let (mut for_hyper, mut chunked, mut lengths) = (false, false, 0);
-    for line in parsed.headers.iter() {
-        let Some(name) = request_name(line.name.as_bytes()) else {
-            return Parsed::ForHyper;
-        };
-        if name == header::CONTENT_LENGTH {
-            lengths += 1;
-            match (body_len, request_length(line.value)) {
-                (None, Some(len)) => body_len = Some(len),
-                // Two lengths, or one that is not a number: hyper's to judge.
-                _ => for_hyper = true,
-            }
-        } else if name == header::CONNECTION {
-            if close || has_token(line.value, b"close") {
-                close = true;
-                keep_alive = false;
-            } else if !keep_alive {
-                keep_alive = has_token(line.value, b"keep-alive");
-            }
-        } else if name == header::TRANSFER_ENCODING {
-            (chunked, for_hyper) = (true, true);
-        } else if name == header::EXPECT || name == header::UPGRADE {
-            for_hyper = true;
-        }
-        // The head is at most a few tens of KiB: offsets fit.
-        spans.push((name, offset(line.value) as u32, line.value.len() as u32));
-    }
-    if chunked && lengths > 0 {
+    let path_at = (path.as_ptr() as usize - base, path.len());
+    let keep_alive = version == Version::HTTP_11;
+    let Some(said) = header_spans(parsed.headers, base, keep_alive, spans) else {
+        return Parsed::ForHyper;
+    };
+    if said.two_framings {
         // Framed two ways (RFC 9112 6.1): refused and closed, the safest answer to
         // a smuggling attempt. hyper's server would read it as chunked.
         return Parsed::Refuse(GatewayError::MalformedRequest);
     }
-    if for_hyper {
+    if said.for_hyper {
         return Parsed::ForHyper;
     }
     let raw = buf.split_to(len).freeze();
-    let Ok(uri) = http::Uri::from_maybe_shared(raw.slice(path_at.0..path_at.0 + path_at.1)) else {
+    let Some(mut request) = request_from(&raw, path_at, spans, cached) else {
         return Parsed::ForHyperFrom(raw);
     };
+    *request.method_mut() = method;
+    *request.version_mut() = version;
+    Parsed::Head(Head {
+        request,
+        body_len: said.body_len.unwrap_or(0),
+        keep_alive: said.keep_alive,
+    })
+}
+
+/// What a request head's lines said of how to read it.
+struct RequestLines {
+    /// Its one `Content-Length`.
+    body_len: Option<u64>,
+    keep_alive: bool,
+    /// A line sends the request to hyper's server (`Transfer-Encoding`, `Expect`,
+    /// `Upgrade`, a `Content-Length` that is not one number).
+    for_hyper: bool,
+    /// Both `Content-Length` and `Transfer-Encoding`.
+    two_framings: bool,
+}
+
+/// Notes where each of the head's `lines` sits in `spans` (offsets from `base`),
+/// and what they said; `None` for a name this side does not take.
+fn header_spans(
+    lines: &[httparse::Header<'_>],
+    base: usize,
+    keep_alive: bool,
+    spans: &mut Vec<Span>,
+) -> Option<RequestLines> {
+    spans.clear();
+    let mut said = RequestLines {
+        body_len: None,
+        keep_alive,
+        for_hyper: false,
+        two_framings: false,
+    };
+    let mut close = false;
+    // Lines that send the request to hyper's server, once every line is read:
+    // `Transfer-Encoding` is looked at with `Content-Length` first.
+    let (mut chunked, mut lengths) = (false, 0);
+    for line in lines {
+        let name = request_name(line.name.as_bytes())?;
+        if name == header::CONTENT_LENGTH {
+            lengths += 1;
+            match (said.body_len, request_length(line.value)) {
+                (None, Some(len)) => said.body_len = Some(len),
+                // Two lengths, or one that is not a number: hyper's to judge.
+                _ => said.for_hyper = true,
+            }
+        } else if name == header::CONNECTION {
+            if close || has_token(line.value, b"close") {
+                close = true;
+                said.keep_alive = false;
+            } else if !said.keep_alive {
+                said.keep_alive = has_token(line.value, b"keep-alive");
+            }
+        } else if name == header::TRANSFER_ENCODING {
+            (chunked, said.for_hyper) = (true, true);
+        } else if name == header::EXPECT || name == header::UPGRADE {
+            said.for_hyper = true;
+        }
+        // The head is at most a few tens of KiB: offsets fit.
+        let value_at = line.value.as_ptr() as usize - base;
+        spans.push((name, value_at as u32, line.value.len() as u32));
+    }
+    said.two_framings = chunked && lengths > 0;
+    Some(said)
+}
+
+/// The request of the head `raw`, its target and header values slices of it (no
+/// copy), into `cached`'s map; `None` for a target or a value `http` refuses.
+fn request_from(
+    raw: &Bytes,
+    path_at: (usize, usize),
+    spans: &mut Vec<Span>,
+    cached: &mut Option<HeaderMap>,
+) -> Option<Request<()>> {
+    let uri = http::Uri::from_maybe_shared(raw.slice(path_at.0..path_at.0 + path_at.1)).ok()?;
     let mut headers = cached.take().unwrap_or_default();
     headers.reserve(spans.len());
     for (name, value_at, value_len) in spans.drain(..) {
         let value_at = value_at as usize;
         let value = raw.slice(value_at..value_at + value_len as usize);
-        let Ok(value) = HeaderValue::from_maybe_shared(value) else {
-            return Parsed::ForHyperFrom(raw);
-        };
+        let value = HeaderValue::from_maybe_shared(value).ok()?;
         headers.append(name, value);
     }
     let mut request = Request::new(());
-    *request.method_mut() = method;
     *request.uri_mut() = uri;
-    *request.version_mut() = version;
     *request.headers_mut() = headers;
-    Parsed::Head(Head {
-        request,
-        body_len: body_len.unwrap_or(0),
-        keep_alive,
-    })
+    Some(request)
 }
 
 /// The answer this side gives itself to a head hyper's server would answer less
@@ -1346,6 +1351,9 @@ fn can_have_length(status: StatusCode) -> bool {
 
 /// Writes the answer's head into `head` as hyper's server would, and returns its
 /// body's framing. `keep_alive` turns false when the connection must close after.
+/// The steps are hyper's (`role.rs`): the status line, the answer's own lines with
+/// the framing they say, the framing decided where they said none, then the lines
+/// the server adds (`Connection`, `Date`).
 fn write_head(
     head: &mut Vec<u8>,
     parts: &http::response::Parts,
@@ -1365,139 +1373,19 @@ fn write_head(
         length = BodyLength::None;
         *keep_alive = false;
     }
-    let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
     let version = match (request_version, parts.version) {
         (Version::HTTP_10, _) | (_, Version::HTTP_10) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    // An HTTP/1.0 client that asked to keep its connection keeps it, told so by a
-    // `Connection: keep-alive` the answer is given if it lacks one; unless the
-    // answer is itself HTTP/1.0 and does not say keep-alive (hyper's rule).
-    let mut says_keep_alive = false;
-    if request_version == Version::HTTP_10 && *keep_alive {
-        let answer_says = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|value| has_token(value.as_bytes(), b"keep-alive"));
-        if !answer_says && parts.version == Version::HTTP_10 {
-            *keep_alive = false;
-        }
-        says_keep_alive = !answer_says;
-    }
+    let says_keep_alive = keep_alive_of_1_0(headers, parts.version, request_version, keep_alive);
     head.reserve(64 + headers.len() * 48);
-    if version == Version::HTTP_11 && status == StatusCode::OK && reason.is_none() {
-        head.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
-    } else {
-        head.extend_from_slice(if version == Version::HTTP_10 {
-            b"HTTP/1.0 "
-        } else {
-            b"HTTP/1.1 "
-        });
-        head.extend_from_slice(status.as_str().as_bytes());
-        head.push(b' ');
-        match reason {
-            Some(reason) => head.extend_from_slice(reason.as_bytes()),
-            None => {
-                head.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes())
-            }
-        }
-        head.extend_from_slice(b"\r\n");
-    }
+    let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
+    status_line(head, version, status, reason);
     let chunkable = version == Version::HTTP_11 && can_have_body(method, status);
-    let mut framing = None;
-    let mut wrote_date = false;
-    let mut says_close = false;
-    for (name, value) in headers {
-        if *name == header::CONTENT_LENGTH {
-            match length {
-                BodyLength::Known(known) => {
-                    if framing.is_none() {
-                        framing = Some(Framing::Length(known));
-                        line(head, name, value);
-                    }
-                }
-                BodyLength::Unknown => {
-                    let Some(len) = parse_length(value.as_bytes()) else {
-                        tracing::warn!("answer with an invalid Content-Length: {value:?}");
-                        return Err(Cut);
-                    };
-                    match framing {
-                        None => {
-                            framing = Some(Framing::Length(len));
-                            line(head, name, value);
-                        }
-                        Some(Framing::Length(seen)) if seen == len => {}
-                        Some(_) => {
-                            tracing::warn!("answer with two framings");
-                            return Err(Cut);
-                        }
-                    }
-                }
-                // No body to send: the length stands only for a HEAD's.
-                BodyLength::None => {
-                    if *method == Method::HEAD && framing.is_none() {
-                        framing = Some(Framing::Length(0));
-                        line(head, name, value);
-                    }
-                }
-            }
-            continue;
-        }
-        if *name == header::TRANSFER_ENCODING {
-            if !chunkable {
-                continue;
-            }
-            if matches!(framing, Some(Framing::Length(_))) {
-                tracing::warn!("answer with two framings");
-                return Err(Cut);
-            }
-            framing = Some(Framing::Chunked);
-            head.extend_from_slice(b"transfer-encoding: ");
-            head.extend_from_slice(value.as_bytes());
-            if !ends_chunked(value.as_bytes()) {
-                head.extend_from_slice(b", chunked");
-            }
-            head.extend_from_slice(b"\r\n");
-            continue;
-        }
-        if *name == header::CONNECTION {
-            if has_token(value.as_bytes(), b"close") {
-                says_close = true;
-                *keep_alive = false;
-            }
-        } else if *name == header::DATE {
-            wrote_date = true;
-        } else if *name == header::TRAILER && !chunkable {
-            continue;
-        }
-        line(head, name, value);
-    }
-    let framing = match framing {
+    let said = header_lines(head, headers, method, length, chunkable, keep_alive)?;
+    let framing = match said.framing {
         Some(framing) => framing,
-        None => match length {
-            BodyLength::Unknown if chunkable => {
-                head.extend_from_slice(b"transfer-encoding: chunked\r\n");
-                Framing::Chunked
-            }
-            BodyLength::Unknown if can_have_body(method, status) => Framing::UntilClose,
-            BodyLength::Unknown => Framing::Length(0),
-            BodyLength::None | BodyLength::Known(0) => {
-                if can_have_length(status) && *method != Method::HEAD {
-                    head.extend_from_slice(b"content-length: 0\r\n");
-                }
-                Framing::Length(0)
-            }
-            BodyLength::Known(len) => {
-                if can_have_length(status) {
-                    head.extend_from_slice(b"content-length: ");
-                    head.extend_from_slice(itoa(len, &mut [0; 20]));
-                    head.extend_from_slice(b"\r\n");
-                    Framing::Length(len)
-                } else {
-                    Framing::Length(0)
-                }
-            }
-        },
+        None => framing_lines(head, method, status, length, chunkable),
     };
     let framing = if can_have_body(method, status) {
         framing
@@ -1507,18 +1395,217 @@ fn write_head(
     if framing == Framing::UntilClose {
         *keep_alive = false;
     }
-    if !*keep_alive && !says_close && request_version == Version::HTTP_11 {
+    if !*keep_alive && !said.close && request_version == Version::HTTP_11 {
         head.extend_from_slice(b"connection: close\r\n");
     } else if *keep_alive && says_keep_alive {
         head.extend_from_slice(b"connection: keep-alive\r\n");
     }
-    if !wrote_date {
+    if !said.date {
         head.extend_from_slice(b"date: ");
         date::extend(head);
         head.extend_from_slice(b"\r\n");
     }
     head.extend_from_slice(b"\r\n");
     Ok(framing)
+}
+
+/// An HTTP/1.0 client that asked to keep its connection keeps it, told so by a
+/// `Connection: keep-alive` the answer is given if it lacks one; unless the answer
+/// is itself HTTP/1.0 and does not say keep-alive (hyper's rule). Returns whether
+/// that line must be added.
+fn keep_alive_of_1_0(
+    headers: &HeaderMap,
+    answer_version: Version,
+    request_version: Version,
+    keep_alive: &mut bool,
+) -> bool {
+    if request_version != Version::HTTP_10 || !*keep_alive {
+        return false;
+    }
+    let answer_says = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .any(|value| has_token(value.as_bytes(), b"keep-alive"));
+    if !answer_says && answer_version == Version::HTTP_10 {
+        *keep_alive = false;
+    }
+    !answer_says
+}
+
+/// The status line, with the service's own reason phrase when it set one.
+fn status_line(
+    head: &mut Vec<u8>,
+    version: Version,
+    status: StatusCode,
+    reason: Option<&hyper::ext::ReasonPhrase>,
+) {
+    if version == Version::HTTP_11 && status == StatusCode::OK && reason.is_none() {
+        head.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+        return;
+    }
+    head.extend_from_slice(if version == Version::HTTP_10 {
+        b"HTTP/1.0 "
+    } else {
+        b"HTTP/1.1 "
+    });
+    head.extend_from_slice(status.as_str().as_bytes());
+    head.push(b' ');
+    match reason {
+        Some(reason) => head.extend_from_slice(reason.as_bytes()),
+        None => head.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes()),
+    }
+    head.extend_from_slice(b"\r\n");
+}
+
+/// What an answer's own header lines said, as [`write_head`] needs it.
+struct AnswerLines {
+    /// The framing its `Content-Length` or `Transfer-Encoding` gave.
+    framing: Option<Framing>,
+    /// It carries a `Date`.
+    date: bool,
+    /// Its `Connection` says `close`.
+    close: bool,
+}
+
+/// Writes the answer's own lines as hyper's server passes them on, and what they
+/// said of the framing: two framings, or a `Content-Length` that is not a number,
+/// cut the answer.
+fn header_lines(
+    head: &mut Vec<u8>,
+    headers: &HeaderMap,
+    method: &Method,
+    length: BodyLength,
+    chunkable: bool,
+    keep_alive: &mut bool,
+) -> Result<AnswerLines, Cut> {
+    let mut said = AnswerLines {
+        framing: None,
+        date: false,
+        close: false,
+    };
+    for (name, value) in headers {
+        if *name == header::CONTENT_LENGTH {
+            content_length_line(head, value, method, length, &mut said.framing)?;
+            continue;
+        }
+        if *name == header::TRANSFER_ENCODING {
+            if chunkable {
+                transfer_encoding_line(head, value, &mut said.framing)?;
+            }
+            continue;
+        }
+        if *name == header::CONNECTION {
+            if has_token(value.as_bytes(), b"close") {
+                said.close = true;
+                *keep_alive = false;
+            }
+        } else if *name == header::DATE {
+            said.date = true;
+        } else if *name == header::TRAILER && !chunkable {
+            continue;
+        }
+        line(head, name, value);
+    }
+    Ok(said)
+}
+
+/// One `Content-Length` line of the answer: written if it is the framing, checked
+/// against the one before it.
+fn content_length_line(
+    head: &mut Vec<u8>,
+    value: &HeaderValue,
+    method: &Method,
+    length: BodyLength,
+    framing: &mut Option<Framing>,
+) -> Result<(), Cut> {
+    match length {
+        BodyLength::Known(known) => {
+            if framing.is_none() {
+                *framing = Some(Framing::Length(known));
+                line(head, &header::CONTENT_LENGTH, value);
+            }
+        }
+        BodyLength::Unknown => {
+            let Some(len) = parse_length(value.as_bytes()) else {
+                tracing::warn!("answer with an invalid Content-Length: {value:?}");
+                return Err(Cut);
+            };
+            match *framing {
+                None => {
+                    *framing = Some(Framing::Length(len));
+                    line(head, &header::CONTENT_LENGTH, value);
+                }
+                Some(Framing::Length(seen)) if seen == len => {}
+                Some(_) => {
+                    tracing::warn!("answer with two framings");
+                    return Err(Cut);
+                }
+            }
+        }
+        // No body to send: the length stands only for a HEAD's.
+        BodyLength::None => {
+            if *method == Method::HEAD && framing.is_none() {
+                *framing = Some(Framing::Length(0));
+                line(head, &header::CONTENT_LENGTH, value);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The answer's `Transfer-Encoding`, written with `chunked` last.
+fn transfer_encoding_line(
+    head: &mut Vec<u8>,
+    value: &HeaderValue,
+    framing: &mut Option<Framing>,
+) -> Result<(), Cut> {
+    if matches!(framing, Some(Framing::Length(_))) {
+        tracing::warn!("answer with two framings");
+        return Err(Cut);
+    }
+    *framing = Some(Framing::Chunked);
+    head.extend_from_slice(b"transfer-encoding: ");
+    head.extend_from_slice(value.as_bytes());
+    if !ends_chunked(value.as_bytes()) {
+        head.extend_from_slice(b", chunked");
+    }
+    head.extend_from_slice(b"\r\n");
+    Ok(())
+}
+
+/// The framing of an answer whose own lines said none, from what the body knows
+/// of its length, with the line that says it.
+fn framing_lines(
+    head: &mut Vec<u8>,
+    method: &Method,
+    status: StatusCode,
+    length: BodyLength,
+    chunkable: bool,
+) -> Framing {
+    match length {
+        BodyLength::Unknown if chunkable => {
+            head.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            Framing::Chunked
+        }
+        BodyLength::Unknown if can_have_body(method, status) => Framing::UntilClose,
+        BodyLength::Unknown => Framing::Length(0),
+        BodyLength::None | BodyLength::Known(0) => {
+            if can_have_length(status) && *method != Method::HEAD {
+                head.extend_from_slice(b"content-length: 0\r\n");
+            }
+            Framing::Length(0)
+        }
+        BodyLength::Known(len) => {
+            if can_have_length(status) {
+                head.extend_from_slice(b"content-length: ");
+                head.extend_from_slice(itoa(len, &mut [0; 20]));
+                head.extend_from_slice(b"\r\n");
+                Framing::Length(len)
+            } else {
+                Framing::Length(0)
+            }
+        }
+    }
 }
 
 /// The `Date` every answer carries, formatted once a second per thread.
@@ -1551,7 +1638,7 @@ mod date {
 }
 
 #[doc(hidden)]
-pub mod fuzzing;
+pub(crate) mod fuzzing;
 mod halves;
 #[cfg(test)]
 mod tests;

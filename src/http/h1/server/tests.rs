@@ -4,12 +4,13 @@
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Either, Full, StreamBody};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
-use crate::http::splice::patterned as file;
-use crate::http::stall::WriteStall;
+use crate::http::body::splice::patterned as file;
+use crate::http::body::stall::WriteStall;
+use crate::http::h1::handover::FromHyper;
 
 /// What a test waits for at most before it calls the gateway stuck.
 const PATIENCE: Duration = Duration::from_secs(5);
@@ -330,7 +331,7 @@ async fn a_chunked_answer_is_written_whole_whatever_each_write_takes() {
     // Past PROVEN bytes a socket gets three chunks (nine parts) to a write; a write
     // that stops inside the first chunk's CRLF leaves seven, and a last piece then
     // needs four places: its three and the last chunk after it.
-    let pieces = crate::http::stall::PROVEN / 12 + 10;
+    let pieces = crate::http::body::stall::PROVEN / 12 + 10;
     for per_write in 1..40 {
         for pieces in pieces..pieces + 3 {
             let written = Arc::new(Mutex::new(Vec::new()));
@@ -470,7 +471,7 @@ fn the_names_browsers_spell_read_without_the_general_parse_are_the_names_it_give
     assert_eq!(known_request_name(b"X-Node"), None);
 }
 
-/// A node's answer body read from a real socket, as [`crate::http::pool::NodeBody`]
+/// A node's answer body read from a real socket, as [`crate::http::upstream::pool::NodeBody`]
 /// reads one: in frames, or into a pipe when asked, noting the largest fill asked
 /// for each time and how many bytes went by splice.
 struct FromNode {

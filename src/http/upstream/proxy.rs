@@ -2,7 +2,7 @@
 //! client, streaming bodies both ways, and mapping upstream failures to statuses.
 //!
 //! Bodies are never collected: the client's body is handed to the node connection
-//! ([`crate::http::client`]) as the upstream request body and the upstream's body is
+//! ([`crate::http::h1::client`]) as the upstream request body and the upstream's body is
 //! handed back as the response body, so a
 //! 1 GiB SCORM package or upload moves through a few 16 KiB buffers at a time and
 //! back-pressure flows from the slow side to the fast one.
@@ -18,16 +18,16 @@ use http::uri::{Authority, Uri};
 use http::{Method, Request, Response};
 
 use crate::error::GatewayError;
+use crate::http::body::spool::Spool;
 use crate::http::body::{
     is_body_idle, wraps, BodyTooLarge, ClientBodyError, IdleLimited, UploadTooLong, UploadTooSlow,
 };
-use crate::http::client::ClientError;
-use crate::http::fault::ConnectFault;
-use crate::http::offload;
-use crate::http::pool::{ConnectError, Conns, NodeBody, Pool, Reuse, SendError};
-use crate::http::spool::Spool;
-use crate::http::upload::{RequestBody, Upload};
-use crate::http::wire::names_lines;
+use crate::http::h1::client::ClientError;
+use crate::http::h1::wire::names_lines;
+use crate::http::upstream::fault::ConnectFault;
+use crate::http::upstream::offload;
+use crate::http::upstream::pool::{ConnectError, Conns, NodeBody, Pool, Reuse, SendError};
+use crate::http::upstream::upload::Upload;
 
 /// How long the parts of one exchange may take, and how large the upload may be.
 #[derive(Debug, Clone, Copy)]
@@ -111,7 +111,7 @@ pub struct Peer<'a> {
 
 impl Peer<'_> {
     /// Which kept node connections the request may take: a student's first
-    /// request only a quiet one (see [`crate::http::pool`]).
+    /// request only a quiet one (see [`crate::http::upstream::pool`]).
     pub fn reuse(&self) -> Reuse {
         if self.first {
             Reuse::Quiet
@@ -152,7 +152,7 @@ pub struct Failed {
     pub error: GatewayError,
     /// The request as it was handed to [`forward`], its body perhaps read into
     /// memory, none of it sent to any node: as the student sent it, or, once it was
-    /// sent and came back to be replayed ([`Hygiene::Done`]), as it was sent. With
+    /// sent and came back to be replayed ([`HopByHop::Done`]), as it was sent. With
     /// `replay`, the request as it was sent.
     pub unsent: Option<Request<Upload>>,
     /// The node refused (or reset) the connection: nothing listens there right now,
@@ -177,13 +177,14 @@ impl From<GatewayError> for Failed {
     }
 }
 
-/// Whether a request still needs its header hygiene ([`prepare`]) on its way to
-/// a node. A request that went once and comes back to be replayed has had it: a
+/// Whether a request still needs the proxy's hop-by-hop work ([`prepare`]: its
+/// hop-by-hop headers stripped, this hop added to `X-Forwarded-*`) on its way to a
+/// node. A request that went once and comes back to be replayed has had it: a
 /// second pass would add the gateway's hop to a trusted proxy's
 /// `X-Forwarded-For` twice. (Its `Host`, if an HTTP/1.0 student sent none, stays
 /// the first node's.)
 #[derive(Debug, Clone, Copy)]
-pub enum Hygiene<'a> {
+pub enum HopByHop<'a> {
     /// The request is as the student sent it; this is who sent it.
     Due(Peer<'a>),
     /// The request was prepared for a node before.
@@ -225,7 +226,7 @@ fn connect_failed(upstream: &str, error: &ConnectError) -> ConnectFault {
 /// one node, another node must not see the same POST.
 ///
 /// A small body is read whole before any node is contacted (see
-/// [`crate::http::upload`]): a slow student then never holds a PHP worker. A
+/// [`crate::http::upstream::upload`]): a slow student then never holds a PHP worker. A
 /// caller that spools reads the body with [`read_ahead`] first.
 ///
 /// Not an `async fn`: one keeps each argument twice (as it came and as a local),
@@ -236,10 +237,10 @@ pub fn forward<'a>(
     pool: &'a Pool,
     target: Target<'a>,
     mut request: Request<Upload>,
-    hygiene: Hygiene<'a>,
+    hop_by_hop: HopByHop<'a>,
     bounds: Bounds,
     reuse: Reuse,
-) -> impl Future<Output = Result<Response<IdleLimited>, Failed>> + 'a {
+) -> impl Future<Output = Result<Response<IdleLimited<NodeBody>>, Failed>> + 'a {
     async move {
         let Target {
             name,
@@ -252,28 +253,20 @@ pub fn forward<'a>(
         // take it as is.
         let first = match pool.lease(authority, conns, reuse).await {
             Ok(lease) => lease,
-            Err(error) => {
-                let fault = connect_failed(name, &error);
-                return Err(Failed {
-                    error: fault.error(),
-                    unsent: Some(request),
-                    refused: fault == ConnectFault::Refused,
-                    replay: false,
-                });
-            }
+            Err(error) => return Err(not_connected(name, &error, request)),
         };
         // A GET or HEAD without a body may go again if its node closes without a
         // byte of answer (see `Failed`); anything else may have changed something on
         // the node and must never run twice.
         let replayable =
             matches!(*request.method(), Method::GET | Method::HEAD) && request.body().is_empty();
-        if let Hygiene::Due(peer) = hygiene {
+        if let HopByHop::Due(peer) = hop_by_hop {
             prepare(authority, &mut request, peer);
         }
         if let Some(len) = request.body().whole_len() {
             sized(request.headers_mut(), len);
         }
-        let mut request = request.map(|upload| RequestBody::new(upload, bounds.max_body_bytes));
+        let mut request = request.map(|upload| upload.into_request_body(bounds.max_body_bytes));
         // The node has `response_headers` for its answer's head once it has the whole
         // request (the connection keeps the time: an upload slower than that is timed
         // by its own rules, not this one).
@@ -301,24 +294,44 @@ pub fn forward<'a>(
                 Err(failed) => break failed,
             }
         };
-        // Sent, and the node closed without a byte of answer: a GET or HEAD goes back
-        // to the caller to be sent again, as it was sent (see `Failed`); anything
-        // else is answered as it failed (a 502, a 504 past `response_headers`, the
-        // student's own upload fault).
-        let seen = classify_error(name, &error);
-        match sent_head.filter(|_| replayable && error.closed_without_answer()) {
-            Some(head) => {
-                tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
-                let unsent = Some(Request::from_parts(head, Upload::empty()));
-                Err(Failed {
-                    error: seen,
-                    unsent,
-                    refused: false,
-                    replay: true,
-                })
+        Err(failed_after_sending(name, &error, sent_head, replayable))
+    }
+}
+
+/// A request whose node could not be connected to: handed back as it came, for
+/// another node.
+fn not_connected(name: &str, error: &ConnectError, request: Request<Upload>) -> Failed {
+    let fault = connect_failed(name, error);
+    Failed {
+        error: fault.error(),
+        unsent: Some(request),
+        refused: fault == ConnectFault::Refused,
+        replay: false,
+    }
+}
+
+/// Sent, and it failed. If the node closed without a byte of answer, a GET or HEAD
+/// goes back to the caller to be sent again, as it was sent (see `Failed`);
+/// anything else is answered as it failed (a 502, a 504 past `response_headers`,
+/// the student's own upload fault).
+fn failed_after_sending(
+    name: &str,
+    error: &ClientError,
+    sent_head: Option<http::request::Parts>,
+    replayable: bool,
+) -> Failed {
+    let seen = classify_error(name, error);
+    match sent_head.filter(|_| replayable && error.closed_without_answer()) {
+        Some(head) => {
+            tracing::info!(upstream = %name, "closed without answering: the GET or HEAD may go again");
+            Failed {
+                error: seen,
+                unsent: Some(Request::from_parts(head, Upload::empty())),
+                refused: false,
+                replay: true,
             }
-            None => Err(seen.into()),
         }
+        None => seen.into(),
     }
 }
 
@@ -328,7 +341,7 @@ fn answered(
     name: &str,
     mut response: Response<NodeBody>,
     body_idle: Duration,
-) -> Result<Response<IdleLimited>, GatewayError> {
+) -> Result<Response<IdleLimited<NodeBody>>, GatewayError> {
     // The request went without `Upgrade` (only WebSocket goes through the tunnel, on
     // a connection of its own), so a `101` here is a node switching a pooled
     // connection on its own: never passed on.
@@ -509,46 +522,74 @@ const CLIENT_IP: HeaderName = HeaderName::from_static("client-ip");
 /// `Forwarded`, dropped), and `Client-IP` is always dropped because Moodle's
 /// `getremoteaddr()` would believe it.
 fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>, upstream: &Authority) {
-    // One pass over the lines instead of a hashed lookup for each header that is
-    // usually absent.
-    let (mut client_ip, mut underscored, mut accel) = (false, false, false);
-    let (mut forwarded, mut hop_by_hop, mut cookies, mut host) = (false, false, 0, false);
-    let (mut has_for, mut has_proto, mut has_host) = (false, false, false);
-    for (name, _) in headers.iter() {
-        match *name {
-            header::COOKIE => cookies += 1,
-            header::HOST => host = true,
-            header::FORWARDED => forwarded = true,
-            _ => {
-                let spelt = name.as_str();
-                hop_by_hop |= HOP_BY_HOP.contains(name) || is_hop_by_hop_spelt(spelt);
-                // A byte loop: names are short, and `memchr`'s set-up costs more.
-                underscored |= spelt.bytes().any(|b| b == b'_');
-                if spelt.starts_with("x-") {
-                    accel |= offload::is_accel(name);
-                    has_for |= name == X_FORWARDED_FOR;
-                    has_proto |= name == X_FORWARDED_PROTO;
-                    has_host |= name == X_FORWARDED_HOST;
-                } else {
-                    client_ip |= name == CLIENT_IP;
+    let mut found = Found::in_lines(headers);
+    if !found.host {
+        if let Ok(value) = HeaderValue::from_str(upstream.as_str()) {
+            headers.insert(header::HOST, value);
+            found.host = true;
+        }
+    }
+    drop_unsafe_lines(headers, &mut found, peer);
+    forwarding_lines(headers, &found, peer);
+}
+
+/// What one pass over a request's lines found, so that each rule after it looks
+/// up only a header that is there (a hashed lookup for each header that is
+/// usually absent costs more).
+#[derive(Default)]
+struct Found {
+    client_ip: bool,
+    underscored: bool,
+    accel: bool,
+    forwarded: bool,
+    hop_by_hop: bool,
+    cookies: usize,
+    host: bool,
+    has_for: bool,
+    has_proto: bool,
+    has_host: bool,
+}
+
+impl Found {
+    fn in_lines(headers: &HeaderMap) -> Self {
+        let mut found = Self::default();
+        for (name, _) in headers.iter() {
+            match *name {
+                header::COOKIE => found.cookies += 1,
+                header::HOST => found.host = true,
+                header::FORWARDED => found.forwarded = true,
+                _ => {
+                    let spelt = name.as_str();
+                    found.hop_by_hop |= HOP_BY_HOP.contains(name) || is_hop_by_hop_spelt(spelt);
+                    // A byte loop: names are short, and `memchr`'s set-up costs more.
+                    found.underscored |= spelt.bytes().any(|b| b == b'_');
+                    if spelt.starts_with("x-") {
+                        found.accel |= offload::is_accel(name);
+                        found.has_for |= name == X_FORWARDED_FOR;
+                        found.has_proto |= name == X_FORWARDED_PROTO;
+                        found.has_host |= name == X_FORWARDED_HOST;
+                    } else {
+                        found.client_ip |= name == CLIENT_IP;
+                    }
                 }
             }
         }
+        found
     }
-    if !host {
-        if let Ok(value) = HeaderValue::from_str(upstream.as_str()) {
-            headers.insert(header::HOST, value);
-            host = true;
-        }
-    }
-    if hop_by_hop {
+}
+
+/// Drops the lines that must not reach a node: hop-by-hop ones, `Client-IP`, an
+/// untrusted `Forwarded`, a student's `X-Accel-*`, names with `_`; and joins the
+/// `Cookie` lines into one, as PHP reads only one.
+fn drop_unsafe_lines(headers: &mut HeaderMap, found: &mut Found, peer: Peer<'_>) {
+    if found.hop_by_hop {
         strip_listed_hop_by_hop(headers);
         // `Connection` may have listed a trusted proxy's own forwarding lines: gone
         // now, so the gateway's go instead.
-        has_proto &= headers.contains_key(&X_FORWARDED_PROTO);
-        has_host &= headers.contains_key(&X_FORWARDED_HOST);
+        found.has_proto &= headers.contains_key(&X_FORWARDED_PROTO);
+        found.has_host &= headers.contains_key(&X_FORWARDED_HOST);
     }
-    if client_ip {
+    if found.client_ip {
         headers.remove(CLIENT_IP);
     }
     // Only a node may ask the gateway to fetch a file; a student's own X-Accel-*
@@ -556,19 +597,24 @@ fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>, upstream: &A
     // RFC 7239's `Forwarded` says the same as `X-Forwarded-*` (`for=`, `proto=`,
     // `host=`), and a framework behind Moodle may read it: only a trusted proxy's
     // passes. The gateway's own hop travels in `X-Forwarded-For`.
-    if forwarded && !peer.trusted {
+    if found.forwarded && !peer.trusted {
         headers.remove(header::FORWARDED);
     }
-    if accel {
+    if found.accel {
         offload::remove_accel(headers);
     }
-    if underscored {
+    if found.underscored {
         drop_underscored(headers);
     }
-    if cookies > 1 {
+    if found.cookies > 1 {
         join_cookie_lines(headers);
     }
-    let chain = (peer.trusted && has_for)
+}
+
+/// This hop in `X-Forwarded-For`, `-Proto` and `-Host`: appended to a trusted
+/// proxy's chain, in place of anything else a client sent.
+fn forwarding_lines(headers: &mut HeaderMap, found: &Found, peer: Peer<'_>) {
+    let chain = (peer.trusted && found.has_for)
         .then(|| headers.get(&X_FORWARDED_FOR))
         .flatten()
         .and_then(|chain| {
@@ -578,15 +624,15 @@ fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>, upstream: &A
             HeaderValue::from_bytes(&joined).ok()
         });
     // Every earlier line goes, so a client cannot smuggle a second one.
-    if has_for {
+    if found.has_for {
         headers.remove(X_FORWARDED_FOR);
     }
-    let keep_proto = !peer.tls && peer.trusted && has_proto;
-    if has_proto && !keep_proto {
+    let keep_proto = !peer.tls && peer.trusted && found.has_proto;
+    if found.has_proto && !keep_proto {
         headers.remove(X_FORWARDED_PROTO);
     }
-    let keep_host = peer.trusted && has_host;
-    if has_host && !keep_host {
+    let keep_host = peer.trusted && found.has_host;
+    if found.has_host && !keep_host {
         headers.remove(X_FORWARDED_HOST);
     }
     let for_ = chain.unwrap_or_else(|| peer.forwarded_for.clone());
@@ -599,7 +645,7 @@ fn prepare_request_headers(headers: &mut HeaderMap, peer: Peer<'_>, upstream: &A
     if let Some(proto) = proto {
         headers.append(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
-    if host && !keep_host {
+    if found.host && !keep_host {
         if let Some(host) = headers.get(header::HOST).cloned() {
             headers.append(X_FORWARDED_HOST, host);
         }
@@ -727,7 +773,7 @@ mod tests {
         client.peer(trusted)
     }
 
-    /// The hygiene, as the node reads the map.
+    /// The hop_by_hop, as the node reads the map.
     fn prepared(map: &mut HeaderMap, trusted: bool) {
         let upstream = Authority::from_static("10.0.0.11:80");
         prepare_request_headers(map, peer(trusted), &upstream);

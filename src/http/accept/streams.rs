@@ -6,7 +6,7 @@
 //! deadline), but an HTTP/2 connection with no stream open stays for as long as the
 //! client likes, so a few hundred idle ones hold every place under `max_connections`. And a stream's
 //! send waits for window without polling its body, so neither the body's idle limit
-//! ([`crate::http::body::IdleLimited`]) nor the socket's ([`crate::http::stall`])
+//! ([`crate::http::body::IdleLimited`]) nor the socket's ([`crate::http::body::stall`])
 //! sees a client that reads the connection but never opens the stream's window:
 //! the node's connection, and a PHP worker, would wait with it.
 

@@ -39,18 +39,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::clock::Deadline;
-use crate::http::body::BoxError;
-use crate::http::splice::Pipe;
-use crate::http::stall::WriteStall;
-use crate::http::upload::RequestBody;
-use crate::http::wire::{
+use crate::http::body::splice::Pipe;
+use crate::http::body::stall::WriteStall;
+use crate::http::body::{BoxError, RequestBody, NODE_BUFFER};
+use crate::http::h1::wire::{
     chunk_line, closed, ends_chunked, itoa, known_names, line, name_is, parse_length, Outgoing,
 };
-
-/// The node connection's read buffer, so also the largest response head a node may
-/// send (twice nginx's and Apache's default) and the largest chunk of a body held
-/// for a student who reads slowly.
-pub const NODE_BUFFER: usize = 16 * 1024;
 
 // A head fits in it, so the offsets of its lines fit in `u16` (see `parse_head`).
 const _: () = assert!(NODE_BUFFER <= u16::MAX as usize);
@@ -678,12 +672,7 @@ impl Connection {
             } else {
                 Version::HTTP_11
             };
-            // A reason phrase of the node's own travels on as hyper's server
-            // writes one (a canonical one costs nothing here).
-            let reason = parsed
-                .reason
-                .filter(|reason| Some(*reason) != status.canonical_reason())
-                .and_then(|reason| hyper::ext::ReasonPhrase::try_from(reason.as_bytes()).ok());
+            let reason = reason_phrase(parsed.reason, status);
             // Where each line sits, so that the values can be cut from the
             // buffer once the parser lets go of it. The head is at most
             // NODE_BUFFER long (checked above): offsets fit.
@@ -691,7 +680,7 @@ impl Connection {
             let base = self.buf.as_ptr() as usize;
             let offset = |part: &[u8]| (part.as_ptr() as usize - base) as u16;
             let mut answer = AnswerHead::new(version);
-            let mut spans = [(0u16, 0u16, 0u16, 0u16); MAX_HEADERS];
+            let mut spans: [LineSpan; MAX_HEADERS] = [(0, 0, 0, 0); MAX_HEADERS];
             let mut count = 0;
             for line in parsed.headers.iter() {
                 let name = line.name.as_bytes();
@@ -708,27 +697,8 @@ impl Connection {
                 }
             }
             let raw = self.buf.split_to(len).freeze();
-            let mut headers = self
-                .request_head
-                .take()
-                .map(|parts| parts.headers)
-                .unwrap_or_default();
-            headers.clear();
-            headers.reserve(count);
-            for &(name_at, name_len, value_at, value_len) in &spans[..count] {
-                let (name_at, name_len) = (usize::from(name_at), usize::from(name_len));
-                let (value_at, value_len) = (usize::from(value_at), usize::from(value_len));
-                let name = &raw[name_at..name_at + name_len];
-                let name = match known_name(name) {
-                    Some(name) => name,
-                    None => HeaderName::from_bytes(name)
-                        .map_err(|_| ClientError::Malformed("invalid header name"))?,
-                };
-                let value = raw.slice(value_at..value_at + value_len);
-                let value = HeaderValue::from_maybe_shared(value)
-                    .map_err(|_| ClientError::Malformed("invalid header value"))?;
-                headers.append(name, value);
-            }
+            let headers = self.request_head.take().map(|parts| parts.headers);
+            let mut headers = header_map(&raw, &spans[..count], headers.unwrap_or_default())?;
             let decoder = answer.decoder(status, self.head_request, &mut headers)?;
             self.keep_alive &= answer.keep_alive();
             self.reading = match decoder {
@@ -843,6 +813,45 @@ impl Connection {
             None => Ok(None),
         }
     }
+}
+
+/// Where a line of an answer's head sits in the buffer: its name's offset and
+/// length, its value's. The head is at most [`NODE_BUFFER`] long: offsets fit.
+type LineSpan = (u16, u16, u16, u16);
+
+/// The answer's header map, from the head `raw` and where its lines sit: names
+/// matched as nodes spell them, values slices of `raw` (no copy), in `headers`
+/// (the request's map, emptied: one map for both, hyper's trick).
+fn header_map(
+    raw: &Bytes,
+    spans: &[LineSpan],
+    mut headers: HeaderMap,
+) -> Result<HeaderMap, ClientError> {
+    headers.clear();
+    headers.reserve(spans.len());
+    for &(name_at, name_len, value_at, value_len) in spans {
+        let (name_at, name_len) = (usize::from(name_at), usize::from(name_len));
+        let (value_at, value_len) = (usize::from(value_at), usize::from(value_len));
+        let name = &raw[name_at..name_at + name_len];
+        let name = match known_name(name) {
+            Some(name) => name,
+            None => HeaderName::from_bytes(name)
+                .map_err(|_| ClientError::Malformed("invalid header name"))?,
+        };
+        let value = raw.slice(value_at..value_at + value_len);
+        let value = HeaderValue::from_maybe_shared(value)
+            .map_err(|_| ClientError::Malformed("invalid header value"))?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+/// A reason phrase of the node's own, to travel on as hyper's server writes one
+/// (a canonical one costs nothing here).
+fn reason_phrase(reason: Option<&str>, status: StatusCode) -> Option<hyper::ext::ReasonPhrase> {
+    reason
+        .filter(|reason| Some(*reason) != status.canonical_reason())
+        .and_then(|reason| hyper::ext::ReasonPhrase::try_from(reason.as_bytes()).ok())
 }
 
 known_names! {

@@ -1,10 +1,14 @@
 //! The bodies that stream through the gateway, the ways they fail, and the one
 //! thing the gateway must know about them while they move: when either side has
-//! paused for too long. (The upload's own rules are in [`crate::http::upload`].)
+//! paused for too long. (The upload's own rules are in [`crate::http::upstream::upload`].)
 //!
 //! Both wrappers hand hyper's frames on untouched (no copy, no boxing of the body);
 //! the idle timer is armed only while a body is actually waiting for data, so a
 //! small response that arrives in one piece never touches the timer wheel.
+
+pub(crate) mod splice;
+pub mod spool;
+pub mod stall;
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -12,13 +16,75 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use crate::http::splice::{Pipe, Splice};
+use crate::http::body::splice::{Pipe, Splice};
 
 /// A body error as hyper wants it.
 pub type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// A request's body on its way to a node, as the node side sends it: whatever the
+/// upstream side made of the student's body (read ahead, spooled, paced: see
+/// `upstream::upload`), so that the node side knows bodies and nothing of uploads.
+///
+/// One pointer wide, as it moves with the request through its futures: a request
+/// without a body (most of them) allocates nothing, one with a body one box.
+pub struct RequestBody(Option<Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send + Sync>>>);
+
+impl RequestBody {
+    /// No body at all.
+    pub fn empty() -> Self {
+        Self(None)
+    }
+
+    /// `body`, boxed.
+    pub fn new<B>(body: B) -> Self
+    where
+        B: Body<Data = Bytes, Error = BoxError> + Send + Sync + 'static,
+    {
+        Self(Some(Box::pin(body)))
+    }
+}
+
+impl std::fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestBody")
+            .field("empty", &self.0.is_none())
+            .finish()
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.0 {
+            Some(body) => body.as_mut().poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.as_ref().is_none_or(|body| body.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0
+            .as_ref()
+            .map_or(SizeHint::with_exact(0), |body| body.size_hint())
+    }
+}
+
+/// The node connection's read buffer, so also the largest response head a node may
+/// send (twice nginx's and Apache's default) and the largest chunk of a body held
+/// for a student who reads slowly.
+pub const NODE_BUFFER: usize = 16 * 1024;
 
 /// A body paused longer than `timeouts.body_idle`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +173,7 @@ pub fn wraps<T: StdError + 'static>(error: &(dyn StdError + 'static)) -> bool {
 /// pooling it, and cuts the student's connection rather than end a truncated body as
 /// if it were complete.
 #[derive(Debug)]
-pub struct IdleLimited<B = crate::http::pool::NodeBody> {
+pub struct IdleLimited<B> {
     inner: B,
     idle: Duration,
     /// Kept between waits and reset, so a long download allocates it once.

@@ -45,9 +45,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use tokio::sync::watch;
 
+use crate::http::body::splice::{Pipe, Splice};
 use crate::http::body::BoxError;
-use crate::http::splice::{Pipe, Splice};
-use crate::http::wire::names_lines;
+use crate::http::h1::wire::names_lines;
 
 mod coding;
 

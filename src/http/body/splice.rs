@@ -40,20 +40,20 @@ use crate::http::body::BoxError;
 
 /// The most one fill moves: a pipe's default capacity (16 pages of 4 KiB). A pipe
 /// made smaller (past `/proc/sys/fs/pipe-user-pages-soft`) only moves less a call.
-pub const PIPE_FILL: usize = 64 * 1024;
+pub(crate) const PIPE_FILL: usize = 64 * 1024;
 
 /// The most pipes open at once, process-wide, the kept ones included: a pipe is two
 /// file descriptors, and the open-file limit counts them ([`crate::open_files`]
 /// reserves `2 × MAX_PIPES`), so that, where the hard limit allows what the gateway
 /// asks for, no student is refused a connection for a pipe's sake. Past it, a large
 /// answer is copied as a small one is.
-pub const MAX_PIPES: usize = 1024;
+pub(crate) const MAX_PIPES: usize = 1024;
 
 /// Pipes open now.
 static OPEN: AtomicUsize = AtomicUsize::new(0);
 
 /// Empty pipes a thread keeps for its next large answers, at most.
-pub const KEEP: usize = 8;
+pub(crate) const KEEP: usize = 8;
 
 thread_local! {
     /// Empty pipes kept for this thread's next large answers: making a pipe and
@@ -189,7 +189,7 @@ fn poll_splice(
 /// does not (the defaults) simply goes as frames: nothing is lost by leaving a
 /// method out. The answer's head is never here: every header is in the
 /// response's `HeaderMap`.
-pub trait Splice {
+pub(crate) trait Splice {
     /// Whether the body's next bytes can come by [`Splice::poll_splice`] now.
     fn can_splice(&self) -> bool {
         false

@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use http::{Request, Response};
 
 use super::{parse, serve, Ended, Limits, Parsed, StudentBody};
-use crate::http::listener::Stopping;
+use crate::http::h1::stopping::Stopping;
 
 /// What the request head parser made of the bytes at the start of a connection.
 #[derive(Debug)]

@@ -11,7 +11,7 @@
 //!
 //! The same student costs the gateway memory while they do not read: whatever has
 //! been taken of the node's body and not yet written. The gateway's own HTTP/1.1
-//! side ([`crate::http::server`]) keeps the rule below by itself (one chunk at a
+//! side ([`crate::http::h1::server`]) keeps the rule below by itself (one chunk at a
 //! time until the socket has taken [`PROVEN`] bytes in a row, three after); on a
 //! connection handed to hyper's server, it is hyper that takes the node's body. hyper takes body chunks until
 //! its queue holds its buffer limit (`max_header_bytes` + 8 KiB), which is three of
@@ -38,7 +38,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use crate::http::splice::Pipe;
+use crate::http::body::splice::Pipe;
 
 /// `inner` with a limit on how long one write may stay blocked.
 #[derive(Debug)]
@@ -119,7 +119,7 @@ impl<S> WriteStall<S> {
 
 impl WriteStall<TcpStream> {
     /// Moves what `pipe` holds into the socket, under the same limit as a write
-    /// (see [`crate::http::splice`]).
+    /// (see [`crate::http::body::splice`]).
     pub(crate) fn poll_splice_from(
         &mut self,
         cx: &mut Context<'_>,
@@ -197,7 +197,7 @@ pub struct Backlog {
 }
 
 /// What a socket must take in a row to be let off pacing: four node chunks.
-pub const PROVEN: usize = 4 * crate::http::client::NODE_BUFFER;
+pub const PROVEN: usize = 4 * crate::http::body::NODE_BUFFER;
 
 impl Backlog {
     fn gave(&self, bytes: usize) {
@@ -347,7 +347,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A node connection's chunk, as a fast node's body comes.
-    const CHUNK: usize = crate::http::client::NODE_BUFFER;
+    const CHUNK: usize = crate::http::body::NODE_BUFFER;
 
     #[tokio::test(start_paused = true)]
     async fn a_write_the_reader_never_takes_fails_after_the_limit() {

@@ -1,5 +1,5 @@
 //! The accept loop of one listener: connection caps, TLS handshakes, HTTP/1.1 (the
-//! gateway's own side, [`crate::http::server`], with hyper's behind it for upgrades and
+//! gateway's own side, [`crate::http::h1::server`], with hyper's behind it for upgrades and
 //! the rest) or HTTP/2 by ALPN, and the drain at shutdown.
 //!
 //! Why hand-written rather than `axum::serve` or hyper-util's helpers: a public
@@ -12,14 +12,12 @@
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::task::AtomicWaker;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -29,10 +27,12 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{LimitsConfig, Timeouts};
-use crate::http::server::{self, Ended, FromHyper, StudentBody, StudentIo};
-use crate::http::splice::Splice;
-use crate::http::stall::{Backlog, SocketPacedService, WriteStall};
-use crate::http::streams::Streams;
+use crate::http::accept::streams::Streams;
+use crate::http::body::splice::Splice;
+use crate::http::body::stall::{Backlog, SocketPacedService, WriteStall};
+use crate::http::h1::handover::FromHyper;
+use crate::http::h1::server::{self, Ended, StudentBody, StudentIo};
+use crate::http::h1::stopping::Stopping;
 
 /// A failing `accept` repeats every 50 ms while its cause lasts (`EMFILE`).
 static ACCEPT_FAILED: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(10));
@@ -142,7 +142,7 @@ impl Listening {
 /// their socket is full. At hyper's default (about 400 KiB in up to 16 queued
 /// chunks, each holding on to the node connection's read buffer) a student who
 /// stops reading cost 0.9 MB; with this limit hyper stops taking the node's body
-/// after three 16 KiB chunks (and [`crate::http::stall::SocketPaced`] after one, on
+/// after three 16 KiB chunks (and [`crate::http::body::stall::SocketPaced`] after one, on
 /// a connection that has not yet shown it keeps up), and back-pressure reaches the node.
 fn http1_buffer(max_header_bytes: usize) -> usize {
     (max_header_bytes + 8 * 1024).max(16 * 1024)
@@ -240,99 +240,6 @@ where
     };
     if let Err(error) = ended {
         tracing::debug!(%peer, "connection ended: {error}");
-    }
-}
-
-/// When a connection must stop taking requests: `stop` resolved.
-///
-/// `stop` is polled only when its own waker fired (and once at first): the
-/// connection's task wakes twice a request for its own reasons, and each poll of
-/// the listener's watch takes its lock (about 350 instructions a request, 1 % of
-/// a small page's user-space work). For the same reason the task's waker is handed
-/// to `woken` only when it is not there already: a registration is two locked
-/// instructions, a check that it would wake the same task two compares.
-pub(crate) struct Stopping<'a> {
-    stop: Pin<&'a mut (dyn Future<Output = ()> + Send)>,
-    woken: Arc<StopWoken>,
-    waker: Waker,
-    /// The task's waker as last handed to `woken.task`; a wake takes it out of
-    /// there, and says so by setting `woken.woken` after it has.
-    registered: Option<Waker>,
-    stopped: bool,
-}
-
-impl<'a> Stopping<'a> {
-    pub(crate) fn new(stop: Pin<&'a mut (dyn Future<Output = ()> + Send)>) -> Self {
-        let woken = Arc::new(StopWoken::default());
-        let waker = Waker::from(woken.clone());
-        Self {
-            stop,
-            woken,
-            waker,
-            registered: None,
-            stopped: false,
-        }
-    }
-
-    /// Whether the connection must stop; if not yet, `cx` is woken when it must.
-    pub(crate) fn poll_stopped(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.stopped {
-            return true;
-        }
-        // Registered before the flag is read: a wake after this point wakes the
-        // task, one before it left the flag set.
-        if !(self.registered.as_ref()).is_some_and(|waker| waker.will_wake(cx.waker())) {
-            self.register(cx);
-        }
-        let woken = &self.woken.woken;
-        if woken.load(Ordering::Acquire) && woken.swap(false, Ordering::AcqRel) {
-            // That wake took the task's waker with it.
-            self.register(cx);
-            let mut stop_cx = Context::from_waker(&self.waker);
-            self.stopped = self.stop.as_mut().poll(&mut stop_cx).is_ready();
-        }
-        self.stopped
-    }
-
-    fn register(&mut self, cx: &Context<'_>) {
-        self.woken.task.register(cx.waker());
-        match &mut self.registered {
-            Some(waker) => waker.clone_from(cx.waker()),
-            None => self.registered = Some(cx.waker().clone()),
-        }
-    }
-}
-
-/// Whether a connection's `stop` was woken since it was last polled, and the
-/// connection's task to wake when it is.
-struct StopWoken {
-    woken: AtomicBool,
-    task: AtomicWaker,
-}
-
-impl Default for StopWoken {
-    /// Woken: `stop` is polled once at first, to register its waker.
-    fn default() -> Self {
-        Self {
-            woken: AtomicBool::new(true),
-            task: AtomicWaker::new(),
-        }
-    }
-}
-
-impl Wake for StopWoken {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    /// The waker is taken before the flag is set: a task that finds the flag set
-    /// knows its waker is gone and hands it over again.
-    fn wake_by_ref(self: &Arc<Self>) {
-        let task = self.task.take();
-        self.woken.store(true, Ordering::Release);
-        if let Some(task) = task {
-            task.wake();
-        }
     }
 }
 
@@ -652,7 +559,9 @@ async fn drain(connections: &Connections, grace: Duration) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicBool;
     use std::sync::Mutex;
+    use std::task::{Context, Wake, Waker};
 
     use super::*;
 

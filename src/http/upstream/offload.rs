@@ -28,11 +28,11 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery};
 use http::{Method, Request, Response, StatusCode};
 
-use super::body::IdleLimited;
-use super::pool::{Conns, Pool};
-use super::proxy::{self, Bounds, Failed, Hygiene, Peer, Target};
-use super::upload::Upload;
 use crate::error::GatewayError;
+use crate::http::body::IdleLimited;
+use crate::http::upstream::pool::{Conns, NodeBody, Pool};
+use crate::http::upstream::proxy::{self, Bounds, Failed, HopByHop, Peer, Target};
+use crate::http::upstream::upload::Upload;
 
 const X_ACCEL_REDIRECT: HeaderName = HeaderName::from_static("x-accel-redirect");
 
@@ -132,11 +132,11 @@ impl Offload {
         &self,
         pool: &Pool,
         redirect: &HeaderValue,
-        node: Response<IdleLimited>,
+        node: Response<IdleLimited<NodeBody>>,
         asked: Asked,
         peer: Peer<'_>,
         bounds: Bounds,
-    ) -> Result<Response<IdleLimited>, GatewayError> {
+    ) -> Result<Response<IdleLimited<NodeBody>>, GatewayError> {
         let path = self.target(redirect)?;
         let (mut parts, node_body) = node.into_parts();
         // Its (empty or unended) body now: the node's connection goes back only if
@@ -152,7 +152,7 @@ impl Offload {
             pool,
             export,
             request,
-            Hygiene::Due(peer),
+            HopByHop::Due(peer),
             bounds,
             peer.reuse(),
         );

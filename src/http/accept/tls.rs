@@ -184,7 +184,7 @@ impl ResolvesServerCert for CurrentCertificate {
 /// for no memory on the gateway; a TLS 1.2 client without tickets resumes by id from
 /// `SESSION_CACHE`. The keys live in this process: after a restart, or on another
 /// gateway, the first handshake is a full one, unless the gateways share a store and
-/// with it their ticket keys ([`crate::http::tickets`], put in by the app).
+/// with it their ticket keys ([`crate::http::accept::tickets`], put in by the app).
 pub fn server_config(certs: Arc<Certificates>, http2: bool) -> Arc<ServerConfig> {
     let mut config = ServerConfig::builder_with_provider(Arc::new(provider()))
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])

@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::http::server::StudentBody;
-use crate::http::wire::has_token;
+use crate::http::h1::server::StudentBody;
+use crate::http::h1::wire::has_token;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -31,10 +31,10 @@ use tokio::net::TcpStream;
 
 use crate::error::GatewayError;
 use crate::http::body::IdleLimited;
-use crate::http::fault::ConnectFault;
-use crate::http::pool::NodeBody;
-use crate::http::proxy::{self, Bounds, Peer, Target};
-use crate::http::upload::{RequestBody, Upload};
+use crate::http::upstream::fault::ConnectFault;
+use crate::http::upstream::pool::NodeBody;
+use crate::http::upstream::proxy::{self, Bounds, Peer, Target};
+use crate::http::upstream::upload::Upload;
 
 /// Whether the request asks to switch to WebSocket and its connection can. Only
 /// hyper's server can switch one, and it leaves an `OnUpgrade` in each request that
@@ -75,13 +75,13 @@ pub async fn forward(
     mut request: Request<StudentBody>,
     peer: Peer<'_>,
     bounds: Bounds,
-) -> Result<Response<IdleLimited>, GatewayError> {
+) -> Result<Response<IdleLimited<NodeBody>>, GatewayError> {
     let (connect, idle) = (bounds.connect, bounds.tunnel_idle);
     let (name, upstream) = (target.name, target.authority);
     let client_side = hyper::upgrade::on(&mut request);
     // The body (if any) under the same size and pause limits as any upload.
     let mut request =
-        request.map(|body| RequestBody::new(Upload::new(body, &bounds), bounds.max_body_bytes));
+        request.map(|body| Upload::new(body, &bounds).into_request_body(bounds.max_body_bytes));
     proxy::prepare(upstream, &mut request, peer);
     // The hop-by-hop pair that asks for the switch goes back on after the header
     // hygiene removed it: WebSocket alone, whatever else the client listed.

@@ -3,7 +3,7 @@
 //! Why not hyper-util's pooled client: it runs every upstream connection as a task of
 //! its own, so a proxied request is handed to that task through a channel, its
 //! response comes back through another, and three tasks wake for one exchange. Here
-//! the request's own task drives the connection ([`crate::http::client`]): while it
+//! the request's own task drives the connection ([`crate::http::h1::client`]): while it
 //! waits for the response head ([`Lease::send`]) and inside the response body while
 //! that streams to the student ([`NodeBody`]). An idle connection is a plain value in
 //! its upstream's [`Conns`] list that nobody polls.
@@ -46,12 +46,12 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::net::TcpStream;
 
+use crate::http::body::splice::{Pipe, Splice};
+use crate::http::body::stall::WriteStall;
 use crate::http::body::BoxError;
-use crate::http::client::{ClientError, Connection};
-use crate::http::fault::ConnectFault;
-use crate::http::splice::{Pipe, Splice};
-use crate::http::stall::WriteStall;
-use crate::http::upload::RequestBody;
+use crate::http::body::RequestBody;
+use crate::http::h1::client::{ClientError, Connection};
+use crate::http::upstream::fault::ConnectFault;
 
 /// How long a kept connection must have been idle before a student's first request
 /// may take it (see the module's note): longer than a node's late bytes take.
@@ -584,7 +584,7 @@ mod tests {
     }
 
     fn get() -> Request<RequestBody> {
-        let body = RequestBody::new(crate::http::upload::Upload::empty(), 0);
+        let body = RequestBody::empty();
         let mut request = Request::new(body);
         request
             .headers_mut()
@@ -645,10 +645,10 @@ mod tests {
     /// back to the pool, clean for the next exchange, and the node's slot is let go.
     #[tokio::test]
     async fn a_spliced_body_gives_its_connection_and_slot_back_at_its_last_byte() {
-        use crate::http::splice::{Pipe, Splice, PIPE_FILL};
+        use crate::http::body::splice::{Pipe, Splice, PIPE_FILL};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         const LENGTH: usize = 300_000;
-        let file = crate::http::splice::patterned(LENGTH);
+        let file = crate::http::body::splice::patterned(LENGTH);
         let (authority, mut streams) = node().await;
         let conns = Arc::new(Conns::default());
         let (lease, _) = pool().lease(&authority, &conns, Reuse::Any).await.unwrap();
