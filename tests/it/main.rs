@@ -14,6 +14,7 @@ mod handover;
 mod layers;
 mod man_pages;
 mod memory;
+mod module_map;
 mod node_states;
 mod observability;
 mod offload;
