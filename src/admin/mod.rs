@@ -97,6 +97,7 @@ pub fn router(gateway: Arc<Gateway>, token: String, reload: Reload, history: His
         .route("/nodes", get(nodes::list))
         .route("/gateways", get(cluster::list))
         .route("/surge", get(surge::show))
+        .route("/surge/page", get(surge::page))
         .route("/cache", get(cache::show))
         .route("/nodes/{name}/{action}", post(nodes::set_state))
         .route("/reload", post(nodes::reload))
@@ -707,6 +708,25 @@ mod tests {
         assert_eq!(surge, idle);
         let off = admin_with(&format!("[surge]\nwaiting_room = false\n{CONFIG}"));
         assert_eq!(off.json("/surge").await["room"], Value::Null);
+    }
+
+    #[tokio::test]
+    async fn the_waiting_page_can_be_seen_before_any_surge() {
+        let admin = admin();
+        let page = admin.call("GET", "/surge/page", Some(BEARER)).await;
+        assert_eq!(page.status, StatusCode::OK);
+        assert!(
+            page.body
+                .contains("Your place in line: <strong>42</strong>"),
+            "{}",
+            page.body
+        );
+        assert!(page.body.contains("noindex"));
+        let anonymous = admin.call("GET", "/surge/page", None).await;
+        assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+        let off = admin_with(&format!("[surge]\nwaiting_room = false\n{CONFIG}"));
+        let none = off.call("GET", "/surge/page", Some(BEARER)).await;
+        assert_eq!(none.status, StatusCode::NOT_FOUND);
     }
 
     #[tokio::test]

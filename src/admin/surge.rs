@@ -12,9 +12,10 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use http::{header, StatusCode};
 use serde::Serialize;
 
-use crate::gateway::{Gateway, Settings};
+use crate::gateway::{waiting_room, Gateway, Settings};
 
 /// The surge as the admin sees it, read when asked.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -75,6 +76,21 @@ pub(super) fn now(gateway: &Gateway, settings: &Settings) -> SurgeNow {
 pub(super) async fn show(State(gateway): State<Arc<Gateway>>) -> Response {
     let settings = gateway.settings();
     Json(now(&gateway, &settings)).into_response()
+}
+
+/// `GET /surge/page`: the waiting page in force (`room_page` or the built-in one),
+/// filled with example figures, so an admin sees a new template before a crowd does.
+pub(super) async fn page(State(gateway): State<Arc<Gateway>>) -> Response {
+    let settings = gateway.settings();
+    let Some(room) = settings.surge.waiting_room.as_ref() else {
+        let off = "no waiting room: [surge] waiting_room = false\n";
+        return (StatusCode::NOT_FOUND, off).into_response();
+    };
+    let headers = [
+        (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+        (header::CACHE_CONTROL, "no-store"),
+    ];
+    (headers, waiting_room::preview(room)).into_response()
 }
 
 fn millis<S: serde::Serializer>(wait: &Option<Duration>, to: S) -> Result<S::Ok, S::Error> {

@@ -301,6 +301,17 @@ fn next_id() -> u64 {
     next.fetch_add(1, Ordering::Relaxed)
 }
 
+/// `room`'s page as a visitor 42nd in line would see it, for an admin to check a
+/// template (`GET /surge/page`) without waiting for a surge.
+pub fn preview(room: &RoomConfig) -> String {
+    let figures = Figures {
+        place: 42,
+        wait: Duration::from_secs(180),
+        refresh: SLOWEST_REFRESH,
+    };
+    page::render(room.page.as_deref().unwrap_or(BUILT_IN), figures)
+}
+
 /// The `Instant` a wall-clock arrival in milliseconds stands for (a place from
 /// before this process, or from another gateway, lies in the past).
 pub fn instant_of(arrived_ms: u64) -> tokio::time::Instant {

@@ -260,3 +260,27 @@ async fn the_next_in_line_are_asked_back_sooner_than_those_far_behind() {
     assert_eq!(refresh(&next), 1, "{next}");
     assert!(refresh(&last) > refresh(&next), "{last} / {next}");
 }
+
+/// The templates shipped for admins to start from (in the package's doc folder):
+/// the English one is the built-in page itself, and each fills in every figure and
+/// keeps search engines away from the page.
+#[test]
+fn the_shipped_templates_are_the_built_in_page_and_a_thai_one_with_every_figure() {
+    let english = include_str!("../../../docs/waiting-room/waiting-room.en.html");
+    assert_eq!(
+        english, BUILT_IN,
+        "docs/waiting-room/waiting-room.en.html is the built-in page"
+    );
+    let thai = include_str!("../../../docs/waiting-room/waiting-room.th.html");
+    for template in [english, thai] {
+        assert!(template.contains(r#"<meta name="robots" content="noindex">"#));
+        let room = RoomConfig {
+            page: Some(template.to_owned()),
+            ..room()
+        };
+        let shown = preview(&room);
+        assert!(!shown.contains("{{"), "a placeholder left: {shown}");
+        assert!(shown.contains("<strong>42</strong>") && shown.contains("<strong>3</strong>"));
+        assert!(shown.contains(r#"content="20""#));
+    }
+}
