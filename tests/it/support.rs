@@ -283,6 +283,20 @@ impl GatewayProcess {
         log.iter().filter(|l| l.contains(needle)).cloned().collect()
     }
 
+    /// Whether a line containing `needle` is logged within `limit`: for what the
+    /// process says after an event the test cannot await (its log reaches the
+    /// test through a reader thread, later on a loaded machine).
+    pub async fn logs_within(&self, needle: &str, limit: Duration) -> bool {
+        let started = std::time::Instant::now();
+        while started.elapsed() < limit {
+            if !self.logged(needle).is_empty() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        !self.logged(needle).is_empty()
+    }
+
     /// Sends a signal (`"TERM"`, `"HUP"`) to the process.
     pub fn signal(&self, name: &str) {
         let pid = self.child.id().to_string();
