@@ -15,7 +15,9 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 
 /// The built-in page, in English; `surge.room_page` replaces it.
-pub const BUILT_IN: &str = include_str!("page.html");
+// One file for both: the page the gateway shows, and the template the package ships
+// for an admin to start a `room_page` from.
+pub const BUILT_IN: &str = include_str!("../../../docs/waiting-room/waiting-room.en.html");
 
 /// What a visitor in line is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
