@@ -35,7 +35,7 @@ use std::time::Duration;
 use crate::http::h1::server::StudentBody;
 use arc_swap::{ArcSwap, Cache, Guard};
 use bytes::Bytes;
-use http::header::{HeaderValue, SET_COOKIE};
+use http::header::{HeaderValue, SET_COOKIE, USER_AGENT};
 use http::{Method, Request, Response};
 use http_body_util::{Either, Full};
 use ipnet::IpNet;
@@ -476,7 +476,13 @@ impl Gateway {
             served.class = Some(class);
             let mut ask = surge::ask(&settings.surge, class, asked_for.is_post, arrived);
             // The Moodle app reads JSON: the gateway's own answers to it are JSON too.
-            let app = self.site.is_app_request(uri.path(), user_agent(&request));
+            // Only a request the gateway answers itself asks which it is, so its
+            // target and user agent are kept aside (two reference counts), not
+            // searched on every request.
+            let asker = Asker {
+                uri: uri.clone(),
+                user_agent: request.headers().get(USER_AGENT).cloned(),
+            };
             // In a surge a newcomer's page view may be shown the waiting room instead;
             // one let in from it stands in line by its first arrival.
             if known.is_none() && matches!(kind, RequestKind::Page(_)) {
@@ -508,7 +514,7 @@ impl Gateway {
             let forwarded = forwarded.await;
             let (route, mut response, took) = match forwarded {
                 Ok(forwarded) => forwarded,
-                Err(error) => return self.failed_for(error, app),
+                Err(error) => return self.failed_for(error, &asker),
             };
             served.upstream = settings.upstream(route).map(|u| u.id);
             served.upstream_time = took;
@@ -562,8 +568,9 @@ impl Gateway {
 
     /// The gateway's own answer to a request that could not be proxied, counted: in
     /// JSON for the Moodle app (`app`), else the error page.
-    fn failed_for(&self, error: GatewayError, app: bool) -> Response<ProxyBody> {
-        if !app {
+    fn failed_for(&self, error: GatewayError, asker: &Asker) -> Response<ProxyBody> {
+        let user_agent = asker.user_agent.as_ref().map(HeaderValue::as_bytes);
+        if !self.site.is_app_request(asker.uri.path(), user_agent) {
             return self.failed(error);
         }
         self.count_failure(error);
@@ -831,9 +838,11 @@ pub fn limits(config: &Config) -> Limits {
 }
 
 /// The request's `User-Agent`.
-fn user_agent(request: &Request<StudentBody>) -> Option<&[u8]> {
-    let agent = request.headers().get(http::header::USER_AGENT)?;
-    Some(agent.as_bytes())
+/// Who asked, as far as an answer of the gateway's own needs to know: the app or
+/// a browser.
+struct Asker {
+    uri: http::Uri,
+    user_agent: Option<HeaderValue>,
 }
 
 #[cfg(test)]
