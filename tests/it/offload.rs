@@ -612,12 +612,7 @@ async fn metric(gateway: &support::GatewayProcess, sample: &str) -> String {
 /// The gateway's log lines containing `needle`, once there is one (the log is read
 /// by another thread) or after 5 s.
 async fn said(gateway: &support::GatewayProcess, needle: &str) -> Vec<String> {
-    for _ in 0..50 {
-        if !gateway.logged(needle).is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    gateway.logs_within(needle, Duration::from_secs(5)).await;
     gateway.logged(needle)
 }
 
