@@ -30,6 +30,8 @@ mod quiz;
 mod redis;
 #[path = "real_moodle/site.rs"]
 mod site;
+#[path = "real_moodle/slow_link.rs"]
+mod slow_link;
 #[path = "real_moodle/student.rs"]
 mod student;
 #[path = "real_moodle/surge.rs"]
@@ -228,6 +230,17 @@ fn measure_surge() {
 fn measure_quiz() {
     let _one = heavy();
     measure::quiz();
+}
+
+/// Not a test: a first visit (the login page, then the course page, each with its
+/// assets) as Chrome makes it, with the gateway's compression off and on; bytes and
+/// time over a shaped link. `bench/slow_link.sh` runs it (release build, in a
+/// network namespace of its own); never part of run.sh.
+#[test]
+#[ignore = "a measure, not a test: bench/slow_link.sh"]
+fn measure_slow_link() {
+    let _one = heavy();
+    slow_link::slow_link();
 }
 
 /// The logout risk, documented: with node-local sessions the data server (a Moodle)
