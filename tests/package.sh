@@ -129,12 +129,24 @@ runuser -u $PKG -- sh -c "touch '$spool/probe' && rm '$spool/probe'" ||
     fail "the service user cannot write $spool"
 
 if command -v systemd-analyze >/dev/null; then
-    step "systemd-analyze verify $UNIT ${UNIT%.service}.socket"
-    systemd-analyze verify "$UNIT" "${UNIT%.service}.socket"
-    # The socket systemd holds must be the listener the shipped config names.
-    socket_port=$(sed -n 's/^ListenStream=//p' "${UNIT%.service}.socket")
+    sockets=("${UNIT%.service}.socket" "${UNIT%.service}-admin.socket" "${UNIT%.service}-redirect.socket")
+    step "systemd-analyze verify $UNIT ${sockets[*]}"
+    systemd-analyze verify "$UNIT" "${sockets[@]}"
+    # The sockets systemd holds must be the listeners the shipped config names,
+    # each under the name the gateway looks for.
+    socket_port=$(sed -n 's/^ListenStream=//p' "${sockets[0]}")
     grep -q "^listen = \"0.0.0.0:$socket_port\"" $CONFIG ||
         fail "ListenStream=$socket_port is not the shipped config's listen"
+    admin_at=$(sed -n 's/^ListenStream=//p' "${sockets[1]}")
+    sed -n '/^\[admin\]/,/^\[/p' $CONFIG | grep -q "^listen = \"$admin_at\"" ||
+        fail "ListenStream=$admin_at in ${sockets[1]} is not the shipped config's [admin] listen"
+    for pair in "0 public" "1 admin" "2 redirect"; do
+        set -- $pair
+        grep -qx "FileDescriptorName=$2" "${sockets[$1]}" || fail "${sockets[$1]} is not named $2"
+        grep -qx "Service=$PKG.service" "${sockets[$1]}" || fail "${sockets[$1]} is not passed to $PKG.service"
+    done
+    grep -qx "Sockets=$PKG.socket $PKG-admin.socket" "$UNIT" ||
+        fail "$UNIT does not take the students' and the admin's sockets"
     step "systemd-analyze security --offline=true $UNIT"
     exposure=$(systemd-analyze security --offline=true --no-pager "$UNIT" |
         sed -n 's/.*Overall exposure level for .*: \([0-9.]*\).*/\1/p')

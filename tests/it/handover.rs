@@ -315,15 +315,29 @@ async fn a_socket_passed_the_way_systemd_does_is_served_and_outlives_a_restart()
 
 /// The gateway started as systemd starts a socket-activated service: the socket
 /// as descriptor 3, `LISTEN_FDS=1`, `LISTEN_PID` its own pid (set by a shell that
-/// then execs the gateway, keeping its pid), `LISTEN_FDNAMES=public`. bash, not
-/// sh: dash moves only single-digit descriptors.
+/// then execs the gateway, keeping its pid), `LISTEN_FDNAMES=public`.
 fn activated(socket: &std::net::TcpListener, dir: &TempDir) -> GatewayProcess {
+    activated_with(std::slice::from_ref(socket), "public", dir)
+}
+
+/// The same with several sockets, as descriptors 3 on, named by `names`
+/// (`LISTEN_FDNAMES`, colon-separated). bash, not sh: dash moves only
+/// single-digit descriptors.
+pub(crate) fn activated_with(
+    sockets: &[std::net::TcpListener],
+    names: &str,
+    dir: &TempDir,
+) -> GatewayProcess {
     use std::os::fd::AsRawFd;
-    // Kept open across exec, as systemd's are.
-    rustix::io::fcntl_setfd(socket, rustix::io::FdFlags::empty()).unwrap();
-    let fd = socket.as_raw_fd();
+    let mut moves = String::new();
+    for (n, socket) in sockets.iter().enumerate() {
+        // Kept open across exec, as systemd's are.
+        rustix::io::fcntl_setfd(socket, rustix::io::FdFlags::empty()).unwrap();
+        moves += &format!("exec {}<&{}; ", 3 + n, socket.as_raw_fd());
+    }
+    let count = sockets.len();
     let script = format!(
-        "exec 3<&{fd}; LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES=public exec \"$0\" run \"$@\""
+        "{moves}LISTEN_PID=$$ LISTEN_FDS={count} LISTEN_FDNAMES={names} exec \"$0\" run \"$@\""
     );
     let mut command = Command::new("bash");
     command

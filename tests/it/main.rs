@@ -28,6 +28,7 @@ mod signals;
 mod site;
 mod slow_start;
 mod slowloris;
+mod socket_activation;
 mod store;
 mod support;
 mod surge;

@@ -43,7 +43,7 @@ impl TestCert {
     }
 
     /// `[tls]` naming this certificate's files, as dotted keys for a config.
-    fn config_keys(&self) -> String {
+    pub fn config_keys(&self) -> String {
         let path = |name: &str| self.dir.join(name).display().to_string();
         format!(
             "tls.cert = {:?}\ntls.key = {:?}\n",

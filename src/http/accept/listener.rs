@@ -313,6 +313,7 @@ pub(crate) async fn serve_connections<S, B>(
             }
             continue;
         };
+        let _ = stream.set_nodelay(true);
         let connection = Connection {
             stream,
             peer,
@@ -410,42 +411,58 @@ impl Connection {
     /// Serves the connection to its end, holding its `place` under
     /// `max_connections` until then: plain HTTP/1.1, or over TLS the protocol ALPN
     /// chose.
-    async fn serve<S, B>(self, serving: Arc<Serving>, service: S, place: Open)
+    ///
+    /// Not an `async fn`: one keeps each argument twice in the task, as it came and
+    /// as the local it is moved into, and the task is what every idle connection
+    /// costs. The block below uses what it captured in place.
+    #[allow(clippy::manual_async_fn)]
+    fn serve<S, B>(
+        self,
+        serving: Arc<Serving>,
+        mut service: S,
+        place: Open,
+    ) -> impl Future<Output = ()> + Send
     where
         S: Serves<B>,
         B: ResponseBody,
     {
-        let _place = place;
-        let Self {
-            stream,
-            peer,
-            closing,
-        } = self;
-        let how = &serving.how;
-        let _ = stream.set_nodelay(true);
-        let backlog = Arc::new(Backlog::default());
-        let stream = WriteStall::new(stream, how.write_stall).pacing(backlog.clone());
-        let io: StudentIo = match &how.tls {
-            None => Box::new(stream),
-            // Boxed, and given back once done: rustls's session as it is made and
-            // the handshake's deadline, which no idle connection needs. What comes
-            // out is a box either way: a TLS stream held here by value would keep
-            // its room in every connection's task, plain ones too.
-            Some(acceptor) => match Box::pin(handshake(acceptor, stream, how, peer)).await {
-                None => return,
-                Some(Accepted::Http1(io)) => io,
-                Some(Accepted::Http2(stream)) => {
-                    // Boxed: hyper's HTTP/2 connection is several KiB that a
-                    // connection speaking HTTP/1.1 should not keep room for.
-                    let http2 = http2(stream, &serving, service, peer, closing);
-                    return Box::pin(http2).await;
-                }
-            },
-        };
-        let mut stop = std::pin::pin!(closed(closing));
-        let mut stopping = Stopping::new(stop.as_mut());
-        let mut service = service;
-        http1(io, &serving, &mut service, backlog, &mut stopping, peer).await;
+        async move {
+            let how = &serving.how;
+            let backlog = Arc::new(Backlog::default());
+            let stream = WriteStall::new(self.stream, how.write_stall).pacing(backlog.clone());
+            let io: StudentIo = match &how.tls {
+                None => Box::new(stream),
+                // Boxed, and given back once done: rustls's session as it is made and
+                // the handshake's deadline, which no idle connection needs. What comes
+                // out is a box either way: a TLS stream held here by value would keep
+                // its room in every connection's task, plain ones too.
+                Some(acceptor) => match Box::pin(handshake(acceptor, stream, how, self.peer)).await
+                {
+                    None => return,
+                    Some(Accepted::Http1(io)) => io,
+                    Some(Accepted::Http2(stream)) => {
+                        // Boxed: hyper's HTTP/2 connection is several KiB that a
+                        // connection speaking HTTP/1.1 should not keep room for.
+                        let http2 = http2(stream, &serving, service, self.peer, self.closing);
+                        Box::pin(http2).await;
+                        drop(place);
+                        return;
+                    }
+                },
+            };
+            let mut stop = std::pin::pin!(closed(self.closing));
+            let mut stopping = Stopping::new(stop.as_mut());
+            http1(
+                io,
+                &serving,
+                &mut service,
+                backlog,
+                &mut stopping,
+                self.peer,
+            )
+            .await;
+            drop(place);
+        }
     }
 }
 
@@ -539,6 +556,34 @@ async fn http2<S, B>(
     });
     let mut stopping = Stopping::new(stop.as_mut());
     serve_until_closed(connection, &mut stopping, peer).await;
+}
+
+/// The bytes a connection's task keeps for its future, whatever it waits for:
+/// what every idle connection costs beside its socket and a few small boxes
+/// (a test of the students' stack holds it down).
+#[cfg(test)]
+pub(crate) async fn task_bytes<S, B>(service: S, how: Listening) -> usize
+where
+    S: Serves<B>,
+    B: ResponseBody,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (stream, peer) = tokio::join!(TcpStream::connect(listener.local_addr().unwrap()), async {
+        listener.accept().await.unwrap()
+    });
+    drop(stream);
+    let (_closing_tx, closing) = tokio::sync::watch::channel(false);
+    let connections = Arc::new(Connections::default());
+    let place = Open::take(&connections, 1).unwrap();
+    let (stream, peer) = peer;
+    let connection = Connection {
+        stream,
+        peer,
+        closing,
+    };
+    let serving = Arc::new(Serving::new(how));
+    let task = connection.serve(serving, service, place);
+    std::mem::size_of_val(&task)
 }
 
 /// Waits up to `grace` for every open connection to close.

@@ -410,7 +410,16 @@ where
         scratch: None,
     };
     loop {
-        let head = match poll_fn(|cx| connection.poll_head(cx, limits, stopping)).await {
+        // Taken apart in the statement that awaits it: the head is a temporary
+        // there, and no part of it takes room in the task while the connection
+        // idles.
+        let Head {
+            request,
+            method,
+            version,
+            body_len,
+            keep_alive,
+        } = match poll_fn(|cx| connection.poll_head(cx, limits, stopping)).await {
             Next::Request(head) => head,
             Next::Close => {
                 connection.close().await;
@@ -428,13 +437,6 @@ where
                 return Ended::Closed;
             }
         };
-        let Head {
-            request,
-            body_len,
-            keep_alive,
-        } = head;
-        let method = request.method().clone();
-        let version = request.version();
         let kind = match body_len {
             0 => Kind::Empty,
             left => Kind::Length(Box::new(LengthFramed {
@@ -444,17 +446,15 @@ where
             })),
         };
         let body = StudentBody { kind };
-        // Ready at once: no layer of the students' stack makes a request wait
-        // for readiness (past `max_in_flight` a student gets a quick 503), so
-        // nothing waits here that the listener's closing would have to cut short.
-        let Ok(()) = poll_fn(|cx| service.poll_ready(cx)).await;
         // Boxed, in one allocation: an idle connection's task keeps room for
         // whatever it awaits, and the stack's future and the answer being written
         // (some 5 KB) are needed only while a request is in flight. The stack is
         // called inside the exchange, so that its future has one place in the box
-        // (an argument moved into a pinned local would take two).
-        let answer = || service.call(request.map(|()| body));
-        let exchange = connection.exchange(answer, method, version, keep_alive, stopping);
+        // (an argument moved into a pinned local would take two); the request is
+        // moved in whole, never borrowed here, so that it takes no room in the
+        // task either.
+        let answer = |service: &mut S| service.call(request.map(|()| body));
+        let exchange = connection.exchange(service, answer, method, version, keep_alive, stopping);
         let Ok(keep_alive) = Box::pin(exchange).await else {
             return Ended::Closed;
         };
@@ -535,6 +535,10 @@ enum Next {
 /// A request head, read.
 struct Head {
     request: Request<()>,
+    /// The request's, for its answer: kept beside it so that the request itself
+    /// is never borrowed where the connection waits.
+    method: Method,
+    version: Version,
     body_len: u64,
     keep_alive: bool,
 }
@@ -587,24 +591,30 @@ enum Spliced {
 struct Cut;
 
 impl Connection {
-    /// Calls the stack (`answer`), waits for its answer and writes it; whether the
-    /// connection is kept after it (`keep_alive` as the request asked, turned false
-    /// when the listener closes meanwhile or the answer says so).
-    async fn exchange<F, B>(
+    /// Calls the stack (`answer` on `service`), waits for its answer and writes it;
+    /// whether the connection is kept after it (`keep_alive` as the request asked,
+    /// turned false when the listener closes meanwhile or the answer says so).
+    async fn exchange<S, F, B>(
         &mut self,
-        answer: impl FnOnce() -> F,
+        service: &mut S,
+        answer: impl FnOnce(&mut S) -> F,
         method: Method,
         version: Version,
         mut keep_alive: bool,
         stopping: &mut Stopping<'_>,
     ) -> Result<bool, Cut>
     where
+        S: tower::Service<Request<StudentBody>, Future = F, Error = Infallible>,
         F: Future<Output = Result<Response<B>, Infallible>>,
         B: Body<Data = Bytes> + Splice,
         B::Error: Into<BoxError>,
     {
+        // Ready at once: no layer of the students' stack makes a request wait
+        // for readiness (past `max_in_flight` a student gets a quick 503), so
+        // nothing waits here that the listener's closing would have to cut short.
+        let Ok(()) = poll_fn(|cx| service.poll_ready(cx)).await;
         let Ok(response) = {
-            let mut answer = std::pin::pin!(answer());
+            let mut answer = std::pin::pin!(answer(service));
             poll_fn(|cx| {
                 if keep_alive && stopping.poll_stopped(cx) {
                     keep_alive = false;
@@ -1185,10 +1195,12 @@ fn parse(
     let Some(mut request) = request_from(&raw, path_at, spans, cached) else {
         return Parsed::ForHyperFrom(raw);
     };
-    *request.method_mut() = method;
+    *request.method_mut() = method.clone();
     *request.version_mut() = version;
     Parsed::Head(Head {
         request,
+        method,
+        version,
         body_len: said.body_len.unwrap_or(0),
         keep_alive: said.keep_alive,
     })
