@@ -86,9 +86,10 @@ fn config(cluster: &Cluster, cert: &TestCert, sockets: &Sockets) -> String {
 }
 
 /// Knocks on `at` until something listens there: the connection that makes
-/// `systemd-socket-activate` exec the gateway, kept open until dropped.
+/// `systemd-socket-activate` exec the gateway, kept open until dropped. Up to 30 s:
+/// on a loaded machine the activator itself can take seconds to start.
 async fn knock(at: SocketAddr) -> TcpStream {
-    for _ in 0..200 {
+    for _ in 0..1200 {
         if let Ok(stream) = TcpStream::connect(at).await {
             return stream;
         }
