@@ -251,7 +251,9 @@ mod tests {
         Rules {
             level: 5,
             min_length: 1024,
-            types: ["text/html", "application/json"].map(Box::from).into(),
+            types: ["text/html", "application/json"]
+                .map(Box::<str>::from)
+                .into(),
             honour_no_transform: false,
         }
     }
