@@ -110,6 +110,16 @@ fn later_first_visits_load_the_theme_and_javascript_without_php() {
     runtime.block_on(assets::first_visits(false));
 }
 
+/// Moodle's 3.2 MB `first.js` costs PHP one run whether the browser takes gzip or
+/// not, and the login page, which Moodle sends plain, arrives gzipped when asked.
+#[test]
+#[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
+fn first_js_costs_php_one_run_and_pages_arrive_compressed() {
+    let _one = heavy();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(assets::first_js_once());
+}
+
 /// In theme designer mode Moodle links revision -1 and marks nothing cacheable: every
 /// request for the theme reaches PHP, as Moodle wants while a theme is being made.
 #[test]

@@ -209,7 +209,7 @@ impl Config {
              in a row, up after {}; healthy statuses: {}\n\
              snapshot: {snapshot}\nroute cookie: {route}\ntable store: {}\naccess log: {}\n\
              session losses: a logged-in session Moodle replaces after {} idle timed out; sooner, it was lost\n\
-             {}{}",
+             {}{}{}",
             d(self.timeouts.shutdown),
             h.path,
             h.host
@@ -225,6 +225,27 @@ impl Config {
             d(self.session.sessiontimeout),
             self.describe_surge(),
             self.describe_cache(),
+            self.describe_compression(),
+        )
+    }
+
+    /// `[compression]`: what is compressed, and how hard.
+    fn describe_compression(&self) -> String {
+        let c = &self.compression;
+        if !c.enabled {
+            return "compression: off (answers go as the nodes send them)\n".to_owned();
+        }
+        let no_transform = match c.honour_no_transform {
+            true => "except those marked no-transform",
+            false => "even those marked no-transform",
+        };
+        format!(
+            "compression: gzip or brotli at level {} for text, HTML, JSON, JavaScript, CSS and SVG \
+answers of at least {} the node left uncompressed ({} media types), {no_transform}; never a \
+range, a HEAD, an encoded body or a file offered in byte ranges\n",
+            c.level,
+            format_size(c.min_length),
+            c.types.len(),
         )
     }
 

@@ -41,6 +41,7 @@ use lines::KeyLines;
 
 mod cache;
 mod check;
+mod compression;
 mod describe;
 mod directories;
 mod edge;
@@ -236,6 +237,8 @@ pub struct Config {
     pub surge: SurgeConfig,
     /// Moodle's revisioned assets kept in the gateway's memory (`[cache]`).
     pub cache: CacheConfig,
+    /// Answers compressed on their way to the students (`[compression]`).
+    pub compression: CompressionConfig,
     /// Directory of the config file, for resolving relative paths.
     pub base_dir: PathBuf,
     /// Where each key is written, for the rules judged after the walk.
@@ -701,6 +704,25 @@ pub struct CacheConfig {
     /// `max_entry_bytes`: one answer's body; a larger one streams on, not kept.
     /// Default 2 MiB.
     pub max_entry_bytes: u64,
+}
+
+/// `[compression]`: the answers a node left uncompressed, compressed for the
+/// students that accept it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompressionConfig {
+    /// `enabled`: default true.
+    pub enabled: bool,
+    /// `level`: 1 (fastest) to 9 (smallest), gzip's level and brotli's quality.
+    /// Default 5.
+    pub level: u32,
+    /// `min_length`: an answer whose `Content-Length` is smaller goes as it is.
+    /// Default 1 KiB.
+    pub min_length: u64,
+    /// `types`: the media types compressed, lowercase.
+    pub types: Vec<String>,
+    /// `honour_no_transform`: whether `Cache-Control: no-transform` keeps an answer
+    /// as the node sent it. Default false (see the book's "Compression").
+    pub honour_no_transform: bool,
 }
 
 /// `[surge]`: what the gateway does when more students arrive than the nodes'

@@ -11,15 +11,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::header::HOST;
 use http::{Method, Request, Response};
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 
 use super::Gateway;
+use crate::http::body::inflate::Inflated;
 use crate::http::upstream::asset_cache::{Fill, Lookup, Role, Wants, FILL_WAIT};
 
 /// What the cache says of one request.
 pub(super) enum Cached {
-    /// The answer, from memory.
-    Hit(Response<Full<Bytes>>),
+    /// The answer, from memory (gunzipped for a browser that takes no gzip).
+    Hit(Response<Either<Full<Bytes>, Inflated<Full<Bytes>>>>),
     /// Ask the node, and keep its answer.
     Fill(Fill),
     /// Ask the node (not an asset the cache keeps, or a fill that kept nothing).
@@ -64,7 +65,7 @@ impl Gateway {
             looked = self.cache.lookup(&key, &wants, Role::Waited);
         }
         match looked {
-            Lookup::Hit(entry) => Cached::Hit(entry.answer(method, headers)),
+            Lookup::Hit(entry) => Cached::Hit(entry.answer_for(method, headers, &wants)),
             Lookup::Fill(fill) => Cached::Fill(fill),
             Lookup::Wait(_) | Lookup::Pass => Cached::Node,
         }

@@ -49,6 +49,8 @@ use crate::node_id::NodeId;
 use failover::Hold;
 
 use crate::http::accept::edge::EdgeRules;
+use crate::http::body::compress::Rules;
+use crate::http::body::inflate::Inflated;
 use crate::http::body::spool::Spool;
 use crate::http::body::IdleLimited;
 use crate::http::upstream::asset_cache::{AssetCache, Fill, Teed};
@@ -66,9 +68,11 @@ use cached::Cached;
 use waiting_room::{Entry, WaitingRoom};
 
 /// What a student receives: the node's streaming body (copied into the asset cache
-/// on its way when it fills an entry), or the gateway's own bytes (a short page, a
-/// cached asset).
-pub type ProxyBody = Either<Teed<IdleLimited<NodeBody>>, Full<Bytes>>;
+/// on its way when it fills an entry, gunzipped after that for a browser that takes
+/// no gzip), a kept asset gunzipped for such a browser, or the gateway's own bytes
+/// (a short page, a cached asset as it was kept).
+pub type ProxyBody =
+    Either<Either<Inflated<Teed<IdleLimited<NodeBody>>>, Inflated<Full<Bytes>>>, Full<Bytes>>;
 
 /// A session the table knows: the key of its id, the node that holds it, and
 /// what the session-loss detector needs (logged in? idle since when? or only just
@@ -147,6 +151,8 @@ pub struct Settings {
     /// `Strict-Transport-Security` for the TLS listener's answers (`[tls]
     /// hsts_max_age`); a connection takes the one in force when it opens.
     pub hsts: Option<HeaderValue>,
+    /// `[compression]`, when enabled.
+    pub compression: Option<Arc<Rules>>,
 }
 
 impl Settings {
@@ -180,6 +186,7 @@ impl Settings {
             hsts: (config.tls.as_ref())
                 .and_then(|tls| tls.hsts)
                 .and_then(|hsts| HeaderValue::try_from(hsts.value()).ok()),
+            compression: compression_rules(&config.compression),
         })
     }
 
@@ -425,7 +432,7 @@ impl Gateway {
     #[allow(clippy::manual_async_fn)]
     fn journey<'a>(
         &'a self,
-        request: Request<StudentBody>,
+        mut request: Request<StudentBody>,
         client: &'a Client,
         served: &'a mut Served,
         settings: &'a Settings,
@@ -442,7 +449,10 @@ impl Gateway {
                 match self.cached(&request).await {
                     Cached::Hit(answer) => {
                         served.cached = true;
-                        return answer.map(Either::Right);
+                        return answer.map(|body| match body {
+                            Either::Left(kept) => Either::Right(kept),
+                            Either::Right(gunzipped) => Either::Left(Either::Right(gunzipped)),
+                        });
                     }
                     Cached::Fill(fill) => Some(fill),
                     Cached::Node => None,
@@ -494,6 +504,10 @@ impl Gateway {
                     Entry::Go(None) => {}
                     Entry::Wait(page) => return page.map(Either::Right),
                 }
+            }
+            // The one copy the cache keeps is the node's gzip answer.
+            if let Some(fill) = &fill {
+                fill.ask(request.headers_mut());
             }
             // The request's wait for its own node, if it has to: one for all its tries.
             let mut hold = None;
@@ -790,9 +804,23 @@ impl Gateway {
 /// request fills an entry (and the answer may be kept).
 fn sent(response: Response<IdleLimited<NodeBody>>, fill: Option<Fill>) -> Response<ProxyBody> {
     match fill {
-        Some(fill) => fill.keep(response).map(Either::Left),
-        None => response.map(|body| Either::Left(Teed::plain(body))),
+        Some(fill) => fill
+            .keep(response)
+            .map(|body| Either::Left(Either::Left(body))),
+        None => response.map(|body| Either::Left(Either::Left(Inflated::plain(Teed::plain(body))))),
     }
+}
+
+/// The rules `[compression]` sets, or none when it is off.
+fn compression_rules(config: &crate::config::CompressionConfig) -> Option<Arc<Rules>> {
+    config.enabled.then(|| {
+        Arc::new(Rules {
+            level: config.level,
+            min_length: config.min_length,
+            types: config.types.iter().map(|t| Box::from(t.as_str())).collect(),
+            honour_no_transform: config.honour_no_transform,
+        })
+    })
 }
 
 /// Where one request went, for the access log: cheap to fill whether or not a

@@ -35,7 +35,9 @@ use tower_http::set_header::SetResponseHeaderLayer;
 use super::{Gateway, ProxyBody, Served, Settings, SettingsCache};
 use crate::access_log::{AccessLog, AccessLogLayer, Logged, Trail};
 use crate::error::GatewayError;
+use crate::http::body::compress::Compressed;
 use crate::http::upstream::proxy::{Client, Withheld};
+use compress::CompressLayer;
 
 /// The students' path for one connection from `client`: every layer a request passes
 /// through, outermost first, and the gateway's journey at the bottom. `withheld` is
@@ -47,7 +49,7 @@ pub fn students(
     client: Client,
 ) -> impl Service<
     Request<StudentBody>,
-    Response = Response<Logged<ProxyBody>>,
+    Response = Response<Logged<Compressed<ProxyBody>>>,
     Error = Infallible,
     Future: Send + 'static,
 > + Clone
@@ -81,6 +83,9 @@ pub fn students(
                 SetResponseHeaderLayer::if_not_present(STRICT_TRANSPORT_SECURITY, hsts)
             }),
         )
+        // Text the node left uncompressed goes out in gzip or brotli; inside the log,
+        // which counts the bytes sent, and outside the edge, so its pages are too.
+        .layer(CompressLayer::new(gateway.clone()))
         // What a request must be before anything looks at it (method, sizes, one
         // framing, one known host): junk costs no lookup and takes no place.
         .layer(EdgeLayer::new(gateway.clone(), client.clone()))
@@ -349,6 +354,7 @@ where
     }
 }
 
+mod compress;
 #[cfg(test)]
 mod outer_layer;
 #[cfg(test)]

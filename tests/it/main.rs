@@ -4,6 +4,7 @@ mod asset_cache;
 mod bad_input;
 mod check_cli;
 mod cli;
+mod compression;
 mod crash;
 mod dashboard;
 mod dashboard_store;

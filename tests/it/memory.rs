@@ -440,3 +440,69 @@ async fn a_large_spooled_upload_stays_in_flat_memory() {
         spooled.1
     );
 }
+
+/// 200 MiB of a grade report, compressible as text is, streamed as the reader
+/// takes it.
+fn report_node_answer() -> Response<Body> {
+    let (mut sender, body) = Channel::<Bytes>::new(4);
+    tokio::spawn(async move {
+        let line = b"student1234,Quiz 1: 7.50,Quiz 2: 9.00,Assignment: 81.00,Total: 83.40\n";
+        let chunk: Vec<u8> = line.iter().copied().cycle().take(CHUNK).collect();
+        let chunk = Bytes::from(chunk);
+        for _ in 0..(200 << 20) / CHUNK {
+            if sender.send_data(chunk.clone()).await.is_err() {
+                return;
+            }
+        }
+    });
+    Response::builder()
+        .header("content-type", "text/csv; charset=utf-8")
+        .body(Body::new(body))
+        .unwrap()
+}
+
+/// A 200 MiB answer compressed on its way holds the encoder's window and a piece of
+/// output, never the body: the gateway's peak stays what it is for any download.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_mib_answer_compressed_on_its_way_stays_in_flat_memory() {
+    use std::io::Write;
+    let node = support::upstream(|_request| async move { report_node_answer() }).await;
+    let data = support::named_upstream("data").await;
+    let extra = "[compression]\ntypes = [\"text/csv\"]";
+    let gateway = start_binary(&config_for(&[node], data, extra));
+    let before = settled_rss_kib(gateway.child.id()).await;
+    let request = http::Request::get(format!("http://{}/grade/export/txt/dump.php", gateway.addr))
+        .header("accept-encoding", "gzip")
+        .body(Body::empty())
+        .unwrap();
+    let response = support::client().request(request).await.unwrap();
+    assert_eq!(response.headers()["content-encoding"], "gzip");
+    /// Counts the plain bytes, keeping none.
+    struct Count(usize);
+    impl Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut plain = flate2::write::GzDecoder::new(Count(0));
+    let (mut body, mut zipped) = (response.into_body(), 0usize);
+    while let Some(frame) = body.frame().await {
+        let data = frame.unwrap().into_data().unwrap_or_default();
+        zipped += data.len();
+        plain.write_all(&data).unwrap();
+    }
+    let plain = plain.finish().unwrap().0;
+    assert_eq!(plain, 200 << 20);
+    let peak = peak_rss_kib(gateway.child.id());
+    println!(
+        "gateway RSS before {before} KiB, peak {peak} KiB after 200 MiB compressed to {zipped} bytes"
+    );
+    assert!(
+        peak < PEAK_LIMIT_KIB,
+        "peak RSS {peak} KiB, limit {PEAK_LIMIT_KIB} KiB"
+    );
+}

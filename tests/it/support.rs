@@ -919,3 +919,21 @@ impl Drop for RedisServer {
 pub fn patterned(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i % 251) as u8).collect()
 }
+
+/// `plain` gzipped, as PHP's `zlib.output_compression` or a web server sends it.
+pub fn gzip(plain: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(plain).unwrap();
+    encoder.finish().unwrap()
+}
+
+/// A gzip body made plain again, as a browser does.
+pub fn gunzip(zipped: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut plain = Vec::new();
+    flate2::read::GzDecoder::new(zipped)
+        .read_to_end(&mut plain)
+        .expect("a whole gzip body");
+    plain
+}

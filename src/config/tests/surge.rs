@@ -147,3 +147,31 @@ fn the_asset_cache_is_on_by_default_and_its_bounds_name_their_key() {
 5: cache.size: unknown key (expected one of: enabled, max_bytes, max_entry_bytes)"#,
     );
 }
+
+#[test]
+fn compression_is_on_by_default_and_a_bad_value_names_its_key_and_why() {
+    let c = valid("");
+    let compression = &c.compression;
+    assert!(compression.enabled && !compression.honour_no_transform);
+    assert_eq!((compression.level, compression.min_length), (5, 1024));
+    assert!(compression.types.iter().any(|t| t == "text/html"));
+    assert!(compression.types.iter().any(|t| t == "image/svg+xml"));
+    let c = valid(
+        "[compression]\nenabled = false\nlevel = 9\nmin_length = \"0B\"\n\
+         types = [\"Text/HTML\"]\nhonour_no_transform = true",
+    );
+    let compression = &c.compression;
+    assert!(!compression.enabled && compression.honour_no_transform);
+    assert_eq!((compression.level, compression.min_length), (9, 0));
+    assert_eq!(compression.types, ["text/html"]);
+    check(
+        "[compression]\nlevel = 0\nmin_length = -1\ntypes = [\"text\", \"text/html\", \"TEXT/html\", 3]\nbrotli = true",
+        r#"
+2: compression.level: must be between 1 and 9, got 0
+3: compression.min_length: must be between 0B and 1GiB, got -1
+4: compression.types[0]: "text" is not a media type: write it as type/subtype, like "text/html", without parameters or wildcards
+4: compression.types[2]: "text/html" is listed twice
+4: compression.types[3]: expected a string, found integer
+5: compression.brotli: unknown key (expected one of: enabled, level, min_length, types, honour_no_transform)"#,
+    );
+}

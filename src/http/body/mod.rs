@@ -6,6 +6,8 @@
 //! the idle timer is armed only while a body is actually waiting for data, so a
 //! small response that arrives in one piece never touches the timer wheel.
 
+pub mod compress;
+pub mod inflate;
 pub(crate) mod splice;
 pub mod spool;
 pub mod stall;

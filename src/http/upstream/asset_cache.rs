@@ -18,9 +18,15 @@
 //! `Accept-Ranges` and any header of the site's own reach every browser as they
 //! reached the first. (`Set-Cookie` never: an answer with one is not kept.)
 //!
-//! A variant is filed under the coding the node will answer in, read from every
-//! `Accept-Encoding` line of the request as PHP reads them (see [`coding`]), and a
-//! hit is served only in a coding the browser accepts.
+//! One copy per URL, whatever the browser sent: the request that fills an entry
+//! asks the node in gzip only ([`Fill::ask`]), so Moodle's PHP compresses its CSS
+//! and JavaScript once and the entry keeps that gzip copy (the entry bound applies
+//! to it: Moodle's 3.2 MB `first.js` is kept as its 650 KB of gzip). A browser that
+//! takes gzip gets the copy as it is; one that does not gets it gunzipped as it
+//! streams ([`Inflated`]), and the compression layer above may give it brotli from
+//! there. So a revisioned asset costs PHP one run whatever the clients send, and
+//! Chrome's, Firefox's and curl's `Accept-Encoding` share one entry (see [`coding`]
+//! for why the node's own rule could not be trusted with the browser's line).
 //!
 //! Why one mutex: lookups happen only for revisioned assets, never for a student's
 //! page, and each holds the lock for a hash lookup and a recency bump. An entry is an
@@ -42,9 +48,10 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use tokio::sync::watch;
 
+use crate::http::body::inflate::{gunzipped_headers, is_gzip, weaken_etag, Inflated};
 use crate::http::body::splice::{Pipe, Splice};
 use crate::http::body::BoxError;
 use crate::http::h1::wire::names_lines;
@@ -195,15 +202,16 @@ impl AssetCache {
     /// The answer for `key` (host, path and query) to a request with the
     /// `Accept-Encoding` `wants`, or who fills it.
     pub fn lookup(self: &Arc<Self>, key: &str, wants: &Wants, role: Role) -> Lookup {
-        let node_coding = wants.node_coding();
+        // Every fill asks the node in gzip: one variant, whatever this request says.
+        let node_coding = Coding::Gzip;
         let mut inner = self.lock();
         let tick = inner.tick + 1;
         let mut refused = false;
         let found = inner.urls.get_mut(key).and_then(|url| {
             let entry = url.variants.iter().find(|e| e.serves(node_coding))?;
-            // The node's own answer to this request, in a coding the browser did
-            // not accept (PHP reads `gzip;q=0` as gzip): never from memory.
-            refused = !entry.accepted_by(wants);
+            // A coding the browser does not accept and the gateway cannot undo (a
+            // node that answered `deflate` or `br` to a request for gzip).
+            refused = !entry.servable_to(wants);
             if refused {
                 return None;
             }
@@ -234,6 +242,7 @@ impl AssetCache {
             cache: self.clone(),
             key: key.to_owned(),
             coding: node_coding,
+            gunzip: !wants.accepts(Some(b"gzip")),
             finished: false,
         })
     }
@@ -321,6 +330,36 @@ impl Entry {
             .all(|coding| wants.accepts(coding))
     }
 
+    /// Whether it can go to the browser: as it is, or gunzipped.
+    fn servable_to(&self, wants: &Wants) -> bool {
+        self.accepted_by(wants) || (is_gzip(&self.headers) && wants.accepts(None))
+    }
+
+    /// [`Entry::answer`] in a coding the browser accepts: the gzip copy gunzipped as
+    /// it streams for a browser that does not take gzip.
+    pub fn answer_for(
+        &self,
+        method: &Method,
+        request: &HeaderMap,
+        wants: &Wants,
+    ) -> Response<Either<Full<Bytes>, Inflated<Full<Bytes>>>> {
+        let answer = self.answer(method, request);
+        if self.accepted_by(wants) || !is_gzip(&self.headers) {
+            return answer.map(Either::Left);
+        }
+        let (mut parts, body) = answer.into_parts();
+        if parts.status == StatusCode::NOT_MODIFIED {
+            weaken_etag(&mut parts.headers);
+            return Response::from_parts(parts, Either::Left(body));
+        }
+        gunzipped_headers(&mut parts.headers);
+        let body = match *method == Method::HEAD {
+            true => Either::Left(body),
+            false => Either::Right(Inflated::gunzip(body)),
+        };
+        Response::from_parts(parts, body)
+    }
+
     /// The answer to a `GET` or `HEAD` with `request` headers: 304 when its
     /// `If-None-Match` names the entry's ETag (or, without one, its
     /// `If-Modified-Since` is the entry's `Last-Modified`, as nginx's `exact`), else 200
@@ -382,13 +421,38 @@ pub struct Fill {
     key: String,
     /// The coding the node answers the filling request in.
     coding: Coding,
+    /// Whether the filling request's browser takes no gzip.
+    gunzip: bool,
     finished: bool,
 }
 
 impl Fill {
+    /// The filling request as the node will see it: asking for gzip, and nothing
+    /// else, so that the one copy kept is the one any browser can be answered from.
+    pub fn ask(&self, request: &mut HeaderMap) {
+        request.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+
+    /// The node's answer to a request [`Fill::ask`] changed, for a browser that
+    /// takes no gzip: gunzipped as it streams when it came in gzip.
+    fn for_browser<B>(gunzip: bool, response: Response<Teed<B>>) -> Response<Inflated<Teed<B>>> {
+        let (mut parts, body) = response.into_parts();
+        if !(gunzip && is_gzip(&parts.headers)) {
+            return Response::from_parts(parts, Inflated::plain(body));
+        }
+        gunzipped_headers(&mut parts.headers);
+        Response::from_parts(parts, Inflated::gunzip(body))
+    }
+
     /// The node's answer, read for the cache as it streams to the student when it may
     /// be kept; otherwise the answer as it is (and the fill given up).
-    pub fn keep<B>(self, response: Response<B>) -> Response<Teed<B>> {
+    pub fn keep<B>(self, response: Response<B>) -> Response<Inflated<Teed<B>>> {
+        let gunzip = self.gunzip;
+        Self::for_browser(gunzip, self.tee(response))
+    }
+
+    /// The node's answer, teed into the entry when it may be kept.
+    fn tee<B>(self, response: Response<B>) -> Response<Teed<B>> {
         let (parts, body) = response.into_parts();
         let limit = self.cache.max_entry;
         let length = parts.headers.get(header::CONTENT_LENGTH);

@@ -1,17 +1,18 @@
 //! Which content coding a request's answer comes in, as the node decides it and as
 //! the browser accepts it: the two questions the cache asks of `Accept-Encoding`.
 //!
-//! Why two: the node decides by its own rule, not by RFC 9110's. Moodle turns on
-//! PHP's `zlib.output_compression` for its CSS and JavaScript
+//! Why the cache asks the node in gzip only ([`super::Fill::ask`]): the node
+//! decides by its own rule, not by RFC 9110's. Moodle turns on PHP's
+//! `zlib.output_compression` for its CSS and JavaScript
 //! (`min_enable_zlib_compression()`), and PHP then reads `HTTP_ACCEPT_ENCODING`, the
 //! request's `Accept-Encoding` lines joined with ", " by the web server, and
 //! compresses with gzip when the text holds `gzip`, else with deflate when it holds
-//! `deflate` (a byte search: no q-values, no case folding). So a variant is filed
-//! under what PHP will do with every line of the request, never under one line's
-//! spelling: two requests that PHP answers alike share a variant, and two it answers
-//! differently never do. Whether a kept answer may go to a browser is the other
+//! `deflate` (a byte search: no q-values, no case folding). Filed under the
+//! browser's line, every browser's spelling would cost PHP a run and the cache a
+//! copy, and `gzip;q=0` would still get gzip; asked `gzip` alone, PHP answers every
+//! fill alike. Whether a kept answer may go to a browser as it is, is the other
 //! question, asked by RFC 9110 12.5.3 of the answer's own `Content-Encoding`: the
-//! cache never sends a coding the browser did not accept, whatever PHP would do.
+//! cache never sends a coding the browser did not accept (it gunzips instead).
 
 use http::header::{HeaderMap, HeaderValue, ACCEPT_ENCODING};
 
@@ -59,18 +60,6 @@ impl Wants {
                 .iter()
                 .map(HeaderValue::as_bytes),
         )
-    }
-
-    /// The coding the node will answer in (PHP's `php_zlib_output_encoding()`).
-    pub fn node_coding(&self) -> Coding {
-        let holds = |needle: &[u8]| self.joined.windows(needle.len()).any(|w| w == needle);
-        if holds(b"gzip") {
-            Coding::Gzip
-        } else if holds(b"deflate") {
-            Coding::Deflate
-        } else {
-            Coding::Identity
-        }
     }
 
     /// Whether an answer with this `Content-Encoding` value (`None`: none) may go
@@ -147,19 +136,6 @@ mod tests {
 
     fn wants(lines: &[&str]) -> Wants {
         Wants::of(lines.iter().map(|l| l.as_bytes()))
-    }
-
-    #[test]
-    fn the_node_coding_is_phps_search_of_every_line_joined() {
-        assert_eq!(wants(&[]).node_coding(), Coding::Identity);
-        assert_eq!(wants(&["", "gzip"]).node_coding(), Coding::Gzip);
-        assert_eq!(wants(&["gzip", ""]).node_coding(), Coding::Gzip);
-        assert_eq!(wants(&["br", "deflate"]).node_coding(), Coding::Deflate);
-        assert_eq!(wants(&["gzip, deflate, br"]).node_coding(), Coding::Gzip);
-        // PHP's search knows no q-values and no case.
-        assert_eq!(wants(&["gzip;q=0"]).node_coding(), Coding::Gzip);
-        assert_eq!(wants(&["GZIP"]).node_coding(), Coding::Identity);
-        assert_eq!(wants(&["identity", "br"]).node_coding(), Coding::Identity);
     }
 
     #[test]
