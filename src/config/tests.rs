@@ -3,6 +3,7 @@
 
 use super::*;
 
+mod acme;
 mod edge;
 mod operations;
 mod site;
