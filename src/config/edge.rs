@@ -223,6 +223,8 @@ impl Checker<'_> {
                 }
                 (Some(acme.cert_path()), Some(acme.key_path()))
             }
+            // A broken [acme] is reported there; asking for files would mislead.
+            None if root.get("acme").is_some() => (None, None),
             None => {
                 self.require(&s, "cert");
                 self.require(&s, "key");

@@ -44,8 +44,8 @@ fn without_the_section_there_is_no_acme() {
 fn acme_needs_tls_and_http01_needs_the_redirect_listener() {
     assert_eq!(
         errors(&config(ACME)),
-        "7: acme: [acme] needs a [tls] section: the certificate it gets is served there\n\
-         7: acme.challenge: http-01 needs tls.redirect_listen on port 80: the CA asks there; \
+        "4: acme: [acme] needs a [tls] section: the certificate it gets is served there\n\
+         4: acme.challenge: http-01 needs tls.redirect_listen on port 80: the CA asks there; \
          set it, or use challenge = \"tls-alpn-01\""
     );
     let alpn = format!("[tls]\n{ACME}challenge = \"tls-alpn-01\"\n");
@@ -57,7 +57,7 @@ fn files_beside_acme_are_refused() {
     let doc = format!("{TLS_HTTP01}cert = \"fullchain.pem\"\n{ACME}");
     assert_eq!(
         errors(&config(&doc)),
-        "7: tls.cert: [acme] gets the certificate and keeps it in acme.dir: remove this key, \
+        "6: tls.cert: [acme] gets the certificate and keeps it in acme.dir: remove this key, \
          or remove [acme] to serve files"
     );
 }
@@ -71,21 +71,21 @@ fn every_bad_value_names_its_key() {
                renew_before = \"10m\"\n";
     assert_eq!(
         errors(&config(doc)),
-        "9: acme.directory: \"http://acme.example/dir\" is not an https:// URL (like \
+        "7: acme.directory: \"http://acme.example/dir\" is not an https:// URL (like \
          \"https://acme-v02.api.letsencrypt.org/directory\")\n\
-         10: acme.domains[0]: \"*.example.edu\" is a wildcard: only DNS-01 proves those, and the \
+         8: acme.domains[0]: \"*.example.edu\" is a wildcard: only DNS-01 proves those, and the \
          gateway answers http-01 or tls-alpn-01\n\
-         10: acme.domains[1]: \"a b\" is not a DNS name\n\
-         10: acme.domains[3]: \"ok.example\" is listed twice\n\
-         11: acme.contact: \"mailto:me@example.edu\" is not an email address (like \
+         8: acme.domains[1]: \"a b\" is not a DNS name\n\
+         8: acme.domains[3]: \"ok.example\" is listed twice\n\
+         9: acme.contact: \"mailto:me@example.edu\" is not an email address (like \
          \"moodle-admin@school.example\", without mailto:)\n\
-         12: acme.challenge: unknown challenge \"dns-01\": use \"http-01\" or \"tls-alpn-01\"\n\
-         13: acme.renew_before: \"10m\" is under an hour: renewing that late risks an expired \
+         10: acme.challenge: unknown challenge \"dns-01\": use \"http-01\" or \"tls-alpn-01\"\n\
+         11: acme.renew_before: \"10m\" is under an hour: renewing that late risks an expired \
          certificate"
     );
     let missing = "[tls]\nredirect_listen = \"0.0.0.0:80\"\n[acme]\ndomains = []\n";
     assert_eq!(
         errors(&config(missing)),
-        "8: acme.directory: missing required key\n9: acme.domains: must name at least one domain"
+        "6: acme.directory: missing required key\n7: acme.domains: must name at least one domain"
     );
 }
