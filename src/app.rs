@@ -69,6 +69,8 @@ struct PublicTls {
     certs: Arc<crate::http::accept::tls::Certificates>,
     /// With a shared store: the ticket keys every gateway of the site seals with.
     tickets: Option<Arc<SharedTickets>>,
+    /// With `[acme]`: the client that renews `certs` and answers the CA's challenges.
+    acme: Option<Arc<crate::acme::Acme>>,
 }
 
 /// Every listener the gateway serves.
@@ -178,6 +180,11 @@ impl App {
                     "limits.spool_dir: {reason}; uploads stream to their nodes"
                 ));
             }
+        }
+        if let (Some(acme), Some(next)) =
+            (self.tls.as_ref().and_then(|t| t.acme.as_ref()), &next.acme)
+        {
+            acme.set_renew_before(next.renew_before);
         }
         if let Some(tls) = &self.tls {
             // A renewed certificate, same paths: new handshakes get it at once.
@@ -295,10 +302,15 @@ impl App {
             shared.ticketer = tickets.clone();
             config = Arc::new(shared);
         }
+        let acme = self.config().acme.clone().map(|acme| {
+            let meters = self.gateway.metrics().acme().clone();
+            crate::acme::Acme::new(acme, certs.clone(), meters)
+        });
         self.tls = Some(PublicTls {
             acceptor: crate::http::accept::tls::acceptor(config),
             certs,
             tickets,
+            acme,
         });
         self
     }
@@ -352,6 +364,10 @@ impl App {
             let store = self.gateway.store().clone();
             background.spawn(share_ticket_keys(store, tickets, secret, stop_rx.clone()));
         }
+        let acme = self.tls.as_ref().and_then(|tls| tls.acme.clone());
+        if let Some(acme) = &acme {
+            background.spawn(acme.clone().run(stop_rx.clone()));
+        }
         if let Some(file) = save_to.clone() {
             let mut handed_over = self.handed_over.subscribe();
             let saving = save_periodically(self.gateway.clone(), file, save_every, stop_rx.clone());
@@ -399,10 +415,16 @@ impl App {
         let redirect_task = redirect.map(|listener| {
             let https_port = public.local_addr().map_or(443, |a| a.port());
             let serving = serve_connections(listener, listening.clone(), drain(), move |_, _| {
-                tower::service_fn(move |request: Request<StudentBody>| async move {
-                    Ok::<_, Infallible>(crate::http::accept::tls::redirect_to_https(
-                        &request, https_port,
-                    ))
+                let acme = acme.clone();
+                tower::service_fn(move |request: Request<StudentBody>| {
+                    // The CA's HTTP-01 fetch is the one request not redirected.
+                    let challenge = acme
+                        .as_ref()
+                        .and_then(|a| a.http01_answer(request.uri().path()));
+                    let answer = challenge.unwrap_or_else(|| {
+                        crate::http::accept::tls::redirect_to_https(&request, https_port)
+                    });
+                    std::future::ready(Ok::<_, Infallible>(answer))
                 })
             });
             tokio::spawn(serving)

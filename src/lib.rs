@@ -73,6 +73,7 @@
 //!   Moodle expert would, and names the `config.php` line or key that fixes each problem.
 
 pub mod access_log;
+pub mod acme;
 pub mod admin;
 pub mod app;
 pub mod clock;

@@ -332,6 +332,10 @@ async fn serve(config: Config, path: &std::path::Path, start: Start) -> Result<(
         tracing::warn!("{leftover}");
     }
     drop(inherited);
+    if let Some(acme) = &config.acme {
+        // Before the first certificate: a placeholder, so the listener can start.
+        moodle_gateway::acme::prepare(acme)?;
+    }
     let certificates = match &config.tls {
         Some(tls) => Some(moodle_gateway::http::accept::tls::Certificates::load(
             &tls.cert, &tls.key,

@@ -37,7 +37,7 @@ const SLOW_START_WANT: &str = "a duration string (like \"60s\"), or \"0\" for no
 // The keys each table accepts, space-separated; anything else is reported. The
 // tables of other files' sections keep their lists next to their readers.
 const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts health state \
-                        route_cookie limits tls offload access_log store surge cache compression nodes data";
+                        route_cookie limits tls acme offload access_log store surge cache compression nodes data";
 const SITE_KEYS: &str = "wwwroot path hosts";
 const SESSION_KEYS: &str =
     "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle sessiontimeout store failover_hold slow_start";
@@ -134,7 +134,8 @@ impl<'t> Checker<'t> {
         let state = self.state(&root);
         let route_cookie = self.route_cookie(&root, &session.cookie);
         let limits = self.limits(&root);
-        let tls = self.tls(&root, &listeners);
+        let acme = self.acme(&root);
+        let tls = self.tls(&root, &listeners, acme.as_ref());
         let offload = self.offload(&root);
         let access_log = self.access_log(&root);
         let store = self.store(&root);
@@ -157,6 +158,7 @@ impl<'t> Checker<'t> {
             route_cookie,
             limits,
             tls,
+            acme,
             offload,
             access_log,
             store,

@@ -53,7 +53,7 @@ impl Config {
         };
         let upload = d(t.upload);
         format!(
-            "public listener: {}\ntls: {}\nadmin listener: {admin}\ntrusted proxies: {proxies}\n\
+            "public listener: {}\ntls: {}\n{}admin listener: {admin}\ntrusted proxies: {proxies}\n\
              {}site path: {site}\nsite hosts: {}\nsession cookie: {} (path {})\nbalance: {}\n\
              slow start: {}\nsessions: at most {}; forgotten after {login} idle when logged in, {anon} when anonymous\n\
              timeouts: connect {conn}, response headers {head}, upstream idle {pool}, request headers {req}, \
@@ -61,6 +61,7 @@ impl Config {
              tunnel idle {tunnel}, uploads {rate} and {upload} in all\nlimits: {}\n{}{}",
             self.listen,
             self.describe_tls(),
+            self.describe_acme(),
             self.describe_wwwroot(),
             self.describe_hosts(),
             s.cookie,
@@ -173,6 +174,35 @@ impl Config {
             "on (HTTP/2 and HTTP/1.1), cert {}, key {}; {redirect}; {hsts}",
             t.cert.display(),
             t.key.display()
+        )
+    }
+
+    /// `[acme]`: which CA, which names, how they are proved, where the files go
+    /// and when renewal comes; empty without the section.
+    fn describe_acme(&self) -> String {
+        let Some(a) = &self.acme else {
+            return String::new();
+        };
+        let proof = match a.challenge {
+            super::Challenge::Http01 => {
+                "http-01, answered by the redirect listener (the CA asks port 80)"
+            }
+            super::Challenge::TlsAlpn01 => {
+                "tls-alpn-01, answered by the public listener (the CA asks port 443)"
+            }
+        };
+        let ca = a.directory_ca.as_ref().map_or_else(
+            || "its HTTPS checked against the system's roots".to_owned(),
+            |p| format!("its HTTPS checked against {} only", p.display()),
+        );
+        let contact = a.contact.as_deref().unwrap_or("no contact email");
+        format!(
+            "acme: certificates for {} from {} ({ca}), proved by {proof}; account, cert.pem and \
+             key.pem kept in {} (a placeholder until the first issuance); renewed {} before expiry; {contact}\n",
+            a.domains.join(", "),
+            a.directory,
+            a.dir.display(),
+            d(a.renew_before)
         )
     }
 

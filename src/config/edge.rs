@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use toml::de::DeValue;
 
+use super::acme::AcmeConfig;
 use super::check::{integer, Checker, Section, Span};
 use super::values::{format_size, listeners_clash, parse_size, site_host};
 use super::{
@@ -201,13 +202,36 @@ impl Checker<'_> {
 
     /// Absent section, plain HTTP. Both files are read now, so a wrong path or
     /// a swapped pair fails `check` rather than the start.
-    pub(super) fn tls(&mut self, root: &Section, listeners: &Listeners) -> Option<TlsConfig> {
+    /// With `[acme]` the files are the ones ACME keeps, which need not exist
+    /// yet: naming others as well would leave two sources for one certificate.
+    pub(super) fn tls(
+        &mut self,
+        root: &Section,
+        listeners: &Listeners,
+        acme: Option<&AcmeConfig>,
+    ) -> Option<TlsConfig> {
         let s = self.open("tls".into(), root.get("tls"), TLS_KEYS);
         s.table?;
-        self.require(&s, "cert");
-        self.require(&s, "key");
-        let cert = self.pem_file(&s, "cert", cert_pem_problem);
-        let key = self.pem_file(&s, "key", key_pem_problem);
+        let (cert, key) = match acme {
+            Some(acme) => {
+                for name in ["cert", "key"] {
+                    if let Some(v) = s.get(name) {
+                        let message = "[acme] gets the certificate and keeps it in acme.dir: \
+                                       remove this key, or remove [acme] to serve files";
+                        self.error(s.key(name), Some(v.span()), message);
+                    }
+                }
+                (Some(acme.cert_path()), Some(acme.key_path()))
+            }
+            // A broken [acme] is reported there; asking for files would mislead.
+            None if root.get("acme").is_some() => (None, None),
+            None => {
+                self.require(&s, "cert");
+                self.require(&s, "key");
+                let cert = self.pem_file(&s, "cert", cert_pem_problem);
+                (cert, self.pem_file(&s, "key", key_pem_problem))
+            }
+        };
         let redirect_listen = self.redirect_listen(&s, listeners);
         let hsts = self.hsts(&s);
         Some(TlsConfig {

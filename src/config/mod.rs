@@ -39,6 +39,7 @@ use ipnet::IpNet;
 use check::Checker;
 use lines::KeyLines;
 
+mod acme;
 mod cache;
 mod check;
 mod compression;
@@ -56,6 +57,7 @@ mod tests;
 mod upstreams;
 mod values;
 
+pub use acme::{AcmeConfig, Challenge, DEFAULT_ACME_DIR, DEFAULT_RENEW_BEFORE};
 pub use store::{
     RedisConfig, RedisTarget, StoreConfig, MASTER_PASSWORD_ENV, SENTINEL_PASSWORD_ENV,
     STORE_SECRET_ENV,
@@ -227,6 +229,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// TLS on the public listener (`[tls]`); `None` when the section is absent.
     pub tls: Option<TlsConfig>,
+    /// Certificates from a CA by ACME (`[acme]`); `None`, `[tls]` serves files.
+    pub acme: Option<AcmeConfig>,
     /// The file offload (`[offload]`); `None` when the section is absent.
     pub offload: Option<OffloadConfig>,
     /// One line per request (`[access_log]`).

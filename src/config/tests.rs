@@ -3,6 +3,7 @@
 
 use super::*;
 
+mod acme;
 mod edge;
 mod operations;
 mod site;
@@ -310,7 +311,7 @@ upstream_idle = "400 days""#;
 1: listen: "localhost:80" is not an ip:port address (like "0.0.0.0:8080")
 2: trusted_proxies[0]: "10.0.0.0/33" is not an IP address or CIDR (like "10.0.0.0/8")
 2: trusted_proxies[1]: expected a string, found integer
-3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, limits, tls, offload, access_log, store, surge, cache, compression, nodes, data)
+3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, limits, tls, acme, offload, access_log, store, surge, cache, compression, nodes, data)
 5: site.path: "moodle" must start with "/" (like "/moodle")
 7: session.cookie: "Moodle Session" is not a valid cookie name
 8: session.cookie_path: "moodle/" must start with "/"

@@ -23,6 +23,7 @@ use prometheus::{
 use crate::cluster::slots::{Class, SlotsNow};
 use crate::node_id::{NodeId, MAX_NODE_IDS};
 
+mod acme;
 mod cache;
 mod export;
 mod node;
@@ -30,6 +31,7 @@ mod spool;
 mod store;
 mod surge;
 
+pub use acme::AcmeMeters;
 use cache::CacheMeters;
 pub use export::{ExportMeters, ExportTotals, Fetched};
 use node::class;
@@ -123,6 +125,7 @@ pub struct Metrics {
     nodes: Box<[OnceLock<NodeMeters>]>,
     store: OnceLock<StoreMeters>,
     export: OnceLock<ExportMeters>,
+    acme: OnceLock<AcmeMeters>,
     surge: SurgeMeters,
     cache: CacheMeters,
     spool: SpoolMeters,
@@ -232,6 +235,7 @@ impl Metrics {
             nodes: (0..MAX_NODE_IDS).map(|_| OnceLock::new()).collect(),
             store: OnceLock::new(),
             export: OnceLock::new(),
+            acme: OnceLock::new(),
             surge: SurgeMeters::new(&registry),
             cache: CacheMeters::new(&registry),
             spool: SpoolMeters::new(&registry),
@@ -282,6 +286,12 @@ impl Metrics {
     pub fn export(&self) -> &ExportMeters {
         self.export
             .get_or_init(|| ExportMeters::new(&self.registry))
+    }
+
+    /// The ACME client's meters, registered on first use: only a gateway with
+    /// `[acme]` exports them.
+    pub fn acme(&self) -> &AcmeMeters {
+        self.acme.get_or_init(|| AcmeMeters::new(&self.registry))
     }
 
     /// An answer the gateway gave itself.

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
+use dashmap::DashMap;
 use http::uri::Authority;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -42,6 +43,11 @@ pub struct Certificates {
     current: ArcSwap<CertifiedKey>,
     cert_path: PathBuf,
     key_path: PathBuf,
+    /// TLS-ALPN-01 (RFC 8737): while a CA checks a name, the certificate that
+    /// proves it, served only to a handshake that offers `acme-tls/1`. Empty but
+    /// for the seconds of a validation, so a student's handshake pays one look at
+    /// its ALPN list and no lookup.
+    challenges: DashMap<String, Arc<CertifiedKey>>,
 }
 
 impl Certificates {
@@ -55,6 +61,7 @@ impl Certificates {
             current: ArcSwap::from_pointee(current),
             cert_path: cert.to_owned(),
             key_path: key.to_owned(),
+            challenges: DashMap::new(),
         }))
     }
 
@@ -64,6 +71,33 @@ impl Certificates {
         let fresh = read_pair(&self.cert_path, &self.key_path)?;
         self.current.store(Arc::new(fresh));
         Ok(())
+    }
+
+    /// Answers a TLS-ALPN-01 validation of `name` with `cert` (PEM chain and key)
+    /// until [`close_challenge`](Self::close_challenge).
+    pub fn open_challenge(&self, name: &str, cert: &str, key: &str) -> Result<(), String> {
+        let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("challenge certificate: {e}"))?;
+        let key = PrivateKeyDer::from_pem_slice(key.as_bytes())
+            .map_err(|e| format!("challenge key: {e}"))?;
+        let signing_key = provider()
+            .key_provider
+            .load_private_key(key)
+            .map_err(|e| format!("challenge key: {e}"))?;
+        let pair = Arc::new(CertifiedKey::new(chain, signing_key));
+        self.challenges.insert(name.to_ascii_lowercase(), pair);
+        Ok(())
+    }
+
+    /// The validation of `name` is over: its certificate is no longer served.
+    pub fn close_challenge(&self, name: &str) {
+        self.challenges.remove(&name.to_ascii_lowercase());
+    }
+
+    /// The certificate new handshakes get, as DER, leaf first.
+    pub fn current_chain(&self) -> Vec<CertificateDer<'static>> {
+        self.current.load().cert.clone()
     }
 }
 
@@ -160,10 +194,20 @@ const SESSION_CACHE: usize = 40_000;
 struct CurrentCertificate(Arc<Certificates>);
 
 impl ResolvesServerCert for CurrentCertificate {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut alpn = hello.alpn().into_iter().flatten();
+        if alpn.any(|protocol| protocol == ACME_TLS_ALPN) {
+            // A CA validating a name (it offers nothing else): the challenge's
+            // certificate or no handshake, never the site's (RFC 8737 section 3).
+            let name = hello.server_name()?.to_ascii_lowercase();
+            return self.0.challenges.get(&name).map(|c| c.clone());
+        }
         Some(self.0.current.load_full())
     }
 }
+
+/// The ALPN protocol of a TLS-ALPN-01 validation (RFC 8737).
+const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
 
 /// A rustls server config that always serves the current certificate (a
 /// `ResolvesServerCert` reading the ArcSwap), with ALPN ["h2", "http/1.1"] (only
@@ -212,6 +256,9 @@ pub fn server_config(certs: Arc<Certificates>, http2: bool) -> Arc<ServerConfig>
     } else {
         vec![b"http/1.1".to_vec()]
     };
+    // Last, so no browser ever gets it; the resolver refuses a handshake that asks
+    // for it unless a challenge for that name is open.
+    config.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
     Arc::new(config)
 }
 
@@ -349,7 +396,7 @@ mod tests {
     fn generate() -> (String, String, CertificateDer<'static>) {
         let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
         let der = made.cert.der().clone();
-        (made.cert.pem(), made.key_pair.serialize_pem(), der)
+        (made.cert.pem(), made.signing_key.serialize_pem(), der)
     }
 
     /// Writes a generated pair as cert.pem and key.pem.
@@ -407,10 +454,10 @@ mod tests {
         let dir = TempDir::new();
         let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
         let cert = dir.write("cert.pem", &made.cert.pem());
-        let key = dir.write("ec.key", &sec1_pem(&made.key_pair.serialize_der()));
+        let key = dir.write("ec.key", &sec1_pem(&made.signing_key.serialize_der()));
         Certificates::load(&cert, &key).unwrap();
         // One file holding the chain and the key, as some ACME clients write it.
-        let both = format!("{}{}", made.cert.pem(), made.key_pair.serialize_pem());
+        let both = format!("{}{}", made.cert.pem(), made.signing_key.serialize_pem());
         let both = dir.write("both.pem", &both);
         Certificates::load(&both, &both).unwrap();
     }
