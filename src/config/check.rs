@@ -37,7 +37,8 @@ const SLOW_START_WANT: &str = "a duration string (like \"60s\"), or \"0\" for no
 // The keys each table accepts, space-separated; anything else is reported. The
 // tables of other files' sections keep their lists next to their readers.
 const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts health state \
-                        route_cookie limits tls offload access_log store surge cache nodes data";
+                        route_cookie limits tls offload access_log store surge cache rate_limits \
+                        nodes data";
 const SITE_KEYS: &str = "wwwroot path hosts";
 const SESSION_KEYS: &str =
     "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle sessiontimeout store failover_hold slow_start";
@@ -140,6 +141,7 @@ impl<'t> Checker<'t> {
         let store = self.store(&root);
         let surge = self.surge(&root, &session.cookie);
         let cache = self.cache(&root);
+        let rate_limits = self.rate_limits(&root);
         let upstreams = self.upstreams(&root);
         let (nodes, data) = upstreams?;
         Some(Config {
@@ -161,6 +163,7 @@ impl<'t> Checker<'t> {
             store,
             surge,
             cache,
+            rate_limits,
             base_dir: self.base_dir.to_path_buf(),
             lines: KeyLines::of(doc, self.text),
         })

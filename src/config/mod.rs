@@ -46,6 +46,7 @@ mod directories;
 mod edge;
 mod lines;
 mod operations;
+mod rate_limits;
 mod refusals;
 mod secrets;
 mod store;
@@ -55,6 +56,7 @@ mod tests;
 mod upstreams;
 mod values;
 
+pub use rate_limits::{Rate, RateLimitsConfig, DEFAULT_MAX_KEYS};
 pub use store::{
     RedisConfig, RedisTarget, StoreConfig, MASTER_PASSWORD_ENV, SENTINEL_PASSWORD_ENV,
     STORE_SECRET_ENV,
@@ -236,6 +238,8 @@ pub struct Config {
     pub surge: SurgeConfig,
     /// Moodle's revisioned assets kept in the gateway's memory (`[cache]`).
     pub cache: CacheConfig,
+    /// Login attempts and anonymous page views, limited (`[rate_limits]`).
+    pub rate_limits: RateLimitsConfig,
     /// Directory of the config file, for resolving relative paths.
     pub base_dir: PathBuf,
     /// Where each key is written, for the rules judged after the walk.

@@ -62,6 +62,7 @@ access log: off
 session losses: a logged-in session Moodle replaces after 8h idle timed out; sooner, it was lost
 surge: no cap (every request goes to its node at once, and PHP's own backlog queues the rest, first come first served)
 asset cache: Moodle's revisioned theme and JavaScript answers that Moodle marks public, at most 64MiB in all and 2MiB each, answered from memory
+rate limits: login attempts not per address, 5 a minute per username (bursts of 10); page views without a logged-in session not per address; 429 beyond; each limit remembers 100000 addresses or usernames; a logged-in session is never limited
 nodes:
   web1 http://192.168.1.1 weight 1
 data server: data http://192.168.1.5
@@ -219,6 +220,7 @@ access log: /var/log/moodle-gateway/access.log, JSON lines, reopened on SIGHUP
 session losses: a logged-in session Moodle replaces after 2h idle timed out; sooner, it was lost
 surge: no cap (every request goes to its node at once, and PHP's own backlog queues the rest, first come first served)
 asset cache: Moodle's revisioned theme and JavaScript answers that Moodle marks public, at most 64MiB in all and 2MiB each, answered from memory
+rate limits: login attempts not per address, 5 a minute per username (bursts of 10); page views without a logged-in session not per address; 429 beyond; each limit remembers 100000 addresses or usernames; a logged-in session is never limited
 nodes:
   web1 http://192.168.1.1:8080 weight 3
   web-2.b_c http://[fd00::2] weight 1 (draining: keeps its sessions, gets no new ones)
@@ -308,7 +310,7 @@ upstream_idle = "400 days""#;
 1: listen: "localhost:80" is not an ip:port address (like "0.0.0.0:8080")
 2: trusted_proxies[0]: "10.0.0.0/33" is not an IP address or CIDR (like "10.0.0.0/8")
 2: trusted_proxies[1]: expected a string, found integer
-3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, limits, tls, offload, access_log, store, surge, cache, nodes, data)
+3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, limits, tls, offload, access_log, store, surge, cache, rate_limits, nodes, data)
 5: site.path: "moodle" must start with "/" (like "/moodle")
 7: session.cookie: "Moodle Session" is not a valid cookie name
 8: session.cookie_path: "moodle/" must start with "/"

@@ -21,6 +21,7 @@ mod cached;
 mod export;
 mod failover;
 mod learning;
+pub mod limiter;
 mod peers;
 pub mod stack;
 mod surge;
@@ -147,6 +148,9 @@ pub struct Settings {
     /// `Strict-Transport-Security` for the TLS listener's answers (`[tls]
     /// hsts_max_age`); a connection takes the one in force when it opens.
     pub hsts: Option<HeaderValue>,
+    /// The rate limits' buckets (`[rate_limits]`), `None` when no limit is on:
+    /// kept across a reload that does not change the section.
+    pub rate_limits: Option<Arc<limiter::Buckets>>,
 }
 
 impl Settings {
@@ -180,6 +184,10 @@ impl Settings {
             hsts: (config.tls.as_ref())
                 .and_then(|tls| tls.hsts)
                 .and_then(|hsts| HeaderValue::try_from(hsts.value()).ok()),
+            rate_limits: match previous.and_then(|p| p.rate_limits.as_ref()) {
+                Some(kept) if kept.config == config.rate_limits => Some(kept.clone()),
+                _ => limiter::Buckets::new(&config.rate_limits).map(Arc::new),
+            },
         })
     }
 
@@ -387,6 +395,15 @@ impl Gateway {
     /// Requests between admission and their response head.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Whether the request carries a live, logged-in session this gateway bound:
+    /// the rate limits never touch one.
+    fn logged_in(&self, headers: &http::HeaderMap) -> bool {
+        let Some(id) = self.site.session_id(headers) else {
+            return false;
+        };
+        self.table.is_logged_in(self.table.key(id))
     }
 
     /// The upload spool: its directory, and its figures for `/metrics`.

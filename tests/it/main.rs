@@ -21,6 +21,7 @@ mod offload;
 mod open_files;
 mod operations;
 mod proxying;
+mod rate_limits;
 mod restarts;
 mod scenarios;
 mod sessions;
