@@ -176,3 +176,43 @@ async fn a_proxied_request_allocates_no_more_than_it_does_today() {
         "the gateway adds {added} allocations per request (ceiling {CEILING})"
     );
 }
+
+/// Bytes held now by everything allocated since `region` began.
+fn held(region: &Region<System>) -> isize {
+    let change = region.change();
+    change.bytes_allocated as isize - change.bytes_deallocated as isize + change.bytes_reallocated
+}
+
+#[test]
+fn a_rate_limit_under_a_flood_of_100000_and_more_addresses_holds_bounded_memory() {
+    use moodle_gateway::config::Rate;
+    use moodle_gateway::gateway::limiter::{address_key, Bucket};
+    use std::net::{IpAddr, Ipv6Addr};
+
+    let _alone = COUNTING.blocking_lock();
+    let rate = Rate {
+        per_minute: 60,
+        burst: 10,
+    };
+    let region = Region::new(GLOBAL);
+    let bucket = Bucket::new(rate, 100_000).unwrap();
+    // One address in each of 400,000 /64s of one /32: 400,000 clients.
+    let flood = |clients: std::ops::Range<u128>| {
+        for n in clients {
+            let ip = IpAddr::V6(Ipv6Addr::from((0x2001_0db8_u128 << 96) | (n << 64) | 1));
+            let _ = bucket.check(&address_key(ip));
+        }
+    };
+    flood(0..100_000);
+    let full = held(&region);
+    assert_eq!(bucket.len(), 100_000);
+    flood(100_000..400_000);
+    let after = held(&region);
+    assert!(bucket.len() <= 100_000, "{} keys", bucket.len());
+    eprintln!(
+        "rate limit memory: {full} bytes at 100,000 addresses, {after} after 400,000 ({} bytes a key)",
+        full / 100_000
+    );
+    assert!(full < 16 << 20, "{full} bytes for 100,000 addresses");
+    assert!(after <= full + full / 10, "{full} bytes grew to {after}");
+}

@@ -151,6 +151,7 @@ async fn show(
         export: super::export::now(gateway, settings.export.as_deref()),
         totals: (table.len() as u64, table.logged_in_total()),
         surge,
+        limits: super::limits_panel::now(gateway, settings.rate_limits.as_deref()),
         cache,
         history,
         gateways,

@@ -54,6 +54,7 @@ mod cache_panel;
 mod dashboard;
 mod gateways_panel;
 mod html;
+mod limits_panel;
 mod login;
 mod page;
 mod rates;

@@ -90,6 +90,8 @@ pub(super) struct View {
     pub(super) surge: Option<SurgeNow>,
     /// The asset cache (`None` while `[cache] enabled = false`).
     pub(super) cache: Option<CacheView>,
+    /// The rate limits (`None` while none is on).
+    pub(super) limits: Option<Vec<super::limits_panel::LimitNow>>,
     /// The last hour's charts, written by `history_panel`.
     pub(super) history: Markup,
     /// Every live gateway (`None` without a shared store).
@@ -119,6 +121,9 @@ pub(super) fn body(view: &View) -> Markup {
     html!(out, "</section>");
     if let Some(surge) = &view.surge {
         surge_panel::write(&mut out, surge);
+    }
+    if let Some(limits) = &view.limits {
+        super::limits_panel::write(&mut out, limits);
     }
     if let Some(cache) = &view.cache {
         cache_panel::write(&mut out, cache, &view.csrf);
@@ -515,6 +520,7 @@ mod tests {
             totals: (3, 0),
             surge: None,
             cache: None,
+            limits: None,
             history: Markup::new(),
             gateways: None,
             found: None,

@@ -37,7 +37,8 @@ const SLOW_START_WANT: &str = "a duration string (like \"60s\"), or \"0\" for no
 // The keys each table accepts, space-separated; anything else is reported. The
 // tables of other files' sections keep their lists next to their readers.
 const TOP_KEYS: &str = "listen trusted_proxies site admin session timeouts health state \
-                        route_cookie limits tls acme offload access_log store surge cache compression nodes data";
+                        route_cookie limits tls acme offload access_log store surge cache compression \
+                        rate_limits nodes data";
 const SITE_KEYS: &str = "wwwroot path hosts";
 const SESSION_KEYS: &str =
     "cookie cookie_path balance max_sessions logged_in_idle anonymous_idle sessiontimeout store failover_hold slow_start";
@@ -142,6 +143,7 @@ impl<'t> Checker<'t> {
         let surge = self.surge(&root, &session.cookie);
         let cache = self.cache(&root);
         let compression = self.compression(&root);
+        let rate_limits = self.rate_limits(&root);
         let upstreams = self.upstreams(&root);
         let (nodes, data) = upstreams?;
         Some(Config {
@@ -165,6 +167,7 @@ impl<'t> Checker<'t> {
             surge,
             cache,
             compression,
+            rate_limits,
             base_dir: self.base_dir.to_path_buf(),
             lines: KeyLines::of(doc, self.text),
         })

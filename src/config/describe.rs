@@ -239,7 +239,7 @@ impl Config {
              in a row, up after {}; healthy statuses: {}\n\
              snapshot: {snapshot}\nroute cookie: {route}\ntable store: {}\naccess log: {}\n\
              session losses: a logged-in session Moodle replaces after {} idle timed out; sooner, it was lost\n\
-             {}{}{}",
+             {}{}{}{}",
             d(self.timeouts.shutdown),
             h.path,
             h.host
@@ -256,6 +256,7 @@ impl Config {
             self.describe_surge(),
             self.describe_cache(),
             self.describe_compression(),
+            self.describe_rate_limits(),
         )
     }
 
@@ -276,6 +277,30 @@ range, a HEAD, an encoded body or a file offered in byte ranges\n",
             c.level,
             format_size(c.min_length),
             c.types.len(),
+        )
+    }
+
+    /// `[rate_limits]`: what is limited, by what, and what never is.
+    fn describe_rate_limits(&self) -> String {
+        let r = &self.rate_limits;
+        if !r.is_on() {
+            return "rate limits: off\n".to_owned();
+        }
+        let rate = |rate: crate::config::Rate, per: &str| match rate.is_on() {
+            true => format!(
+                "{} a minute per {per} (bursts of {})",
+                rate.per_minute, rate.burst
+            ),
+            false => format!("not per {per}"),
+        };
+        format!(
+            "rate limits: login attempts {}, {}; page views without a logged-in session {}; \
+             429 beyond; each limit remembers {} addresses or usernames; a logged-in \
+             session is never limited\n",
+            rate(r.login_per_address, "address"),
+            rate(r.login_per_username, "username"),
+            rate(r.pages_per_address, "address"),
+            r.max_keys
         )
     }
 

@@ -48,6 +48,7 @@ mod directories;
 mod edge;
 mod lines;
 mod operations;
+mod rate_limits;
 mod refusals;
 mod secrets;
 mod store;
@@ -58,6 +59,7 @@ mod upstreams;
 mod values;
 
 pub use acme::{AcmeConfig, Challenge, DEFAULT_ACME_DIR, DEFAULT_RENEW_BEFORE};
+pub use rate_limits::{Rate, RateLimitsConfig, DEFAULT_MAX_KEYS};
 pub use store::{
     RedisConfig, RedisTarget, StoreConfig, MASTER_PASSWORD_ENV, SENTINEL_PASSWORD_ENV,
     STORE_SECRET_ENV,
@@ -243,6 +245,8 @@ pub struct Config {
     pub cache: CacheConfig,
     /// Answers compressed on their way to the students (`[compression]`).
     pub compression: CompressionConfig,
+    /// Login attempts and anonymous page views, limited (`[rate_limits]`).
+    pub rate_limits: RateLimitsConfig,
     /// Directory of the config file, for resolving relative paths.
     pub base_dir: PathBuf,
     /// Where each key is written, for the rules judged after the walk.

@@ -64,6 +64,7 @@ session losses: a logged-in session Moodle replaces after 8h idle timed out; soo
 surge: no cap (every request goes to its node at once, and PHP's own backlog queues the rest, first come first served)
 asset cache: Moodle's revisioned theme and JavaScript answers that Moodle marks public, at most 64MiB in all and 2MiB each, answered from memory
 compression: gzip or brotli at level 5 for text, HTML, JSON, JavaScript, CSS and SVG answers of at least 1KiB the node left uncompressed (12 media types), even those marked no-transform; never a range, a HEAD, an encoded body or a file offered in byte ranges
+rate limits: login attempts not per address, 5 a minute per username (bursts of 10); page views without a logged-in session not per address; 429 beyond; each limit remembers 100000 addresses or usernames; a logged-in session is never limited
 nodes:
   web1 http://192.168.1.1 weight 1
 data server: data http://192.168.1.5
@@ -222,6 +223,7 @@ session losses: a logged-in session Moodle replaces after 2h idle timed out; soo
 surge: no cap (every request goes to its node at once, and PHP's own backlog queues the rest, first come first served)
 asset cache: Moodle's revisioned theme and JavaScript answers that Moodle marks public, at most 64MiB in all and 2MiB each, answered from memory
 compression: gzip or brotli at level 5 for text, HTML, JSON, JavaScript, CSS and SVG answers of at least 1KiB the node left uncompressed (12 media types), even those marked no-transform; never a range, a HEAD, an encoded body or a file offered in byte ranges
+rate limits: login attempts not per address, 5 a minute per username (bursts of 10); page views without a logged-in session not per address; 429 beyond; each limit remembers 100000 addresses or usernames; a logged-in session is never limited
 nodes:
   web1 http://192.168.1.1:8080 weight 3
   web-2.b_c http://[fd00::2] weight 1 (draining: keeps its sessions, gets no new ones)
@@ -311,7 +313,7 @@ upstream_idle = "400 days""#;
 1: listen: "localhost:80" is not an ip:port address (like "0.0.0.0:8080")
 2: trusted_proxies[0]: "10.0.0.0/33" is not an IP address or CIDR (like "10.0.0.0/8")
 2: trusted_proxies[1]: expected a string, found integer
-3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, limits, tls, acme, offload, access_log, store, surge, cache, compression, nodes, data)
+3: lisen: unknown key (expected one of: listen, trusted_proxies, site, admin, session, timeouts, health, state, route_cookie, limits, tls, acme, offload, access_log, store, surge, cache, compression, rate_limits, nodes, data)
 5: site.path: "moodle" must start with "/" (like "/moodle")
 7: session.cookie: "Moodle Session" is not a valid cookie name
 8: session.cookie_path: "moodle/" must start with "/"

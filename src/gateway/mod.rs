@@ -21,6 +21,7 @@ mod cached;
 mod export;
 mod failover;
 mod learning;
+pub mod limiter;
 mod peers;
 pub mod stack;
 mod surge;
@@ -153,6 +154,9 @@ pub struct Settings {
     pub hsts: Option<HeaderValue>,
     /// `[compression]`, when enabled.
     pub compression: Option<Arc<Rules>>,
+    /// The rate limits' buckets (`[rate_limits]`), `None` when no limit is on:
+    /// kept across a reload that does not change the section.
+    pub rate_limits: Option<Arc<limiter::Buckets>>,
 }
 
 impl Settings {
@@ -187,6 +191,10 @@ impl Settings {
                 .and_then(|tls| tls.hsts)
                 .and_then(|hsts| HeaderValue::try_from(hsts.value()).ok()),
             compression: compression_rules(&config.compression),
+            rate_limits: match previous.and_then(|p| p.rate_limits.as_ref()) {
+                Some(kept) if kept.config == config.rate_limits => Some(kept.clone()),
+                _ => limiter::Buckets::new(&config.rate_limits).map(Arc::new),
+            },
         })
     }
 
@@ -394,6 +402,15 @@ impl Gateway {
     /// Requests between admission and their response head.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Whether the request carries a live, logged-in session this gateway bound:
+    /// the rate limits never touch one.
+    fn logged_in(&self, headers: &http::HeaderMap) -> bool {
+        let Some(id) = self.site.session_id(headers) else {
+            return false;
+        };
+        self.table.is_logged_in(self.table.key(id))
     }
 
     /// The upload spool: its directory, and its figures for `/metrics`.

@@ -32,6 +32,7 @@ use http::{Request, Response};
 use tower::{Layer, Service, ServiceBuilder};
 use tower_http::set_header::SetResponseHeaderLayer;
 
+use super::limiter::RateLimitLayer;
 use super::{Gateway, ProxyBody, Served, Settings, SettingsCache};
 use crate::access_log::{AccessLog, AccessLogLayer, Logged, Trail};
 use crate::error::GatewayError;
@@ -89,6 +90,9 @@ pub fn students(
         // What a request must be before anything looks at it (method, sizes, one
         // framing, one known host): junk costs no lookup and takes no place.
         .layer(EdgeLayer::new(gateway.clone(), client.clone()))
+        // Logins and anonymous page views past `[rate_limits]` get a quick 429,
+        // taking no place in flight; a logged-in student is never limited.
+        .layer(RateLimitLayer::new(gateway.clone(), client.clone()))
         // Never an unbounded queue: past `max_in_flight` a student gets a quick 503.
         .layer(InFlightLayer::new(gateway, client))
         // The dashboard's login is a credential for the admin listener, never for a

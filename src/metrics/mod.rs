@@ -26,6 +26,7 @@ use crate::node_id::{NodeId, MAX_NODE_IDS};
 mod acme;
 mod cache;
 mod export;
+mod limits;
 mod node;
 mod spool;
 mod store;
@@ -34,6 +35,8 @@ mod surge;
 pub use acme::AcmeMeters;
 use cache::CacheMeters;
 pub use export::{ExportMeters, ExportTotals, Fetched};
+use limits::LimitMeters;
+pub use limits::Limited;
 use node::class;
 pub use node::{LatencyCounts, LossCause, MoveCause, NodeMeters, NodeTotals};
 use spool::SpoolMeters;
@@ -129,6 +132,7 @@ pub struct Metrics {
     surge: SurgeMeters,
     cache: CacheMeters,
     spool: SpoolMeters,
+    limits: LimitMeters,
 }
 
 impl Default for Metrics {
@@ -239,6 +243,7 @@ impl Metrics {
             surge: SurgeMeters::new(&registry),
             cache: CacheMeters::new(&registry),
             spool: SpoolMeters::new(&registry),
+            limits: LimitMeters::new(&registry),
             registry,
             requests,
             latency,
@@ -354,6 +359,16 @@ impl Metrics {
     /// A request or connection one of the gateway's limits turned away.
     pub fn rejected(&self, limit: &str) {
         self.rejections.with_label_values(&[limit]).inc();
+    }
+
+    /// A request one of the rate limits answered `429`.
+    pub fn rate_limited(&self, kind: Limited) {
+        self.limits.refused(kind);
+    }
+
+    /// Requests `kind` answered `429`, since start.
+    pub fn rate_limited_total(&self, kind: Limited) -> u64 {
+        self.limits.total(kind)
     }
 
     /// `count` sessions removed from the table for `reason`.

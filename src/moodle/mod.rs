@@ -15,6 +15,7 @@
 //! This file holds what they decide: the kinds of request, and the site they belong to.
 
 mod cookies;
+mod login;
 mod masking;
 mod pages;
 mod paths;
@@ -23,6 +24,7 @@ mod revisions;
 mod work;
 
 pub use cookies::{is_valid_session_id, IssuedSession};
+pub use login::{login_attempt, username_in, LoginAttempt, LOGIN_FORM_MAX};
 pub use masking::{masked, Masked};
 pub use pages::{
     course_ids, in_maintenance, linked, login_token, page_settings, resource_ids,
@@ -51,6 +53,9 @@ pub enum PageKind {
     Login,
     /// `/login/logout.php`: a rotation on its response means a new anonymous session.
     Logout,
+    /// `/login/token.php`: the Moodle app's login, a username and password
+    /// exchanged for a web-service token (see `login`).
+    Token,
     /// `/mod/quiz/startattempt.php`: its POST creates a quiz attempt (see `work`).
     QuizStart,
     /// A script of an open quiz attempt: `attempt.php`, `processattempt.php`,
@@ -184,6 +189,7 @@ impl Site {
         Ok(RequestKind::Page(match rel {
             "/login/index.php" => PageKind::Login,
             "/login/logout.php" => PageKind::Logout,
+            "/login/token.php" => PageKind::Token,
             "/mod/quiz/startattempt.php" => PageKind::QuizStart,
             "/mod/quiz/attempt.php"
             | "/mod/quiz/processattempt.php"

@@ -303,6 +303,16 @@ impl AffinityTable {
         })
     }
 
+    /// Whether `key` is a live, logged-in session, without counting this as a use
+    /// of it (the request's own lookup does that): the rate limits never touch a
+    /// logged-in student, and ask before the journey does.
+    pub fn is_logged_in(&self, key: SessionKey) -> bool {
+        let Some(entry) = self.map.get(&key) else {
+            return false;
+        };
+        entry.state == SessionState::LoggedIn && !self.expired(&entry, self.clock.now())
+    }
+
     /// Binds a session a node just issued to that node.
     pub fn bind(&self, key: SessionKey, node: NodeId, state: SessionState) {
         let now = self.clock.now();

@@ -22,6 +22,7 @@ mod offload;
 mod open_files;
 mod operations;
 mod proxying;
+mod rate_limits;
 mod restarts;
 mod scenarios;
 mod sessions;

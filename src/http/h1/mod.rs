@@ -11,3 +11,7 @@ pub(crate) mod handover;
 pub(crate) mod server;
 pub(crate) mod stopping;
 pub(crate) mod wire;
+
+/// A student's request body, as every layer of the students' path receives it
+/// (and as a benchmark of a layer builds one).
+pub use server::StudentBody;

@@ -132,6 +132,9 @@ enum Kind {
     Length(Box<LengthFramed>),
     /// hyper's server: chunked, after a handover, or HTTP/2.
     Hyper(Incoming),
+    /// Read already by a layer that had to look inside (a login form's
+    /// username), passed on intact; `None` once sent.
+    Read(Option<Bytes>),
 }
 
 impl StudentBody {
@@ -146,6 +149,15 @@ impl StudentBody {
             kind: Kind::Hyper(incoming),
         }
     }
+
+    /// A body a layer read whole, to be sent on as it came.
+    pub fn read(bytes: Bytes) -> Self {
+        let kind = match bytes.is_empty() {
+            true => Kind::Empty,
+            false => Kind::Read(Some(bytes)),
+        };
+        Self { kind }
+    }
 }
 
 impl std::fmt::Debug for StudentBody {
@@ -154,6 +166,11 @@ impl std::fmt::Debug for StudentBody {
             Kind::Empty => f.write_str("StudentBody::Empty"),
             Kind::Length(body) => write!(f, "StudentBody::Length({} left)", body.left),
             Kind::Hyper(_) => f.write_str("StudentBody::Hyper"),
+            Kind::Read(bytes) => write!(
+                f,
+                "StudentBody::Read({} left)",
+                bytes.as_ref().map_or(0, Bytes::len)
+            ),
         }
     }
 }
@@ -174,6 +191,7 @@ impl Body for StudentBody {
             Kind::Hyper(incoming) => Pin::new(incoming)
                 .poll_frame(cx)
                 .map(|frame| frame.map(|f| f.map_err(Into::into))),
+            Kind::Read(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
         }
     }
 
@@ -182,6 +200,7 @@ impl Body for StudentBody {
             Kind::Empty => true,
             Kind::Length(body) => body.left == 0,
             Kind::Hyper(incoming) => incoming.is_end_stream(),
+            Kind::Read(bytes) => bytes.is_none(),
         }
     }
 
@@ -190,6 +209,7 @@ impl Body for StudentBody {
             Kind::Empty => SizeHint::with_exact(0),
             Kind::Length(body) => SizeHint::with_exact(body.left),
             Kind::Hyper(incoming) => incoming.size_hint(),
+            Kind::Read(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
         }
     }
 }
