@@ -9,6 +9,7 @@
 #   bench/slow_link.sh                       # 1 Mbit/s each way, 100 ms round trip
 #   SLOW_LINK="2mbit 100ms" bench/slow_link.sh
 #   SLOW_LINK= bench/slow_link.sh            # loopback: the bytes alone
+#   ACCEPT_ENCODING=gzip bench/slow_link.sh  # one coding instead of Chrome's list
 #
 # The link is a relay inside the measure (tests/real_moodle/slow_link.rs says why
 # not netem). Needs what tests/moodle/run.sh needs (it installs it when missing).

@@ -224,8 +224,10 @@ async fn load(
     }
 }
 
+/// Chrome's `Accept-Encoding`, or `ACCEPT_ENCODING` to compare one coding with another.
 fn encodings() -> Vec<(&'static str, String)> {
-    vec![("accept-encoding", CHROME_ENCODINGS.to_string())]
+    let accepted = std::env::var("ACCEPT_ENCODING").unwrap_or_else(|_| CHROME_ENCODINGS.to_owned());
+    vec![("accept-encoding", accepted)]
 }
 
 /// The sessionless assets a page links, and RequireJS's `core/first.js`, which its
@@ -367,7 +369,8 @@ impl Line {
 
 fn print(sides: &[Side], link: Option<&str>) {
     eprintln!(
-        "\nmeasure_slow_link: a first visit (Chrome's Accept-Encoding, {CONNECTIONS} connections), the link: {}",
+        "\nmeasure_slow_link: a first visit (Accept-Encoding: {}, {CONNECTIONS} connections), the link: {}",
+        encodings()[0].1,
         link.map_or_else(|| "loopback (SLOW_LINK is empty: only the bytes mean anything)".to_owned(), |l| format!("{l} (rate each way, round trip)"))
     );
     eprintln!(
@@ -385,12 +388,9 @@ fn print(sides: &[Side], link: Option<&str>) {
     let kb = |b: u64| format!("{:.1} KB", b as f64 / 1000.0);
     for side in sides {
         let (l, c) = (side.login, side.course);
-        let html = |load: Load| {
-            format!(
-                "{}{}",
-                kb(load.html),
-                load.html_encoding.map_or("", |_| " (gz)")
-            )
+        let html = |load: Load| match load.html_encoding {
+            Some(coding) => format!("{} ({coding})", kb(load.html)),
+            None => kb(load.html),
         };
         eprintln!(
             "{:<16} {:>12} {:>10} {:>10} {:>9.2} {:>12} {:>10} {:>10} {:>9.2}",
