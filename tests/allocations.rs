@@ -104,7 +104,10 @@ async fn a_proxied_request_allocates_no_more_than_it_does_today() {
     /// is no longer copied, since the node connection keeps the head it sent until
     /// the answer's arrives and hands it back if none does. 5 (measured 4) on
     /// 2026-12-05: the students' HTTP/1.1 is the gateway's own (`http::h1::server`), and
-    /// the last answer's emptied header map takes the next request's headers.
+    /// the last answer's emptied header map takes the next request's headers. 5
+    /// (measured 5) on 2026-12-06: the journey's future is boxed where it is made, so
+    /// that the six layers above it move a pointer instead of copying its 4 KB each
+    /// (W1: about 1,000 fewer instructions per request than the copies cost).
     const CEILING: usize = 5;
 
     let _alone = COUNTING.lock().await;

@@ -65,6 +65,7 @@ mod tests {
         let mut request = Request::builder()
             .method(method)
             .uri(uri)
+            .header("x-test", MARK)
             .header("authorization", format!("Bearer {TOKEN}"))
             .header("cookie", "MoodleSession=cookie-secret-value")
             .body(Body::empty())
@@ -74,7 +75,10 @@ mod tests {
         admin.oneshot(request).await.unwrap().status()
     }
 
-    /// The log lines written while the returned guard lives.
+    /// Marks this module's requests in the trace, which other tests' lines share.
+    const MARK: &str = "admin-layers-test";
+
+    /// Every log line written in this test process.
     #[derive(Clone, Default)]
     struct Captured(Arc<Mutex<Vec<u8>>>);
 
@@ -88,25 +92,41 @@ mod tests {
         }
     }
 
+    /// The process's one subscriber, installed by the first test that asks. Global,
+    /// not a thread's default: tracing caches whether a callsite is wanted for every
+    /// thread at once, so another test's thread that met a callsite with no
+    /// subscriber around could leave it "never" for this one (an empty trace, seen
+    /// in about a third of runs beside the admin's other tests).
+    fn captured() -> &'static Captured {
+        static LOG: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+        LOG.get_or_init(|| {
+            let log = Captured::default();
+            let writer = log.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::DEBUG)
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish();
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("no other test of the library installs a subscriber");
+            log
+        })
+    }
+
     #[tokio::test]
     async fn the_trace_names_each_request_but_never_its_token_cookie_or_session_id() {
-        let log = Captured::default();
-        let writer = log.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        let _guard = tracing::subscriber::set_default(subscriber);
-        // Another test's thread may have cached these callsites as "never" while no
-        // subscriber was listening: ask every callsite again (a flake seen under load).
-        tracing::callsite::rebuild_interest_cache();
+        let log = captured();
         let reload: Reload = Arc::new(|| Err(vec!["no file".into()]));
         let uri = "/affinity/lookup?session=raw-session-id-secret";
         assert_eq!(call(admin(reload), "GET", uri).await, StatusCode::NOT_FOUND);
         let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
-        assert!(log.contains("path=/affinity/lookup"), "{log}");
-        assert!(log.contains("status=404"), "{log}");
+        let ours: Vec<&str> = log.lines().filter(|line| line.contains(MARK)).collect();
+        assert!(
+            ours.iter()
+                .any(|line| line.contains("path=/affinity/lookup")),
+            "{log}"
+        );
+        assert!(ours.iter().any(|line| line.contains("status=404")), "{log}");
         assert!(log.contains("\"authorization\": Sensitive"), "{log}");
         for secret in [TOKEN, "cookie-secret-value", "raw-session-id-secret"] {
             assert!(!log.contains(secret), "{secret} in {log}");
