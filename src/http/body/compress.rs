@@ -21,7 +21,7 @@ use flate2::write::GzEncoder;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-use super::splice::{Pipe, Splice};
+use super::splice::{PassThrough, Splice};
 use super::BoxError;
 
 pub mod rules;
@@ -233,25 +233,20 @@ where
     }
 }
 
-impl<B> Splice for Compressed<B>
-where
-    B: Splice + Unpin,
-{
-    /// Only as it is: compressing needs the bytes.
-    fn can_splice(&self) -> bool {
-        matches!(self.state, State::Plain) && self.inner.can_splice()
+impl<B: Splice + Unpin> PassThrough for Compressed<B> {
+    type Inner = B;
+
+    fn inner(&self) -> &B {
+        &self.inner
     }
 
-    fn poll_splice(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        pipe: &mut Pipe,
-        max: usize,
-    ) -> Poll<Result<usize, BoxError>> {
-        if !matches!(self.state, State::Plain) {
-            return Poll::Ready(Err("a body being compressed does not splice".into()));
-        }
-        Pin::new(&mut self.inner).poll_splice(cx, pipe, max)
+    fn inner_mut(&mut self) -> &mut B {
+        &mut self.inner
+    }
+
+    /// Only as it is: compressing needs the bytes.
+    fn passing(&self) -> bool {
+        matches!(self.state, State::Plain)
     }
 }
 

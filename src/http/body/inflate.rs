@@ -18,7 +18,7 @@ use flate2::write::GzDecoder;
 use http::header::{self, HeaderMap, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 
-use super::splice::{Pipe, Splice};
+use super::splice::{PassThrough, Splice};
 use super::BoxError;
 
 /// The most gzip input decoded before its output is sent on.
@@ -194,25 +194,20 @@ where
     }
 }
 
-impl<B> Splice for Inflated<B>
-where
-    B: Splice + Unpin,
-{
-    /// Only as it is: gunzipping needs the bytes.
-    fn can_splice(&self) -> bool {
-        self.inflating.is_none() && self.inner.can_splice()
+impl<B: Splice + Unpin> PassThrough for Inflated<B> {
+    type Inner = B;
+
+    fn inner(&self) -> &B {
+        &self.inner
     }
 
-    fn poll_splice(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        pipe: &mut Pipe,
-        max: usize,
-    ) -> Poll<Result<usize, BoxError>> {
-        if self.inflating.is_some() {
-            return Poll::Ready(Err("a body being gunzipped does not splice".into()));
-        }
-        Pin::new(&mut self.inner).poll_splice(cx, pipe, max)
+    fn inner_mut(&mut self) -> &mut B {
+        &mut self.inner
+    }
+
+    /// Only as it is: gunzipping needs the bytes.
+    fn passing(&self) -> bool {
+        self.inflating.is_none()
     }
 }
 

@@ -209,6 +209,45 @@ pub(crate) trait Splice {
     }
 }
 
+/// A body that passes its inner body's bytes on untouched in some states and
+/// changes them in others (gunzips, compresses, copies them into the cache). Its
+/// [`Splice`] follows from this: it splices while it passes through, never while
+/// it needs the bytes, so a new wrapper of this kind cannot get it wrong.
+pub(crate) trait PassThrough {
+    /// The body it wraps.
+    type Inner: Splice + Unpin;
+
+    /// The body it wraps, to ask whether that can splice.
+    fn inner(&self) -> &Self::Inner;
+
+    /// The body it wraps, to splice from.
+    fn inner_mut(&mut self) -> &mut Self::Inner;
+
+    /// Whether the inner body's bytes go out as they are right now.
+    fn passing(&self) -> bool;
+}
+
+impl<T: PassThrough + Unpin> Splice for T {
+    fn can_splice(&self) -> bool {
+        self.passing() && self.inner().can_splice()
+    }
+
+    fn poll_splice(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &mut Pipe,
+        max: usize,
+    ) -> Poll<Result<usize, BoxError>> {
+        let this = self.get_mut();
+        if !this.passing() {
+            return Poll::Ready(Err(
+                "a body whose bytes are being changed does not splice".into()
+            ));
+        }
+        Pin::new(this.inner_mut()).poll_splice(cx, pipe, max)
+    }
+}
+
 impl Splice for Full<Bytes> {}
 
 /// The admin listener's answers.

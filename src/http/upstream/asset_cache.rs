@@ -52,8 +52,7 @@ use http_body_util::{Either, Full};
 use tokio::sync::watch;
 
 use crate::http::body::inflate::{gunzipped_headers, is_gzip, weaken_etag, Inflated};
-use crate::http::body::splice::{Pipe, Splice};
-use crate::http::body::BoxError;
+use crate::http::body::splice::{PassThrough, Splice};
 use crate::http::h1::wire::names_lines;
 
 mod coding;
@@ -661,25 +660,20 @@ where
     }
 }
 
-impl<B> Splice for Teed<B>
-where
-    B: Splice + Unpin,
-{
-    /// Not while the body is being copied into the cache: the copy needs its bytes.
-    fn can_splice(&self) -> bool {
-        self.filling.is_none() && self.inner.can_splice()
+impl<B: Splice + Unpin> PassThrough for Teed<B> {
+    type Inner = B;
+
+    fn inner(&self) -> &B {
+        &self.inner
     }
 
-    fn poll_splice(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        pipe: &mut Pipe,
-        max: usize,
-    ) -> Poll<Result<usize, BoxError>> {
-        if self.filling.is_some() {
-            return Poll::Ready(Err("a body filling the cache does not splice".into()));
-        }
-        Pin::new(&mut self.inner).poll_splice(cx, pipe, max)
+    fn inner_mut(&mut self) -> &mut B {
+        &mut self.inner
+    }
+
+    /// Not while the body is being copied into the cache: the copy needs its bytes.
+    fn passing(&self) -> bool {
+        self.filling.is_none()
     }
 }
 
