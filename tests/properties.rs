@@ -10,7 +10,8 @@
 use http::header::{COOKIE, SET_COOKIE};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use moodle_gateway::moodle::{
-    is_valid_session_id, AmbiguousPath, IssuedSession, RequestKind, Site,
+    is_valid_session_id, login_attempt, may_try_password, AmbiguousPath, IssuedSession,
+    RequestKind, Site,
 };
 use moodle_gateway::sessions::route_cookie::RouteCookie;
 use proptest::prelude::*;
@@ -63,7 +64,7 @@ fn tricky_text() -> impl Strategy<Value = String> {
             "/", "/", "/", ".", "..", "%", "%2F", "%2f", "%2e", "%2E%2E", "%00", "\0", "\\",
             "%5C", "%e9", "%zz", "?", "&", "=", "+", "file=", "pluginfile.php", "file.php",
             "tokenpluginfile.php", "webservice", "mod_scorm", "moddata", "scorm", "12", "x.css",
-            ":", "é", "moodle", "login", "index.php", "/pluginfile.php/",
+            ":", "é", "moodle", "login", "index.php", "token.php", "/pluginfile.php/",
         ])
         .prop_map(str::to_owned),
         1 => "[ -~]{1,4}",
@@ -91,6 +92,28 @@ fn file_name() -> impl Strategy<Value = String> {
     "[A-Za-z0-9_-]{1,12}(\\.[a-z]{1,4})?"
 }
 
+/// Paths around the login scripts: their segments with dot segments, doubled
+/// slashes, a sub-path and escapes between them.
+fn near_login() -> impl Strategy<Value = String> {
+    let segment = select(vec![
+        "login",
+        "login",
+        "index.php",
+        "token.php",
+        ".",
+        "..",
+        "",
+        "moodle",
+        "course",
+        "%6cogin",
+        "%6Cogin",
+        "login%2Findex.php",
+        "logi%6e",
+        "index%2ephp",
+    ]);
+    prop::collection::vec(segment, 1..6).prop_map(|segments| format!("/{}", segments.join("/")))
+}
+
 mod classify {
     use super::*;
 
@@ -114,6 +137,22 @@ mod classify {
         fn never_panics_on_any_path_or_query(path in any_path(), query in any_query()) {
             for site in [root(), sub()] {
                 let _ = site.classify(&path, query.as_deref());
+            }
+        }
+
+        #[test]
+        fn every_path_php_runs_as_a_login_script_is_one_the_limiter_looks_at(
+            path in prop_oneof![any_path(), near_login()],
+            query in any_query(),
+        ) {
+            for site in [root(), sub()] {
+                let kind = site.classify(&path, query.as_deref());
+                let tries = [true, false]
+                    .into_iter()
+                    .any(|post| kind.is_ok_and(|kind| login_attempt(kind, post).is_some()));
+                if tries {
+                    prop_assert!(may_try_password(&path), "{path:?} is a login");
+                }
             }
         }
 

@@ -36,6 +36,16 @@ pub fn login_attempt(kind: RequestKind, is_post: bool) -> Option<LoginAttempt> {
     }
 }
 
+/// Whether a request for `path` could try a password, asked before the path is
+/// classified: both scripts that take one (`login/index.php`, `login/token.php`)
+/// lie in `login/`, and the path PHP runs keeps that segment's `/login/` in the raw
+/// path unless an escape spells it. The rate limiter asks this of every request,
+/// and with its defaults nothing else needs the class there: the journey classifies
+/// each request once, not twice.
+pub fn may_try_password(path: &str) -> bool {
+    path.contains("/login/") || path.contains('%')
+}
+
 /// The `username` a urlencoded form or query names, as Moodle keys an account by it:
 /// PHP's decoding (of a repeated name, PHP keeps the last), then `trim` and
 /// lower case (`login/index.php` and `token.php` both do
@@ -55,6 +65,29 @@ pub fn username_in(form: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_login_however_spelt_is_looked_at_and_a_page_is_not() {
+        let logins = [
+            "/login/index.php",
+            "/moodle/login/token.php",
+            "//login//index.php",
+            "/./login/./index.php",
+            "/course/../login/index.php",
+            "/%6cogin/index.php",
+            "/login%2Findex.php",
+        ];
+        for path in logins {
+            assert!(may_try_password(path), "{path}");
+        }
+        for path in [
+            "/course/view.php",
+            "/mod/quiz/attempt.php",
+            "/loginx/index.php",
+        ] {
+            assert!(!may_try_password(path), "{path}");
+        }
+    }
 
     #[test]
     fn the_login_forms_post_and_the_apps_token_script_try_passwords() {

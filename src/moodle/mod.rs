@@ -24,7 +24,7 @@ mod revisions;
 mod work;
 
 pub use cookies::{is_valid_session_id, IssuedSession};
-pub use login::{login_attempt, username_in, LoginAttempt, LOGIN_FORM_MAX};
+pub use login::{login_attempt, may_try_password, username_in, LoginAttempt, LOGIN_FORM_MAX};
 pub use masking::{masked, Masked};
 pub use pages::{
     course_ids, in_maintenance, linked, login_token, page_settings, resource_ids,
