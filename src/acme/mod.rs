@@ -58,9 +58,8 @@ const RETRY: Duration = Duration::from_secs(3600);
 /// caught up within this, not after a sleep computed weeks ago.
 const RECHECK: Duration = Duration::from_secs(6 * 3600);
 
-/// With a shared store: how often Redis is asked for a newer certificate (one
-/// `GET` of a few kilobytes, compared as bytes with the last one).
-const SYNC: Duration = Duration::from_secs(15);
+/// With a shared store: how often Redis is asked for a newer certificate.
+const SYNC: Duration = crate::config::ACME_LOOK_EVERY;
 
 /// How often a gateway whose certificate is due asks again while another one
 /// orders, or while Redis is away for a moment.

@@ -208,19 +208,20 @@ impl Config {
     }
 
     /// Whether the certificate is the site's (Redis) or this gateway's own.
-    fn describe_acme_sharing(&self, challenge: super::Challenge) -> &'static str {
+    fn describe_acme_sharing(&self, challenge: super::Challenge) -> String {
+        let every = d(super::ACME_LOOK_EVERY);
         match (&self.store, challenge) {
-            (StoreConfig::Memory, _) => "this gateway's own certificate (no shared store)",
-            (StoreConfig::Redis(_), super::Challenge::Http01) => {
+            (StoreConfig::Memory, _) => "this gateway's own certificate (no shared store)".into(),
+            (StoreConfig::Redis(_), super::Challenge::Http01) => format!(
                 "shared through Redis: one gateway orders at a time (a lease), every gateway \
-                 answers the CA's http-01 and serves the newest certificate (looked for every 15s)"
-            }
-            (StoreConfig::Redis(_), super::Challenge::TlsAlpn01) => {
+                 answers the CA's http-01 and serves the newest certificate (looked for every {every})"
+            ),
+            (StoreConfig::Redis(_), super::Challenge::TlsAlpn01) => format!(
                 "shared through Redis: one gateway orders at a time (a lease) and every gateway \
-                 serves the newest certificate (looked for every 15s); WARNING: tls-alpn-01 is \
-                 answered only by the gateway that orders, so the CA must reach that one; with \
-                 several gateways use http-01, which every gateway answers"
-            }
+                 serves the newest certificate (looked for every {every}); WARNING: tls-alpn-01 \
+                 is answered only by the gateway that orders, so the CA must reach that one; \
+                 with several gateways use http-01, which every gateway answers"
+            ),
         }
     }
 
