@@ -297,6 +297,7 @@ run_shared() {
     "$gateway" run --config "$work/gw-b.toml" >"$work/gateway-gw-b.log" 2>&1 &
     gw_b=$!
     pids+=("$gw_a" "$gw_b")
+    local started=$SECONDS
 
     local first
     first=$(same_serial_on_both)
@@ -313,13 +314,14 @@ run_shared() {
     grep -q "CA's request sent to $other while $orderer orders" "$work/elsewhere.log" \
         || fail "shared: pebble's HTTP-01 check did not go to the gateway that did not order"
     grep -q "refused" "$work/elsewhere.log" && fail "shared: a check of pebble's went nowhere"
-    echo "== shared: $orderer ordered alone, $other answered pebble's HTTP-01 check, both serve serial $first"
+    echo "== shared: $orderer ordered alone, $other answered pebble's HTTP-01 check, both serve serial $first ($((SECONDS - started)) s after their start)"
 
     # A renewal forced on the other gateway, as an admin would there: it orders
     # now, and its certificate reaches the first within its look at Redis (15 s).
     write_shared_config "$other" "$([ "$other" = gw-a ] && echo "$tls_a" || echo "$tls_b")" \
         "$([ "$other" = gw-a ] && echo "$redirect_a" || echo "$redirect_b")" 3650d
     kill -HUP "$([ "$other" = gw-a ] && echo "$gw_a" || echo "$gw_b")"
+    started=$SECONDS
     local second=""
     for _ in 1 2; do
         second=$(same_serial_on_both "$first")
@@ -332,7 +334,7 @@ run_shared() {
         || fail "shared: the renewal's check did not go to the gateway that did not order"
     grep -q "the site's TLS certificate, from Redis, served" "$work/gateway-$orderer.log" \
         || fail "shared: $orderer did not log the certificate it took from Redis"
-    echo "== shared: $other renewed (serial $second), $orderer serves it too"
+    echo "== shared: $other renewed (serial $second), $orderer serves it too ($((SECONDS - started)) s after the reload)"
     kill "$gw_a" "$gw_b" "$pebble"
     wait "$gw_a" "$gw_b" "$pebble" 2>/dev/null || true
 }
