@@ -198,15 +198,16 @@ impl super::Acme {
         };
         let stored = bundle.as_ref().and_then(Bundle::expiry);
         match direction(stored, self.expiry(), SystemTime::now()) {
-            Direction::Install => self.install(bundle),
+            Direction::Install => self.install(sharing, bundle),
             Direction::Publish => self.offer(sharing).await,
             Direction::Stay => {}
         }
         true
     }
 
-    /// Writes the site's certificate into `acme.dir` and serves it.
-    fn install(&self, bundle: Option<Bundle>) {
+    /// Writes the site's certificate into `acme.dir` and serves it; on failure
+    /// (a full disk) the next look tries again.
+    fn install(&self, sharing: &Sharing, bundle: Option<Bundle>) {
         let Some(bundle) = bundle else {
             return;
         };
@@ -218,7 +219,12 @@ impl super::Acme {
                 tracing::info!(%expires, "the site's TLS certificate, from Redis, served");
             }
             Err(error) => {
-                tracing::error!("the site's TLS certificate from Redis not served: {error}")
+                sharing
+                    .seen
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clear();
+                tracing::error!("the site's TLS certificate from Redis not served: {error}");
             }
         }
     }

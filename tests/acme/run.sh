@@ -273,7 +273,8 @@ run_shared() {
     redis_port=$(free_port)
     mkdir -p "$work/redis"
     redis-server --bind 127.0.0.1 --port "$redis_port" --save "" --appendonly no --dir "$work/redis" >"$work/redis.log" 2>&1 &
-    pids+=($!)
+    redis_pid=$!
+    pids+=("$redis_pid")
     for _ in $(seq 50); do
         redis-cli -p "$redis_port" ping 2>/dev/null | grep -q PONG && break
         sleep 0.1
@@ -335,6 +336,21 @@ run_shared() {
     grep -q "the site's TLS certificate, from Redis, served" "$work/gateway-$orderer.log" \
         || fail "shared: $orderer did not log the certificate it took from Redis"
     echo "== shared: $other renewed (serial $second), $orderer serves it too ($((SECONDS - started)) s after the reload)"
+
+    # Redis gone, and the first gateway restarted meanwhile: it serves what its
+    # acme.dir holds, the site's certificate.
+    kill "$redis_pid" "$gw_a"
+    wait "$redis_pid" "$gw_a" 2>/dev/null || true
+    "$gateway" run --config "$work/gw-a.toml" >"$work/gateway-gw-a-again.log" 2>&1 &
+    gw_a=$!
+    pids+=("$gw_a")
+    local again=""
+    for _ in $(seq 100); do
+        again=$(served_serial "$tls_a" 2>/dev/null) && [ -n "$again" ] && break
+        sleep 0.3
+    done
+    [ "$again" = "$second" ] || fail "shared: restarted with Redis away, gw-a serves '$again', not the site's $second"
+    echo "== shared: gw-a restarted with Redis away serves the site's certificate from its acme.dir"
     kill "$gw_a" "$gw_b" "$pebble"
     wait "$gw_a" "$gw_b" "$pebble" 2>/dev/null || true
 }
