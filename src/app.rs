@@ -302,9 +302,22 @@ impl App {
             shared.ticketer = tickets.clone();
             config = Arc::new(shared);
         }
-        let acme = self.config().acme.clone().map(|acme| {
+        let (acme, store) = {
+            let config = self.config();
+            (config.acme.clone(), config.store.clone())
+        };
+        let acme = acme.map(|acme| {
             let meters = self.gateway.metrics().acme().clone();
-            crate::acme::Acme::new(acme, certs.clone(), meters)
+            // With a shared store the site orders one certificate and every
+            // gateway serves it.
+            let sharing = match &store {
+                StoreConfig::Redis(redis) => Some(crate::acme::Sharing::new(
+                    self.gateway.store().clone(),
+                    crate::store::acme_secret(redis),
+                )),
+                StoreConfig::Memory => None,
+            };
+            crate::acme::Acme::new(acme, certs.clone(), meters, sharing)
         });
         self.tls = Some(PublicTls {
             acceptor: crate::http::accept::tls::acceptor(config),
@@ -417,14 +430,18 @@ impl App {
             let serving = serve_connections(listener, listening.clone(), drain(), move |_, _| {
                 let acme = acme.clone();
                 tower::service_fn(move |request: Request<StudentBody>| {
-                    // The CA's HTTP-01 fetch is the one request not redirected.
-                    let challenge = acme
-                        .as_ref()
-                        .and_then(|a| a.http01_answer(request.uri().path()));
-                    let answer = challenge.unwrap_or_else(|| {
-                        crate::http::accept::tls::redirect_to_https(&request, https_port)
-                    });
-                    std::future::ready(Ok::<_, Infallible>(answer))
+                    let acme = acme.clone();
+                    async move {
+                        // The CA's HTTP-01 fetch is the one request not redirected.
+                        let challenge = match &acme {
+                            Some(acme) => acme.http01_answer(request.uri().path()).await,
+                            None => None,
+                        };
+                        let answer = challenge.unwrap_or_else(|| {
+                            crate::http::accept::tls::redirect_to_https(&request, https_port)
+                        });
+                        Ok::<_, Infallible>(answer)
+                    }
                 })
             });
             tokio::spawn(serving)

@@ -7,7 +7,7 @@
 //! Imports only point down. From the bottom: [`node_id`], [`moodle`], [`logs`] and
 //! [`error`] import nothing of the crate; then [`config`]; [`http`]; [`access_log`],
 //! [`cluster`], [`open_files`] and [`ready`]; [`metrics`] and [`sessions`];
-//! [`store`]; [`gateway`]; [`admin`] and [`doctor`]; [`app`]; [`demo`] and [`handover`]. A module
+//! [`store`]; [`acme`]; [`gateway`]; [`admin`] and [`doctor`]; [`app`]; [`demo`] and [`handover`]. A module
 //! uses only modules of the layers below its own (`tests/it/layers.rs` fails on any
 //! other import), so no two modules import each other, and each can be read
 //! knowing only what is under it.

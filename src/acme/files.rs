@@ -56,10 +56,15 @@ pub(super) fn write_pair(config: &AcmeConfig, chain: &str, key: &str) -> Result<
     write_atomically(&config.cert_path(), chain.as_bytes(), 0o644)
 }
 
-/// The saved account, if there is one for this CA.
-pub(super) fn read_account(config: &AcmeConfig) -> Option<AccountCredentials> {
-    let text = fs::read(config.account_path()).ok()?;
-    let saved: SavedAccount = match serde_json::from_slice(&text) {
+/// `account.json`'s text, if there is one.
+pub(super) fn read_account_text(config: &AcmeConfig) -> Option<Vec<u8>> {
+    fs::read(config.account_path()).ok()
+}
+
+/// The credentials in an account's `text` (from the file or the site's store),
+/// if they are this CA's.
+pub(super) fn parse_account(config: &AcmeConfig, text: &[u8]) -> Option<AccountCredentials> {
+    let saved: SavedAccount = match serde_json::from_slice(text) {
         Ok(saved) => saved,
         Err(error) => {
             let path = config.account_path();
@@ -73,16 +78,20 @@ pub(super) fn read_account(config: &AcmeConfig) -> Option<AccountCredentials> {
     (saved.directory == config.directory).then_some(saved.credentials)
 }
 
-pub(super) fn write_account(
+/// The text `account.json` keeps for `credentials` at this CA.
+pub(super) fn account_text(
     config: &AcmeConfig,
     credentials: AccountCredentials,
-) -> Result<(), String> {
+) -> Result<Vec<u8>, String> {
     let saved = SavedAccount {
         directory: config.directory.clone(),
         credentials,
     };
-    let text = serde_json::to_vec_pretty(&saved).map_err(|e| format!("account: {e}"))?;
-    write_atomically(&config.account_path(), &text, 0o600)
+    serde_json::to_vec_pretty(&saved).map_err(|e| format!("account: {e}"))
+}
+
+pub(super) fn write_account_text(config: &AcmeConfig, text: &[u8]) -> Result<(), String> {
+    write_atomically(&config.account_path(), text, 0o600)
 }
 
 fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> Result<(), String> {

@@ -2,8 +2,8 @@
 //! every name, a challenge answered per name, the signing request, the chain.
 
 use instant_acme::{
-    Account, AccountBuilder, AuthorizationStatus, ChallengeType, Identifier, NewAccount, NewOrder,
-    OrderStatus, RetryPolicy,
+    Account, AccountBuilder, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier,
+    NewAccount, NewOrder, OrderStatus, RetryPolicy,
 };
 
 use super::files;
@@ -16,10 +16,12 @@ pub(super) struct Issued {
     pub(super) key: String,
 }
 
-/// The account saved in `acme.dir`, or a new one (saved at once: a CA limits how
-/// many accounts an address may open).
-pub(super) async fn account(config: &AcmeConfig) -> Result<Account, String> {
-    if let Some(credentials) = files::read_account(config) {
+/// The site's account (in Redis with a shared store), the one saved in
+/// `acme.dir`, or a new one (saved at once: a CA limits how many accounts an
+/// address may open).
+pub(super) async fn account(acme: &Acme) -> Result<Account, String> {
+    let config = &acme.config;
+    if let Some(credentials) = saved_account(acme).await {
         return builder(config)?
             .from_credentials(credentials)
             .await
@@ -36,9 +38,37 @@ pub(super) async fn account(config: &AcmeConfig) -> Result<Account, String> {
         .create(&new, config.directory.clone(), None)
         .await
         .map_err(|e| format!("cannot open an account at {}: {e}", config.directory))?;
-    files::write_account(config, credentials)?;
+    let text = files::account_text(config, credentials)?;
+    files::write_account_text(config, &text)?;
+    if let Some(sharing) = &acme.sharing {
+        sharing.keep_account(&text).await;
+    }
     tracing::info!(directory = %config.directory, "ACME account opened");
     Ok(account)
+}
+
+/// With a shared store, the site's account, also written to `acme.dir`; else
+/// (or when Redis has none) the file's, offered to the other gateways.
+async fn saved_account(acme: &Acme) -> Option<AccountCredentials> {
+    let config = &acme.config;
+    let site = match &acme.sharing {
+        Some(sharing) => sharing.account().await,
+        None => None,
+    };
+    if let Some(text) = site {
+        if let Some(credentials) = files::parse_account(config, &text) {
+            if let Err(error) = files::write_account_text(config, &text) {
+                tracing::warn!("the site's ACME account is used but not kept here: {error}");
+            }
+            return Some(credentials);
+        }
+    }
+    let text = files::read_account_text(config)?;
+    let credentials = files::parse_account(config, &text)?;
+    if let Some(sharing) = &acme.sharing {
+        sharing.keep_account(&text).await;
+    }
+    Some(credentials)
 }
 
 /// The HTTPS client to the CA: the system's roots, or `directory_ca`'s alone.
@@ -76,7 +106,7 @@ pub(super) async fn issue(acme: &Acme, account: &Account) -> Result<Issued, Stri
         Err(e) => Err(e),
     };
     for (token, name) in opened {
-        acme.close(&token, &name);
+        acme.close(&token, &name).await;
     }
     match ready? {
         OrderStatus::Ready => {}
@@ -125,7 +155,8 @@ async fn answer_challenges(
             )
         })?;
         let token = challenge.token.clone();
-        acme.open(&token, &name, &challenge.key_authorization())?;
+        acme.open(&token, &name, &challenge.key_authorization())
+            .await?;
         opened.push((token, name));
         challenge
             .set_ready()

@@ -18,6 +18,10 @@ pub const DEFAULT_ACME_DIR: &str = "/var/lib/moodle-gateway/acme";
 /// certificates (renew with a third of the lifetime left), and room for a week of
 /// failed attempts before a student sees an expired certificate.
 pub const DEFAULT_RENEW_BEFORE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// With `[store] kind = "redis"`: how often every gateway looks in Redis for a
+/// newer certificate (one `GET` of a few kilobytes, compared with the last), so a
+/// renewal by one reaches the others within it. Here so `check` says it.
+pub const ACME_LOOK_EVERY: Duration = Duration::from_secs(15);
 
 /// How the CA checks that the gateway answers for a domain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

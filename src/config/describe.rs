@@ -198,12 +198,31 @@ impl Config {
         let contact = a.contact.as_deref().unwrap_or("no contact email");
         format!(
             "acme: certificates for {} from {} ({ca}), proved by {proof}; account, cert.pem and \
-             key.pem kept in {} (a placeholder until the first issuance); renewed {} before expiry; {contact}\n",
+             key.pem kept in {} (a placeholder until the first issuance); renewed {} before expiry; {contact}; {}\n",
             a.domains.join(", "),
             a.directory,
             a.dir.display(),
-            d(a.renew_before)
+            d(a.renew_before),
+            self.describe_acme_sharing(a.challenge)
         )
+    }
+
+    /// Whether the certificate is the site's (Redis) or this gateway's own.
+    fn describe_acme_sharing(&self, challenge: super::Challenge) -> String {
+        let every = d(super::ACME_LOOK_EVERY);
+        match (&self.store, challenge) {
+            (StoreConfig::Memory, _) => "this gateway's own certificate (no shared store)".into(),
+            (StoreConfig::Redis(_), super::Challenge::Http01) => format!(
+                "shared through Redis: one gateway orders at a time (a lease), every gateway \
+                 answers the CA's http-01 and serves the newest certificate (looked for every {every})"
+            ),
+            (StoreConfig::Redis(_), super::Challenge::TlsAlpn01) => format!(
+                "shared through Redis: one gateway orders at a time (a lease) and every gateway \
+                 serves the newest certificate (looked for every {every}); WARNING: tls-alpn-01 \
+                 is answered only by the gateway that orders, so the CA must reach that one; \
+                 with several gateways use http-01, which every gateway answers"
+            ),
+        }
     }
 
     /// Failover, shutdown, health checks, snapshots and the route cookie.

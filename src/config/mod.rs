@@ -58,7 +58,7 @@ mod tests;
 mod upstreams;
 mod values;
 
-pub use acme::{AcmeConfig, Challenge, DEFAULT_ACME_DIR, DEFAULT_RENEW_BEFORE};
+pub use acme::{AcmeConfig, Challenge, ACME_LOOK_EVERY, DEFAULT_ACME_DIR, DEFAULT_RENEW_BEFORE};
 pub use rate_limits::{Rate, RateLimitsConfig, DEFAULT_MAX_KEYS};
 pub use store::{
     RedisConfig, RedisTarget, StoreConfig, MASTER_PASSWORD_ENV, SENTINEL_PASSWORD_ENV,

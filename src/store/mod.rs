@@ -36,6 +36,7 @@
 //! The store knows sessions and node names, never HTTP: what it needs of the
 //! gateway is the [`Local`] trait.
 
+mod acme;
 mod agree;
 mod heartbeat;
 mod link;
@@ -59,6 +60,7 @@ use crate::metrics::{Fallback, StoreMeters};
 use crate::node_id::NodeId;
 use crate::sessions::affinity::{AffinityTable, Limits, SessionKey, SessionState};
 
+pub use acme::{AcmeTurn, LEASE as ACME_LEASE};
 pub use agree::Checked;
 use link::Link;
 pub use starts::{Leased, StartLease};
@@ -447,5 +449,15 @@ pub fn ticket_secret(config: &RedisConfig) -> [u8; 32] {
     let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&config.secret)
         .expect("HMAC takes a key of any length");
     mac.update(b"moodle-gateway tls ticket keys v1");
+    mac.finalize().into_bytes().into()
+}
+
+/// The secret the site's ACME certificate, key and account are sealed under in
+/// Redis, derived from `store.secret` as [`ticket_secret`] is, for another use.
+pub fn acme_secret(config: &RedisConfig) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&config.secret)
+        .expect("HMAC takes a key of any length");
+    mac.update(b"moodle-gateway acme certificate v1");
     mac.finalize().into_bytes().into()
 }

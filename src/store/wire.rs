@@ -10,6 +10,11 @@
 //! {prefix}fingerprint the live gateways' store.secret fingerprint (HMAC, 8 bytes); PX = 5 s
 //! {prefix}gw:{name}   JSON heartbeat of one live gateway; PX = 5 s
 //! {prefix}gateways    sorted set: gateway name → its last beat, Unix ms
+//! {prefix}tls-ticket:{period}  a period's TLS ticket key, sealed; PX = a day
+//! {prefix}acme:lease  the gateway ordering the ACME certificate; PX = its lease
+//! {prefix}acme:certificate, acme:account   sealed JSON: the newest certificate and
+//!                     key, the CA account; no expiry
+//! {prefix}acme:http01:{token}   an open HTTP-01 challenge's answer; PX = 10 min
 //! {prefix}events      the channel: first line the sender, then one change per line
 //!                       b {key} L web1    bound (or moved)
 //!                       f {key}           forgotten (logout, admin eviction)
@@ -115,6 +120,27 @@ impl Keys {
     /// The TLS ticket key of one period, sealed under `store.secret`.
     pub fn ticket_key(&self, period: u64) -> String {
         format!("{}tls-ticket:{period}", self.prefix)
+    }
+
+    /// Who orders the site's ACME certificate now (`acme.rs`): a gateway's
+    /// sender id, for as long as its lease lasts.
+    pub fn acme_lease(&self) -> String {
+        format!("{}acme:lease", self.prefix)
+    }
+
+    /// The site's ACME certificate and key, sealed under `store.secret`.
+    pub fn acme_certificate(&self) -> String {
+        format!("{}acme:certificate", self.prefix)
+    }
+
+    /// The site's ACME account credentials, sealed under `store.secret`.
+    pub fn acme_account(&self) -> String {
+        format!("{}acme:account", self.prefix)
+    }
+
+    /// The answer to one open HTTP-01 challenge.
+    pub fn acme_http01(&self, token: &str) -> String {
+        format!("{}acme:http01:{token}", self.prefix)
     }
 
     /// A node's quiz-start leases (`starts.rs`): a sorted set of lease ids.

@@ -21,8 +21,10 @@ const LAYERS: &[&[&str]] = &[
     &["access_log", "cluster", "open_files", "ready"],
     // What is counted, and the session table: each knows a node by its id only.
     &["metrics", "sessions"],
-    // Several gateways, one truth; certificates from a CA (config, http, metrics).
-    &["store", "acme"],
+    // Several gateways, one truth.
+    &["store"],
+    // Certificates from a CA (config, http, metrics), one for the site (store).
+    &["acme"],
     // One request's journey, where the wings meet.
     &["gateway"],
     // The admin API, and the doctor, which asks the nodes as the gateway would.

@@ -922,3 +922,74 @@ async fn a_class_starting_its_quiz_through_two_gateways_gets_the_nodes_share_of_
         "each gateway's own gate would let two starts run at once"
     );
 }
+
+/// What Redis says of a key's time to live, in milliseconds.
+fn pttl(site: &Site, key: &str) -> i64 {
+    let value = site.redis.command(&["PTTL", key]).unwrap();
+    redis::from_redis_value(value).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn one_gateway_at_a_time_orders_the_certificate_and_a_failed_order_holds_the_others_off() {
+    use moodle_gateway::store::AcmeTurn::{Ours, Theirs};
+    let site = Site::start(1, &["gw-a", "gw-b"], "").await;
+    let (a, b) = (
+        site.gw(0).app.gateway().store(),
+        site.gw(1).app.gateway().store(),
+    );
+    let lease = "moodle-gateway:acme:lease";
+    let minute = Duration::from_secs(60);
+    assert_eq!(a.acme_turn(minute).await, Some(Ours));
+    let theirs = b.acme_turn(minute).await;
+    assert!(
+        matches!(&theirs, Some(Theirs(holder)) if holder.starts_with("gw-a/")),
+        "{theirs:?}"
+    );
+    assert_eq!(
+        a.acme_turn(minute).await,
+        Some(Ours),
+        "renewed by its holder"
+    );
+    b.end_acme_turn().await;
+    assert!(
+        matches!(b.acme_turn(minute).await, Some(Theirs(_))),
+        "only the holder gives the lease back"
+    );
+    a.end_acme_turn().await;
+    assert_eq!(
+        b.acme_turn(minute).await,
+        Some(Ours),
+        "given back: the next may order"
+    );
+    // A holder that dies while ordering frees the site within the lease.
+    assert!((1..=60_000).contains(&pttl(&site, lease)));
+    // A failed order keeps the lease for the back-off: the others wait an hour.
+    assert_eq!(b.acme_turn(Duration::from_secs(3600)).await, Some(Ours));
+    assert!(pttl(&site, lease) > 60_000);
+    assert!(matches!(a.acme_turn(minute).await, Some(Theirs(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server: tests/store/run.sh installs and runs it"]
+async fn an_http01_answer_one_gateway_put_up_is_read_by_another_until_taken_down() {
+    let site = Site::start(1, &["gw-a", "gw-b"], "").await;
+    let (a, b) = (
+        site.gw(0).app.gateway().store(),
+        site.gw(1).app.gateway().store(),
+    );
+    assert_eq!(b.http01("tok3n").await, None);
+    assert_eq!(a.open_http01("tok3n", "tok3n.thumbprint").await, Some(()));
+    assert_eq!(b.http01("tok3n").await.as_deref(), Some("tok3n.thumbprint"));
+    let kept = pttl(&site, "moodle-gateway:acme:http01:tok3n");
+    assert!(
+        (1..=600_000).contains(&kept),
+        "gone if its orderer dies: {kept}"
+    );
+    a.close_http01("tok3n").await;
+    assert_eq!(b.http01("tok3n").await, None);
+    // The certificate as the caller sealed it, the same bytes for every gateway.
+    assert_eq!(b.acme_certificate().await, Some(None));
+    assert_eq!(a.set_acme_certificate(b"sealed".to_vec()).await, Some(()));
+    assert_eq!(b.acme_certificate().await, Some(Some(b"sealed".to_vec())));
+}

@@ -29,7 +29,31 @@ fn acme_serves_its_own_files_and_says_what_it_will_do() {
          checked against the system's roots), proved by http-01, answered by the redirect \
          listener (the CA asks port 80); account, cert.pem and key.pem kept in \
          /var/lib/moodle-gateway/acme (a placeholder until the first issuance); renewed 30days \
-         before expiry; no contact email"
+         before expiry; no contact email; this gateway's own certificate (no shared store)"
+    );
+}
+
+#[test]
+fn with_a_shared_store_check_says_the_site_orders_one_certificate_and_warns_of_tls_alpn() {
+    const STORE: &str =
+        "[store]\nkind = \"redis\"\nurl = \"redis://10.0.0.5:6379\"\nname = \"gw-a\"\n\
+                         secret = \"0123456789abcdef0123456789abcdef\"\n";
+    let acme_line = |doc: &str| {
+        let described = parse(&config(doc), None).unwrap().describe();
+        let line = described.lines().find(|l| l.starts_with("acme: ")).unwrap();
+        line.to_owned()
+    };
+    let http01 = acme_line(&format!("{TLS_HTTP01}{STORE}{ACME}"));
+    assert!(http01.ends_with(
+        "no contact email; shared through Redis: one gateway orders at a time (a lease), every gateway answers \
+         the CA's http-01 and serves the newest certificate (looked for every 15s)"
+    ), "{http01}");
+    let alpn = format!("[tls]\n{STORE}{ACME}challenge = \"tls-alpn-01\"\n");
+    let line = acme_line(&alpn);
+    assert!(
+        line.contains("tls-alpn-01 is answered only by the gateway that orders")
+            && line.contains("use http-01"),
+        "{line}"
     );
 }
 
