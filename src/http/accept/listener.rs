@@ -459,13 +459,11 @@ impl Connection {
             peer,
             closing,
         } = self;
-        let backlog = Arc::new(Backlog::default());
         // Boxed before the block, which keeps room for all it captured as long as
         // the connection lives: a pointer, where the stream itself would leave its
         // bytes unused once it is moved on. A plain connection's box is its
         // `StudentIo` as it is; the TLS handshake takes the stream out of it.
-        let stream = WriteStall::new(stream, serving.how.write_stall).pacing(backlog.clone());
-        let stream = Box::new(stream);
+        let stream = Box::new(WriteStall::new(stream, serving.how.write_stall));
         async move {
             let how = &serving.how;
             let io: StudentIo = match &how.tls {
@@ -489,7 +487,7 @@ impl Connection {
             };
             let mut stop = std::pin::pin!(closed(&closing));
             let mut stopping = Stopping::new(stop.as_mut());
-            http1(io, &serving, &mut service, backlog, &mut stopping, &peer).await;
+            http1(io, &serving, &mut service, &mut stopping, &peer).await;
             drop(place);
         }
     }
@@ -506,7 +504,6 @@ fn http1<'a, 'b, S, B>(
     io: StudentIo,
     serving: &'a Serving,
     service: &'a mut S,
-    backlog: Arc<Backlog>,
     stopping: &'a mut Stopping<'b>,
     peer: &'a SocketAddr,
 ) -> impl Future<Output = ()> + use<'a, 'b, S, B>
@@ -522,7 +519,7 @@ where
             return;
         };
         // Boxed: only the rare connection that needs hyper pays for its room.
-        Box::pin(hyper_http1(io, serving, service, backlog, stopping, peer)).await;
+        Box::pin(hyper_http1(io, serving, service, stopping, peer)).await;
     }
 }
 
@@ -532,17 +529,40 @@ async fn hyper_http1<S, B>(
     io: Replayed,
     serving: &Serving,
     service: &S,
-    backlog: Arc<Backlog>,
     stopping: &mut Stopping<'_>,
     peer: &SocketAddr,
 ) where
     S: Serves<B>,
     B: ResponseBody,
 {
+    let mut io = io;
+    let backlog = paced(io.io_mut());
     let io = TokioIo::new(io);
     let service = SocketPacedService::new(FromHyper(service.clone()), backlog);
     let connection = serving.http1.serve_connection(io, service).with_upgrades();
     serve_until_closed(connection, stopping, *peer).await;
+}
+
+/// The backlog hyper's answers on `io` are paced by ([`SocketPacedService`]),
+/// counted down by the connection's [`WriteStall`] from now on.
+///
+/// Made at the handover, not with the connection: only hyper's side reads it, and
+/// every idle connection would keep one. A connection that is not a
+/// listener's stream (none is) is not paced.
+fn paced(io: &mut StudentIo) -> Arc<Backlog> {
+    let io: &mut dyn std::any::Any = &mut **io;
+    let stream = match io.downcast_mut::<WriteStall<TcpStream>>() {
+        Some(plain) => Some(plain),
+        None => (io.downcast_mut::<TlsStream<WriteStall<TcpStream>>>()).map(|tls| tls.get_mut().0),
+    };
+    match stream {
+        Some(stream) => {
+            let backlog = Arc::new(Backlog::default());
+            stream.pace_by(backlog.clone());
+            backlog
+        }
+        None => Arc::new(Backlog::proven()),
+    }
 }
 
 /// A connection whose TLS handshake is done, by the protocol ALPN chose.
