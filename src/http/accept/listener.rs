@@ -12,7 +12,7 @@
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -30,8 +30,8 @@ use crate::config::{LimitsConfig, Timeouts};
 use crate::http::accept::streams::Streams;
 use crate::http::body::splice::Splice;
 use crate::http::body::stall::{Backlog, SocketPacedService, WriteStall};
-use crate::http::h1::handover::FromHyper;
-use crate::http::h1::server::{self, Ended, StudentBody, StudentIo};
+use crate::http::h1::handover::{FromHyper, Replayed};
+use crate::http::h1::server::{self, StudentBody, StudentIo};
 use crate::http::h1::stopping::Stopping;
 
 /// A failing `accept` repeats every 50 ms while its cause lasts (`EMFILE`).
@@ -208,9 +208,37 @@ where
     }
 }
 
-/// Resolves when the listener starts closing.
-async fn closed(mut closing: tokio::sync::watch::Receiver<bool>) {
-    let _ = closing.wait_for(|&closing| closing).await;
+/// A listener's closing as its connections wait for it: a flag, and the wake-up
+/// of every connection waiting.
+///
+/// Why not a `watch` channel: each connection keeps its wait for the closing in its
+/// task as long as it lives, idle ones too, and a watch's wait (144 bytes) is
+/// nearly twice a `Notify`'s.
+#[derive(Default)]
+struct Closing {
+    closed: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+/// Closes the listener's connections when dropped: when the listener ends, and
+/// also if its future is dropped before that.
+struct CloseOnDrop(Arc<Closing>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::Release);
+        self.0.notify.notify_waiters();
+    }
+}
+
+/// Resolves when the listener starts closing. The wait is made before the flag is
+/// read: a `notify_waiters` after that point wakes it, one before it set the flag.
+async fn closed(closing: &Closing) {
+    let notified = closing.notify.notified();
+    if closing.closed.load(Ordering::Acquire) {
+        return;
+    }
+    notified.await;
 }
 
 /// Runs one hyper connection until it ends, or until `stopping` says so (the
@@ -290,7 +318,7 @@ pub(crate) async fn serve_connections<S, B>(
 {
     let connections = Arc::new(Connections::default());
     let turning_away = Arc::new(tokio::sync::Semaphore::new(TURN_AWAY_AT_ONCE));
-    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    let closing = CloseOnDrop(Arc::default());
     let serving = Arc::new(Serving::new(how));
     let how = &serving.how;
     let mut shutdown = std::pin::pin!(shutdown);
@@ -317,13 +345,13 @@ pub(crate) async fn serve_connections<S, B>(
         let connection = Connection {
             stream,
             peer,
-            closing: closing.clone(),
+            closing: closing.0.clone(),
         };
         let service = service_for(peer, how.tls.is_some());
         tokio::spawn(connection.serve(serving.clone(), service, place));
     };
     drop(listener);
-    let _ = closing_tx.send(true);
+    drop(closing);
     drain(&connections, grace).await;
 }
 
@@ -403,8 +431,8 @@ impl Serving {
 struct Connection {
     stream: TcpStream,
     peer: SocketAddr,
-    /// Turns true when the listener starts closing.
-    closing: tokio::sync::watch::Receiver<bool>,
+    /// Says when the listener starts closing.
+    closing: Arc<Closing>,
 }
 
 impl Connection {
@@ -426,41 +454,40 @@ impl Connection {
         S: Serves<B>,
         B: ResponseBody,
     {
+        let Connection {
+            stream,
+            peer,
+            closing,
+        } = self;
+        // Boxed before the block, which keeps room for all it captured as long as
+        // the connection lives: a pointer, where the stream itself would leave its
+        // bytes unused once it is moved on. A plain connection's box is its
+        // `StudentIo` as it is; the TLS handshake takes the stream out of it.
+        let stream = Box::new(WriteStall::new(stream, serving.how.write_stall));
         async move {
             let how = &serving.how;
-            let backlog = Arc::new(Backlog::default());
-            let stream = WriteStall::new(self.stream, how.write_stall).pacing(backlog.clone());
             let io: StudentIo = match &how.tls {
-                None => Box::new(stream),
+                None => stream,
                 // Boxed, and given back once done: rustls's session as it is made and
                 // the handshake's deadline, which no idle connection needs. What comes
                 // out is a box either way: a TLS stream held here by value would keep
                 // its room in every connection's task, plain ones too.
-                Some(acceptor) => match Box::pin(handshake(acceptor, stream, how, self.peer)).await
-                {
+                Some(acceptor) => match Box::pin(handshake(acceptor, *stream, how, peer)).await {
                     None => return,
                     Some(Accepted::Http1(io)) => io,
                     Some(Accepted::Http2(stream)) => {
                         // Boxed: hyper's HTTP/2 connection is several KiB that a
                         // connection speaking HTTP/1.1 should not keep room for.
-                        let http2 = http2(stream, &serving, service, self.peer, self.closing);
+                        let http2 = http2(stream, &serving, service, peer, closing);
                         Box::pin(http2).await;
                         drop(place);
                         return;
                     }
                 },
             };
-            let mut stop = std::pin::pin!(closed(self.closing));
+            let mut stop = std::pin::pin!(closed(&closing));
             let mut stopping = Stopping::new(stop.as_mut());
-            http1(
-                io,
-                &serving,
-                &mut service,
-                backlog,
-                &mut stopping,
-                self.peer,
-            )
-            .await;
+            http1(io, &serving, &mut service, &mut stopping, &peer).await;
             drop(place);
         }
     }
@@ -471,25 +498,71 @@ impl Connection {
 ///
 /// The service is borrowed, not moved, so that the connection's task holds it once
 /// (a future keeps room for what it was given as well as for what it passes on).
-async fn http1<S, B>(
+/// Not an `async fn` for the same reason as [`Connection::serve`].
+#[allow(clippy::manual_async_fn)]
+fn http1<'a, 'b, S, B>(
     io: StudentIo,
+    serving: &'a Serving,
+    service: &'a mut S,
+    stopping: &'a mut Stopping<'b>,
+    peer: &'a SocketAddr,
+) -> impl Future<Output = ()> + use<'a, 'b, S, B>
+where
+    S: Serves<B>,
+    B: ResponseBody,
+{
+    async move {
+        let ended = server::serve(io, service, &serving.limits, stopping).await;
+        // Taken whole (not matched in place), so that it holds no room while hyper's
+        // side runs.
+        let Some(io) = ended.handed_over() else {
+            return;
+        };
+        // Boxed: only the rare connection that needs hyper pays for its room.
+        Box::pin(hyper_http1(io, serving, service, stopping, peer)).await;
+    }
+}
+
+/// Serves the rest of an HTTP/1.1 connection on hyper's side, from a request the
+/// gateway's own side does not take (its bytes are in `io`).
+async fn hyper_http1<S, B>(
+    io: Replayed,
     serving: &Serving,
-    service: &mut S,
-    backlog: Arc<Backlog>,
+    service: &S,
     stopping: &mut Stopping<'_>,
-    peer: SocketAddr,
+    peer: &SocketAddr,
 ) where
     S: Serves<B>,
     B: ResponseBody,
 {
-    let Ended::HandOver(io) = server::serve(io, service, &serving.limits, stopping).await else {
-        return;
-    };
+    let mut io = io;
+    let backlog = paced(io.io_mut());
     let io = TokioIo::new(io);
     let service = SocketPacedService::new(FromHyper(service.clone()), backlog);
     let connection = serving.http1.serve_connection(io, service).with_upgrades();
-    // Boxed: only the rare connection that needs hyper pays for its room.
-    Box::pin(serve_until_closed(connection, stopping, peer)).await;
+    serve_until_closed(connection, stopping, *peer).await;
+}
+
+/// The backlog hyper's answers on `io` are paced by ([`SocketPacedService`]),
+/// counted down by the connection's [`WriteStall`] from now on.
+///
+/// Made at the handover, not with the connection: only hyper's side reads it, and
+/// every idle connection would keep one. A connection that is not a
+/// listener's stream (none is) is not paced.
+fn paced(io: &mut StudentIo) -> Arc<Backlog> {
+    let io: &mut dyn std::any::Any = &mut **io;
+    let stream = match io.downcast_mut::<WriteStall<TcpStream>>() {
+        Some(plain) => Some(plain),
+        None => (io.downcast_mut::<TlsStream<WriteStall<TcpStream>>>()).map(|tls| tls.get_mut().0),
+    };
+    match stream {
+        Some(stream) => {
+            let backlog = Arc::new(Backlog::default());
+            stream.pace_by(backlog.clone());
+            backlog
+        }
+        None => Arc::new(Backlog::proven()),
+    }
 }
 
 /// A connection whose TLS handshake is done, by the protocol ALPN chose.
@@ -535,7 +608,7 @@ async fn http2<S, B>(
     serving: &Serving,
     service: S,
     peer: SocketAddr,
-    closing: tokio::sync::watch::Receiver<bool>,
+    closing: Arc<Closing>,
 ) where
     S: Serves<B>,
     B: ResponseBody,
@@ -548,7 +621,7 @@ async fn http2<S, B>(
         .serve_connection(io, streams.serve(FromHyper(service)));
     let mut stop = std::pin::pin!(async {
         tokio::select! {
-            () = closed(closing) => {}
+            () = closed(&closing) => {}
             () = streams.idle(how.keep_alive) => {
                 tracing::debug!(%peer, "HTTP/2 connection idle: closed");
             }
@@ -572,7 +645,7 @@ where
         listener.accept().await.unwrap()
     });
     drop(stream);
-    let (_closing_tx, closing) = tokio::sync::watch::channel(false);
+    let closing = Arc::default();
     let connections = Arc::new(Connections::default());
     let place = Open::take(&connections, 1).unwrap();
     let (stream, peer) = peer;
@@ -604,14 +677,14 @@ async fn drain(connections: &Connections, grace: Duration) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicBool;
+
     use std::sync::Mutex;
     use std::task::{Context, Wake, Waker};
 
     use super::*;
 
     /// A listener's stop that resolves when told to, and whose waker the test can
-    /// fire without resolving it (as a watch does when its value changes to `false`).
+    /// fire without resolving it (a spurious wake).
     #[derive(Default)]
     struct Stop {
         ready: AtomicBool,
@@ -663,7 +736,7 @@ mod tests {
             // Polled as the task is for its own reasons: no stop yet, nothing woken.
             assert!(!stopping.poll_stopped(&mut cx));
             assert!(!stopping.poll_stopped(&mut cx));
-            // The listener's watch wakes without stopping (a spurious change).
+            // The listener's wait wakes without stopping (a spurious wake).
             stop.wake(false);
             assert_eq!(
                 task.0.load(Ordering::SeqCst),

@@ -72,6 +72,11 @@ impl<S> WriteStall<S> {
         }
     }
 
+    /// Counts what it writes from now on against `backlog`.
+    pub fn pace_by(&mut self, backlog: Arc<Backlog>) {
+        self.backlog = Some(backlog);
+    }
+
     /// The wrapped stream.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -200,6 +205,15 @@ pub struct Backlog {
 pub const PROVEN: usize = 4 * crate::http::body::NODE_BUFFER;
 
 impl Backlog {
+    /// A backlog no write counts down: proven from the start, so that it never
+    /// holds a body back.
+    pub fn proven() -> Self {
+        Self {
+            taken: AtomicUsize::new(PROVEN),
+            ..Self::default()
+        }
+    }
+
     fn gave(&self, bytes: usize) {
         self.unwritten.fetch_add(bytes, Ordering::Relaxed);
     }

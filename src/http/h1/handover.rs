@@ -25,6 +25,11 @@ impl Replayed {
     pub(crate) fn new(read: Bytes, io: StudentIo) -> Self {
         Self { read, io }
     }
+
+    /// The connection behind the bytes read.
+    pub(crate) fn io_mut(&mut self) -> &mut StudentIo {
+        &mut self.io
+    }
 }
 
 impl AsyncRead for Replayed {

@@ -118,6 +118,16 @@ pub(crate) enum Ended {
     HandOver(Replayed),
 }
 
+impl Ended {
+    /// The connection, if it goes on on hyper's side.
+    pub(crate) fn handed_over(self) -> Option<Replayed> {
+        match self {
+            Ended::HandOver(io) => Some(io),
+            Ended::Closed => None,
+        }
+    }
+}
+
 /// A student's request body: none, one this side reads by its `Content-Length`,
 /// or hyper's (on a connection handed over, and over HTTP/2).
 pub struct StudentBody {
@@ -403,85 +413,66 @@ impl Drop for LengthFramed {
 /// request in flight is finished and answered with `Connection: close`). The
 /// service is called through `&mut`: no clone of the stack and no `Oneshot` per
 /// request, as hyper's `&self` calls need.
-pub(crate) async fn serve<S, B>(
+///
+/// Not an `async fn`, for the reason `Layout`'s conventions give: the connection is
+/// made here and moved into the block, which uses it in place.
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn serve<'a, 'b, S, B>(
     io: StudentIo,
-    service: &mut S,
-    limits: &Limits,
-    stopping: &mut Stopping<'_>,
-) -> Ended
+    service: &'a mut S,
+    limits: &'a Limits,
+    stopping: &'a mut Stopping<'b>,
+) -> impl Future<Output = Ended> + use<'a, 'b, S, B>
 where
     S: tower::Service<Request<StudentBody>, Response = Response<B>, Error = Infallible>,
     B: Body<Data = Bytes> + Splice,
     B::Error: Into<BoxError>,
 {
-    let (half, writer) = halves::split(io);
-    let mut connection = Connection {
-        reading: Some(Reading {
-            half,
-            buf: BytesMut::new(),
-        }),
-        writer,
-        deadline: Deadline::after(limits.request_headers),
-        waiting: Waiting::No,
-        answered: false,
-        back: Arc::new(Mutex::new(None)),
-        taken: 0,
-        partial: 0,
-        scratch: None,
-    };
-    loop {
-        // Taken apart in the statement that awaits it: the head is a temporary
-        // there, and no part of it takes room in the task while the connection
-        // idles.
-        let Head {
-            request,
-            method,
-            version,
-            body_len,
-            keep_alive,
-        } = match poll_fn(|cx| connection.poll_head(cx, limits, stopping)).await {
-            Next::Request(head) => head,
-            Next::Close => {
-                connection.close().await;
-                return Ended::Closed;
-            }
-            Next::HandOver(read) => return connection.hand_over(read),
-            Next::Refuse(error) => {
-                let mut keep_alive = false;
-                let answer = error.response();
-                let answered = Version::HTTP_11;
-                // Boxed, as a request's exchange is: rare, and no idle task keeps its room.
-                let refusal = connection.respond(answer, &Method::GET, answered, &mut keep_alive);
-                let _ = Box::pin(refusal).await;
-                connection.close().await;
-                return Ended::Closed;
+    let mut connection = Connection::new(io, limits);
+    async move {
+        let refused = loop {
+            // Taken apart in the statement that awaits it, and nothing awaited in
+            // its arms: the head (and the `Next` it came in) is a temporary there,
+            // and takes no room in the task while the connection idles.
+            let Head {
+                request,
+                method,
+                version,
+                body_len,
+                keep_alive,
+            } = match poll_fn(|cx| connection.poll_head(cx, limits, stopping)).await {
+                Next::Request(head) => head,
+                Next::Close => break None,
+                Next::HandOver(read) => return connection.hand_over(read),
+                Next::Refuse(error) => break Some(error),
+            };
+            let body = connection.body(body_len);
+            // Boxed, in one allocation: an idle connection's task keeps room for
+            // whatever it awaits, and the stack's future and the answer being written
+            // (some 5 KB) are needed only while a request is in flight. The stack is
+            // called inside the exchange, so that its future has one place in the box
+            // (an argument moved into a pinned local would take two); the request is
+            // moved in whole, never borrowed here, so that it takes no room in the
+            // task either.
+            let answer = |service: &mut S| service.call(request.map(|()| body));
+            let exchange =
+                connection.exchange(service, answer, method, version, keep_alive, stopping);
+            match Box::pin(exchange).await {
+                Ok(true) => {}
+                Ok(false) => break None,
+                Err(Cut) => return Ended::Closed,
             }
         };
-        let kind = match body_len {
-            0 => Kind::Empty,
-            left => Kind::Length(Box::new(LengthFramed {
-                reading: connection.reading.take(),
-                left,
-                back: connection.back.clone(),
-            })),
-        };
-        let body = StudentBody { kind };
-        // Boxed, in one allocation: an idle connection's task keeps room for
-        // whatever it awaits, and the stack's future and the answer being written
-        // (some 5 KB) are needed only while a request is in flight. The stack is
-        // called inside the exchange, so that its future has one place in the box
-        // (an argument moved into a pinned local would take two); the request is
-        // moved in whole, never borrowed here, so that it takes no room in the
-        // task either.
-        let answer = |service: &mut S| service.call(request.map(|()| body));
-        let exchange = connection.exchange(service, answer, method, version, keep_alive, stopping);
-        let Ok(keep_alive) = Box::pin(exchange).await else {
-            return Ended::Closed;
-        };
-        if !keep_alive {
-            connection.close().await;
-            return Ended::Closed;
+        if let Some(error) = refused {
+            let mut keep_alive = false;
+            let refusal = error.response();
+            // Boxed, as a request's exchange is: rare, and no idle task keeps its room.
+            let refusal =
+                connection.respond(refusal, &Method::GET, Version::HTTP_11, &mut keep_alive);
+            let _ = Box::pin(refusal).await;
         }
+        connection.close().await;
+        Ended::Closed
     }
 }
 
@@ -498,7 +489,10 @@ struct Connection {
     /// A request came on this connection: waiting with nothing of the next one
     /// read is idling between clicks, not sending a head slowly.
     answered: bool,
-    back: Arc<Return>,
+    /// Where a request's body leaves the read side: made for the connection's first
+    /// body, so that a connection that has sent none (most: browsers' clicks are
+    /// `GET`s) keeps no room for it while idle.
+    back: Option<Arc<Return>>,
     /// Bytes the socket took since it last refused a write or took part of one,
     /// up to [`PROVEN`].
     taken: usize,
@@ -611,6 +605,38 @@ enum Spliced {
 struct Cut;
 
 impl Connection {
+    fn new(io: StudentIo, limits: &Limits) -> Self {
+        let (half, writer) = halves::split(io);
+        Self {
+            reading: Some(Reading {
+                half,
+                buf: BytesMut::new(),
+            }),
+            writer,
+            deadline: Deadline::after(limits.request_headers),
+            waiting: Waiting::No,
+            answered: false,
+            back: None,
+            taken: 0,
+            partial: 0,
+            scratch: None,
+        }
+    }
+
+    /// The body of a request whose head says `body_len` bytes follow: with any,
+    /// the read side goes with it until its last byte.
+    fn body(&mut self, body_len: u64) -> StudentBody {
+        let kind = match body_len {
+            0 => Kind::Empty,
+            left => Kind::Length(Box::new(LengthFramed {
+                reading: self.reading.take(),
+                left,
+                back: self.back.get_or_insert_with(Arc::default).clone(),
+            })),
+        };
+        StudentBody { kind }
+    }
+
     /// Calls the stack (`answer` on `service`), waits for its answer and writes it;
     /// whether the connection is kept after it (`keep_alive` as the request asked,
     /// turned false when the listener closes meanwhile or the answer says so).
@@ -666,7 +692,9 @@ impl Connection {
         if self.reading.is_some() {
             return true;
         }
-        let back = self.back.lock().ok().and_then(|mut back| back.take());
+        let back = (self.back.as_ref())
+            .and_then(|back| back.lock().ok())
+            .and_then(|mut back| back.take());
         let Some((mut reading, left)) = back else {
             return false;
         };

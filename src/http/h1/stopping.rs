@@ -15,14 +15,15 @@ use futures_util::task::AtomicWaker;
 ///
 /// `stop` is polled only when its own waker fired (and once at first): the
 /// connection's task wakes twice a request for its own reasons, and each poll of
-/// the listener's watch takes its lock (about 350 instructions a request, 1 % of
+/// the listener's wait takes a lock (about 350 instructions a request, 1 % of
 /// a small page's user-space work). For the same reason the task's waker is handed
 /// to `woken` only when it is not there already: a registration is two locked
 /// instructions, a check that it would wake the same task two compares.
 pub(crate) struct Stopping<'a> {
     stop: Pin<&'a mut (dyn Future<Output = ()> + Send)>,
+    /// Its waker, made when `stop` is polled (once at first, then only when woken):
+    /// not kept, as every idle connection would keep it.
     woken: Arc<StopWoken>,
-    waker: Waker,
     /// The task's waker as last handed to `woken.task`; a wake takes it out of
     /// there, and says so by setting `woken.woken` after it has.
     registered: Option<Waker>,
@@ -31,12 +32,9 @@ pub(crate) struct Stopping<'a> {
 
 impl<'a> Stopping<'a> {
     pub(crate) fn new(stop: Pin<&'a mut (dyn Future<Output = ()> + Send)>) -> Self {
-        let woken = Arc::new(StopWoken::default());
-        let waker = Waker::from(woken.clone());
         Self {
             stop,
-            woken,
-            waker,
+            woken: Arc::new(StopWoken::default()),
             registered: None,
             stopped: false,
         }
@@ -56,7 +54,8 @@ impl<'a> Stopping<'a> {
         if woken.load(Ordering::Acquire) && woken.swap(false, Ordering::AcqRel) {
             // That wake took the task's waker with it.
             self.register(cx);
-            let mut stop_cx = Context::from_waker(&self.waker);
+            let waker = Waker::from(self.woken.clone());
+            let mut stop_cx = Context::from_waker(&waker);
             self.stopped = self.stop.as_mut().poll(&mut stop_cx).is_ready();
         }
         self.stopped
