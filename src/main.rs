@@ -379,6 +379,7 @@ async fn serve(config: Config, path: &std::path::Path, start: Start) -> Result<(
     // Every listener is bound and the table restored: systemd (Type=notify) may now
     // start what depends on the gateway, and `systemctl start` returns.
     let status = format!("students on {listen}");
+    let stopped = shutdown_signal();
     notify_systemd(&[NotifyState::Ready, NotifyState::Status(&status)]);
     let listeners = Listeners {
         public,
@@ -387,7 +388,7 @@ async fn serve(config: Config, path: &std::path::Path, start: Start) -> Result<(
     };
     let stop = async move {
         tokio::select! {
-            () = shutdown_signal() => {}
+            () = stopped => {}
             Ok(()) = successor_serving => {}
         }
     };
@@ -433,27 +434,34 @@ async fn watch_hangups(app: App, hangups: std::io::Result<tokio::signal::unix::S
     }
 }
 
-/// Completes on Ctrl-C or SIGTERM (what systemd and the benchmark send).
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Completes on Ctrl-C or SIGTERM (what systemd and the benchmark send). The
+/// handlers are installed when this is called, not when the future is first
+/// polled: called before READY=1, a `systemctl stop` right after the start drains
+/// as any stop does, where SIGTERM's default action would end the process at once.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        let ctrl_c = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        #[cfg(unix)]
+        let terminate = async {
+            match terminate {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        #[cfg(not(unix))]
+        let terminate = std::future::pending::<()>();
+        tokio::select! {
+            () = ctrl_c => {}
+            () = terminate => {}
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
+        notify_systemd(&[NotifyState::Stopping]);
     }
-    notify_systemd(&[NotifyState::Stopping]);
 }
 
 /// Tells the service manager about a state change, when one listens (`NOTIFY_SOCKET`,

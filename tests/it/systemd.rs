@@ -9,11 +9,12 @@ use tokio::net::UnixDatagram;
 
 use crate::support::{self, config_for, start_binary_notifying};
 
-/// What the gateway sent next, one datagram.
+/// What the gateway sent next, one datagram. Waited for up to 30 s: a bound on a
+/// hang, not a speed (a build at full load once kept a notice past 10 s).
 async fn next(socket: &UnixDatagram) -> String {
     let mut buf = vec![0u8; 4096];
-    let wait = tokio::time::timeout(Duration::from_secs(10), socket.recv(&mut buf));
-    let len = wait.await.expect("a notice within 10 s").unwrap();
+    let wait = tokio::time::timeout(Duration::from_secs(30), socket.recv(&mut buf));
+    let len = wait.await.expect("a notice within 30 s").unwrap();
     String::from_utf8_lossy(&buf[..len]).into_owned()
 }
 
