@@ -32,15 +32,16 @@ struct Sockets {
 }
 
 impl Sockets {
+    /// Three different free ports: the three probes are held at once, so no two
+    /// of them can be the same port.
     fn free() -> Self {
-        let free = || {
-            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            probe.local_addr().unwrap()
-        };
+        let probes: [std::net::TcpListener; 3] =
+            std::array::from_fn(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+        let at = |i: usize| probes[i].local_addr().unwrap();
         Self {
-            public: free(),
-            admin: free(),
-            redirect: free(),
+            public: at(0),
+            admin: at(1),
+            redirect: at(2),
         }
     }
 
@@ -85,26 +86,51 @@ fn config(cluster: &Cluster, cert: &TestCert, sockets: &Sockets) -> String {
     cluster.config_toml("0.0.0.0:1", Some((&admin, TOKEN)), &extra)
 }
 
-/// Knocks on `at` until something listens there: the connection that makes
-/// `systemd-socket-activate` exec the gateway, kept open until dropped. Up to 30 s:
-/// on a loaded machine the activator itself can take seconds to start.
-async fn knock(at: SocketAddr) -> TcpStream {
+/// How many times a test starts the activator on new ports. A free port stays
+/// free only until the activator binds it: meanwhile another test's outgoing
+/// connection may take it as its own local port, and the activator then exits
+/// saying "Address already in use". That start is tried again on other ports.
+const STARTS: usize = 5;
+
+/// Knocks on `at` until something listens there, while `running` says the
+/// activator has not exited: the connection that makes `systemd-socket-activate`
+/// exec the gateway, kept open until dropped. `None` if the activator exited
+/// first. Up to 30 s: on a loaded machine the activator itself can take seconds
+/// to start.
+async fn knock(at: SocketAddr, mut running: impl FnMut() -> bool) -> Option<TcpStream> {
     for _ in 0..1200 {
         if let Ok(stream) = TcpStream::connect(at).await {
-            return stream;
+            return Some(stream);
+        }
+        if !running() {
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    panic!("nothing listens on {at}");
+    panic!("nothing listens on {at} after 30 s, and the activator still runs");
 }
 
-/// The gateway started the way systemd starts it, once a first connection came.
-async fn activated(sockets: &Sockets, dir: &TempDir) -> GatewayProcess {
-    let command = sockets.activator(&["run"]);
-    let at = dir.0.clone();
-    let starting = tokio::task::spawn_blocking(move || crate::support::spawn_sharing(command, &at));
-    let _first = knock(sockets.admin).await;
-    starting.await.unwrap()
+/// The gateway started the way systemd starts it, once a first connection came,
+/// on sockets at free ports; `config` is the gateway's config for those sockets.
+async fn activated(config: impl Fn(&Sockets) -> String) -> (Sockets, TempDir, GatewayProcess) {
+    for start in 1..=STARTS {
+        let sockets = Sockets::free();
+        let dir = crate::support::new_dir(&config(&sockets));
+        let command = sockets.activator(&["run"]);
+        let at = dir.0.clone();
+        let starting =
+            tokio::task::spawn_blocking(move || crate::support::spawn_sharing(command, &at));
+        // An activator that exits ends `spawn_sharing` in a panic: no address logged.
+        let _first = knock(sockets.admin, || !starting.is_finished()).await;
+        match starting.await {
+            Ok(gateway) => return (sockets, dir, gateway),
+            Err(_) if start < STARTS => {
+                eprintln!("the activator exited before listening; starting it on other ports")
+            }
+            Err(error) => panic!("the activator never started the gateway: {error}"),
+        }
+    }
+    unreachable!("the last start returns or panics")
 }
 
 /// One request on a new connection, read to its end: the answer's head and body.
@@ -167,10 +193,7 @@ async fn every_listener_answers_on_the_socket_systemd_passes() {
     }
     let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
     let cert = TestCert::new("activation");
-    let sockets = Sockets::free();
-    let dir = crate::support::new_dir(&config(&cluster, &cert, &sockets));
-
-    let gateway = activated(&sockets, &dir).await;
+    let (sockets, _dir, gateway) = activated(|sockets| config(&cluster, &cert, sockets)).await;
 
     assert_eq!(
         gateway.addr, sockets.public,
@@ -202,22 +225,32 @@ async fn check_says_which_listeners_come_from_systemd() {
     }
     let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
     let cert = TestCert::new("activation-check");
-    let sockets = Sockets::free();
-    let dir = crate::support::new_dir(&config(&cluster, &cert, &sockets));
-    let mut command = sockets.activator(&["check", "--config"]);
-    command
-        .arg(dir.0.join("config.toml"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let checking = command.spawn().unwrap();
-
-    let _first = knock(sockets.public).await;
-    let out = tokio::task::spawn_blocking(move || checking.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-
+    let mut start = 0;
+    let (sockets, out) = loop {
+        start += 1;
+        let sockets = Sockets::free();
+        let dir = crate::support::new_dir(&config(&cluster, &cert, &sockets));
+        let mut command = sockets.activator(&["check", "--config"]);
+        command
+            .arg(dir.0.join("config.toml"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut checking = command.spawn().unwrap();
+        let first = knock(sockets.public, || matches!(checking.try_wait(), Ok(None))).await;
+        let out = tokio::task::spawn_blocking(move || checking.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        if first.is_some() {
+            break (sockets, out);
+        }
+        let errors = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            errors.contains("Address already in use") && start < STARTS,
+            "the activator exited before listening, start {start}: {errors}"
+        );
+    };
     let said = String::from_utf8_lossy(&out.stdout);
     let errors = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{said}{errors}");
