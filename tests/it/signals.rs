@@ -75,7 +75,8 @@ async fn a_request_slower_than_the_shutdown_grace_does_not_keep_the_gateway_aliv
 /// A student's browser keeps its connection open between pages. At SIGTERM such an
 /// idle connection is closed at once: it holds no request, so the gateway does not
 /// wait the grace for it (the connection is told to stop by a wake of its own, not
-/// by polling the listener's state at every request).
+/// by polling the listener's state at every request), whether it has just been
+/// answered or has been parked while its student reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_keep_alive_connection_is_closed_at_sigterm_without_waiting_the_grace() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -83,26 +84,36 @@ async fn an_idle_keep_alive_connection_is_closed_at_sigterm_without_waiting_the_
     let data = support::named_upstream("data").await;
     let extra = "[timeouts]\nshutdown = \"60s\"\nrequest_headers = \"60s\"\n";
     let mut gateway = start_binary(&config_for(&[node], data, extra));
-    let mut browser = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
     let request = b"GET /course/view.php?id=2 HTTP/1.1\r\nHost: moodle.test\r\n\r\n";
-    for _ in 0..3 {
-        browser.write_all(request).await.unwrap();
-        let mut answer = Vec::new();
-        while !answer.ends_with(b"page") {
-            let mut chunk = [0; 1024];
-            let read = browser.read(&mut chunk).await.unwrap();
-            assert!(read > 0, "the gateway closed the connection between pages");
-            answer.extend_from_slice(&chunk[..read]);
+    let pages = |mut browser: tokio::net::TcpStream, n| async move {
+        for _ in 0..n {
+            browser.write_all(request).await.unwrap();
+            let mut answer = Vec::new();
+            while !answer.ends_with(b"page") {
+                let mut chunk = [0; 1024];
+                let read = browser.read(&mut chunk).await.unwrap();
+                assert!(read > 0, "the gateway closed the connection between pages");
+                answer.extend_from_slice(&chunk[..read]);
+            }
+            assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
         }
-        assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
-    }
+        browser
+    };
+    let connect = || tokio::net::TcpStream::connect(gateway.addr);
+    // One student has been reading a page for longer than a connection takes to
+    // park; the other has just had their third.
+    let reading = pages(connect().await.unwrap(), 1).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let browser = pages(connect().await.unwrap(), 3).await;
     gateway.signal("TERM");
-    let mut rest = [0; 64];
-    let closed = tokio::time::timeout(Duration::from_secs(5), browser.read(&mut rest)).await;
-    assert!(
-        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
-        "the idle connection was closed at once: {closed:?}"
-    );
+    for (who, mut connection) in [("reading", reading), ("just answered", browser)] {
+        let mut rest = [0; 64];
+        let closed = tokio::time::timeout(Duration::from_secs(5), connection.read(&mut rest)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "the idle connection ({who}) was closed at once: {closed:?}"
+        );
+    }
     let exit = gateway.exit_within(Duration::from_secs(5)).await;
     assert!(exit.success(), "exit status {exit}");
 }

@@ -31,7 +31,7 @@ use crate::http::accept::streams::Streams;
 use crate::http::body::splice::Splice;
 use crate::http::body::stall::{Backlog, SocketPacedService, WriteStall};
 use crate::http::h1::handover::{FromHyper, Replayed};
-use crate::http::h1::server::{self, StudentBody, StudentIo};
+use crate::http::h1::server::{self, Ended, Parked, Start, StudentBody, StudentIo};
 use crate::http::h1::stopping::Stopping;
 
 /// A failing `accept` repeats every 50 ms while its cause lasts (`EMFILE`).
@@ -311,11 +311,12 @@ pub(crate) async fn serve_connections<S, B>(
     listener: TcpListener,
     how: Listening,
     shutdown: impl Future<Output = Duration>,
-    service_for: impl Fn(SocketAddr, bool) -> S,
+    service_for: impl MakesService<S>,
 ) where
     S: Serves<B>,
     B: ResponseBody,
 {
+    let service_for = Arc::new(service_for);
     let connections = Arc::new(Connections::default());
     let turning_away = Arc::new(tokio::sync::Semaphore::new(TURN_AWAY_AT_ONCE));
     let closing = CloseOnDrop(Arc::default());
@@ -347,8 +348,7 @@ pub(crate) async fn serve_connections<S, B>(
             peer,
             closing: closing.0.clone(),
         };
-        let service = service_for(peer, how.tls.is_some());
-        tokio::spawn(connection.serve(serving.clone(), service, place));
+        tokio::spawn(connection.serve(serving.clone(), service_for.clone(), place));
     };
     drop(listener);
     drop(closing);
@@ -444,13 +444,14 @@ impl Connection {
     /// as the local it is moved into, and the task is what every idle connection
     /// costs. The block below uses what it captured in place.
     #[allow(clippy::manual_async_fn)]
-    fn serve<S, B>(
+    fn serve<F, S, B>(
         self,
         serving: Arc<Serving>,
-        mut service: S,
+        service_for: Arc<F>,
         place: Open,
     ) -> impl Future<Output = ()> + Send
     where
+        F: MakesService<S>,
         S: Serves<B>,
         B: ResponseBody,
     {
@@ -466,6 +467,7 @@ impl Connection {
         let stream = Box::new(WriteStall::new(stream, serving.how.write_stall));
         async move {
             let how = &serving.how;
+            let tls = how.tls.is_some();
             let io: StudentIo = match &how.tls {
                 None => stream,
                 // Boxed, and given back once done: rustls's session as it is made and
@@ -478,6 +480,7 @@ impl Connection {
                     Some(Accepted::Http2(stream)) => {
                         // Boxed: hyper's HTTP/2 connection is several KiB that a
                         // connection speaking HTTP/1.1 should not keep room for.
+                        let service = service_for(peer, tls);
                         let http2 = http2(stream, &serving, service, peer, closing);
                         Box::pin(http2).await;
                         drop(place);
@@ -487,39 +490,64 @@ impl Connection {
             };
             let mut stop = std::pin::pin!(closed(&closing));
             let mut stopping = Stopping::new(stop.as_mut());
-            http1(io, &serving, &mut service, &mut stopping, &peer).await;
+            let mut start = Start::New(io);
+            // Awake, the connection is served in a box of its own, which holds the
+            // students' stack and the room a request needs. Parked between a
+            // student's clicks, it is only its `Parked`, waited on in this small
+            // loop. The stack is made again at each wake: a few reference counts,
+            // once per click after a page was read.
+            while let Some(mut parked) = {
+                let service = service_for(peer, tls);
+                Box::pin(http1(start, &serving, service, &mut stopping, &peer)).await
+            } {
+                if !parked.wait(&mut stopping).await {
+                    parked.close().await;
+                    break;
+                }
+                start = Start::Woken(parked);
+            }
             drop(place);
         }
     }
 }
 
-/// Serves an HTTP/1.1 connection to its end: on the gateway's own side
+/// What makes a connection's students' stack from its peer and whether it came
+/// over TLS: called when the connection starts and each time it wakes from
+/// [`Parked`].
+pub(crate) trait MakesService<S>: Fn(SocketAddr, bool) -> S + Send + Sync + 'static {}
+
+impl<F, S> MakesService<S> for F where F: Fn(SocketAddr, bool) -> S + Send + Sync + 'static {}
+
+/// Serves an HTTP/1.1 connection until it ends or parks: on the gateway's own side
 /// ([`server`]) while its requests are plain, then on hyper's if one is not.
+/// `Some` when it parked, to wait for the student's next click.
 ///
-/// The service is borrowed, not moved, so that the connection's task holds it once
-/// (a future keeps room for what it was given as well as for what it passes on).
-/// Not an `async fn` for the same reason as [`Connection::serve`].
+/// Not an `async fn`, for the same reason as [`Connection::serve`]; the service is
+/// its own, made for this wake.
 #[allow(clippy::manual_async_fn)]
 fn http1<'a, 'b, S, B>(
-    io: StudentIo,
+    start: Start,
     serving: &'a Serving,
-    service: &'a mut S,
+    mut service: S,
     stopping: &'a mut Stopping<'b>,
     peer: &'a SocketAddr,
-) -> impl Future<Output = ()> + use<'a, 'b, S, B>
+) -> impl Future<Output = Option<Parked>> + use<'a, 'b, S, B>
 where
     S: Serves<B>,
     B: ResponseBody,
 {
     async move {
-        let ended = server::serve(io, service, &serving.limits, stopping).await;
+        let ended = server::serve(start, &mut service, &serving.limits, stopping).await;
         // Taken whole (not matched in place), so that it holds no room while hyper's
         // side runs.
-        let Some(io) = ended.handed_over() else {
-            return;
+        let io = match ended {
+            Ended::Closed => return None,
+            Ended::Parked(parked) => return Some(parked),
+            Ended::HandOver(io) => io,
         };
         // Boxed: only the rare connection that needs hyper pays for its room.
-        Box::pin(hyper_http1(io, serving, service, stopping, peer)).await;
+        Box::pin(hyper_http1(io, serving, &service, stopping, peer)).await;
+        None
     }
 }
 
@@ -635,7 +663,7 @@ async fn http2<S, B>(
 /// what every idle connection costs beside its socket and a few small boxes
 /// (a test of the students' stack holds it down).
 #[cfg(test)]
-pub(crate) async fn task_bytes<S, B>(service: S, how: Listening) -> usize
+pub(crate) async fn task_bytes<S, B>(service_for: impl MakesService<S>, how: Listening) -> usize
 where
     S: Serves<B>,
     B: ResponseBody,
@@ -655,7 +683,7 @@ where
         closing,
     };
     let serving = Arc::new(Serving::new(how));
-    let task = connection.serve(serving, service, place);
+    let task = connection.serve(serving, Arc::new(service_for), place);
     std::mem::size_of_val(&task)
 }
 

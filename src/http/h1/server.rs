@@ -116,15 +116,57 @@ pub(crate) enum Ended {
     Closed,
     /// A request this side does not take is next: hyper's server goes on from it.
     HandOver(Replayed),
+    /// Idle past [`PARK_AFTER`]: the student is reading a page. What the
+    /// connection keeps until the next click is in the [`Parked`].
+    Parked(Parked),
 }
 
-impl Ended {
-    /// The connection, if it goes on on hyper's side.
-    pub(crate) fn handed_over(self) -> Option<Replayed> {
-        match self {
-            Ended::HandOver(io) => Some(io),
-            Ended::Closed => None,
-        }
+/// How long a kept connection waits for its next request before it is parked: a
+/// student who has not clicked for a second is reading a page, for seconds or
+/// minutes, and thousands do at once. A connection in use (a page's assets, a
+/// benchmark's loop) never idles that long and is never parked.
+pub(crate) const PARK_AFTER: Duration = Duration::from_secs(1);
+
+/// A kept connection between a student's clicks: its two halves, its deadline and
+/// nothing else. The connection's task waits on it ([`Parked::wait`]) in a small
+/// future, and the serving state (the students' stack, a request's room, the
+/// request scratch) is made again only when the next request's bytes come, so an
+/// idle connection costs its socket and a few hundred bytes, as nginx's does.
+pub(crate) struct Parked {
+    reading: Reading,
+    writer: WriteHalf,
+    /// Armed for what is left of `keep_alive`.
+    deadline: Deadline,
+    taken: usize,
+}
+
+impl Parked {
+    /// Waits for the next request's first bytes (read into the buffer): `true`
+    /// when they came, `false` when the connection is to close instead (the
+    /// keep-alive passed, the student closed, or `stopping` says so).
+    pub(crate) async fn wait(&mut self, stopping: &mut Stopping<'_>) -> bool {
+        poll_fn(|cx| {
+            if stopping.poll_stopped(cx) {
+                return Poll::Ready(false);
+            }
+            match self.reading.poll_fill(cx, HEAD_READ) {
+                Poll::Ready(Ok(read)) => return Poll::Ready(read > 0),
+                Poll::Ready(Err(_)) => return Poll::Ready(false),
+                Poll::Pending => self.reading.release(),
+            }
+            if self.deadline.poll_passed(cx) {
+                tracing::debug!("idle past timeouts.keep_alive: closed");
+                return Poll::Ready(false);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Closes the connection, as an idle one is closed.
+    pub(crate) async fn close(&mut self) {
+        use tokio::io::AsyncWriteExt;
+        let _ = self.writer.shutdown().await;
     }
 }
 
@@ -408,8 +450,16 @@ impl Drop for LengthFramed {
     }
 }
 
-/// Serves `io`'s requests with `service` until the connection closes or a request
-/// this side does not take comes; `stopping` says when the listener closes (the
+/// Where [`serve`] takes a connection up.
+pub(crate) enum Start {
+    /// A new connection, or one whose TLS handshake is just done.
+    New(StudentIo),
+    /// A parked connection whose next request's first bytes have come.
+    Woken(Parked),
+}
+
+/// Serves a connection's requests with `service` until it closes, idles past
+/// [`PARK_AFTER`] or a request this side does not take comes; `stopping` says when the listener closes (the
 /// request in flight is finished and answered with `Connection: close`). The
 /// service is called through `&mut`: no clone of the stack and no `Oneshot` per
 /// request, as hyper's `&self` calls need.
@@ -418,7 +468,7 @@ impl Drop for LengthFramed {
 /// made here and moved into the block, which uses it in place.
 #[allow(clippy::manual_async_fn)]
 pub(crate) fn serve<'a, 'b, S, B>(
-    io: StudentIo,
+    start: Start,
     service: &'a mut S,
     limits: &'a Limits,
     stopping: &'a mut Stopping<'b>,
@@ -428,7 +478,10 @@ where
     B: Body<Data = Bytes> + Splice,
     B::Error: Into<BoxError>,
 {
-    let mut connection = Connection::new(io, limits);
+    let mut connection = match start {
+        Start::New(io) => Connection::new(io, limits),
+        Start::Woken(parked) => Connection::woken(parked),
+    };
     async move {
         let refused = loop {
             // Taken apart in the statement that awaits it, and nothing awaited in
@@ -443,6 +496,7 @@ where
             } = match poll_fn(|cx| connection.poll_head(cx, limits, stopping)).await {
                 Next::Request(head) => head,
                 Next::Close => break None,
+                Next::Park => return Ended::Parked(connection.park(limits)),
                 Next::HandOver(read) => return connection.hand_over(read),
                 Next::Refuse(error) => break Some(error),
             };
@@ -538,6 +592,8 @@ enum Waiting {
 enum Next {
     Request(Head),
     Close,
+    /// Idle for [`PARK_AFTER`], with `keep_alive` longer than that.
+    Park,
     /// A request this side refuses itself, with the connection closed after the
     /// answer: its framing or version cannot be trusted, and hyper's server would
     /// answer it less clearly (see [`refusal`]).
@@ -620,6 +676,48 @@ impl Connection {
             taken: 0,
             partial: 0,
             scratch: None,
+        }
+    }
+
+    /// A parked connection again, its next request's first bytes read: it was
+    /// idle, so the head's own deadline starts now (see [`Waiting`]).
+    fn woken(parked: Parked) -> Self {
+        let Parked {
+            reading,
+            writer,
+            deadline,
+            taken,
+        } = parked;
+        Self {
+            reading: Some(reading),
+            writer,
+            deadline,
+            waiting: Waiting::Idle,
+            answered: true,
+            back: None,
+            taken,
+            partial: 0,
+            scratch: None,
+        }
+    }
+
+    /// What an idle connection keeps, its deadline moved to what is left of
+    /// `keep_alive`. Called only while nothing is read and no body is out (its
+    /// reading side is here, its buffer and scratch given back).
+    fn park(self, limits: &Limits) -> Parked {
+        let Connection {
+            reading,
+            writer,
+            mut deadline,
+            taken,
+            ..
+        } = self;
+        deadline.set(limits.keep_alive.saturating_sub(PARK_AFTER));
+        Parked {
+            reading: reading.expect("a connection waiting for a head has its read side"),
+            writer,
+            deadline,
+            taken,
         }
     }
 
@@ -776,18 +874,21 @@ impl Connection {
             } else {
                 Waiting::Head
             };
-            return self.poll_deadline(cx, now, limits).map(|()| Next::Close);
+            return self.poll_deadline(cx, now, limits);
         }
     }
 
     /// Arms the deadline of what the connection waits for `now` (`keep_alive`
     /// between requests, `request_headers` once a head has begun), and is ready
-    /// when it has passed.
-    fn poll_deadline(&mut self, cx: &mut Context<'_>, now: Waiting, limits: &Limits) -> Poll<()> {
+    /// when it has passed: to close, or to park an idle connection (its first
+    /// [`PARK_AFTER`] of `keep_alive`).
+    fn poll_deadline(&mut self, cx: &mut Context<'_>, now: Waiting, limits: &Limits) -> Poll<Next> {
+        let parks = limits.keep_alive > PARK_AFTER;
         if self.waiting != now {
             // Idle to head: the head's first byte came just now.
             self.waiting = now;
             self.deadline.set(match now {
+                Waiting::Idle if parks => PARK_AFTER,
                 Waiting::Idle => limits.keep_alive,
                 Waiting::Head | Waiting::No => limits.request_headers,
             });
@@ -796,12 +897,13 @@ impl Connection {
             return Poll::Pending;
         }
         match now {
+            Waiting::Idle if parks => return Poll::Ready(Next::Park),
             Waiting::Idle => tracing::debug!("idle past timeouts.keep_alive: closed"),
             Waiting::Head | Waiting::No => {
                 tracing::debug!("request head not complete within timeouts.request_headers")
             }
         }
-        Poll::Ready(())
+        Poll::Ready(Next::Close)
     }
 
     /// Writes `response`; `keep_alive` comes back false when the connection must

@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use bytes::BytesMut;
 use http::{Request, Response};
 
-use super::{parse, serve, Ended, Limits, Parsed, StudentBody};
+use super::{parse, serve, Ended, Limits, Parsed, Start, StudentBody};
 use crate::http::h1::stopping::Stopping;
 
 /// What the request head parser made of the bytes at the start of a connection.
@@ -71,7 +71,13 @@ where
     let mut stop = std::pin::pin!(std::future::pending::<()>());
     let mut stopping = Stopping::new(stop.as_mut());
     matches!(
-        serve(Box::new(io), &mut service, &limits, &mut stopping).await,
+        serve(
+            Start::New(Box::new(io)),
+            &mut service,
+            &limits,
+            &mut stopping
+        )
+        .await,
         Ended::Closed
     )
 }

@@ -69,14 +69,26 @@ where
         });
         let mut stop = std::pin::pin!(std::future::pending::<()>());
         let mut stopping = Stopping::new(stop.as_mut());
-        match serve(stream, &mut service, &limits(), &mut stopping).await {
-            Ended::Closed => false,
-            Ended::HandOver(io) => {
-                let io = hyper_util::rt::TokioIo::new(io);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, FromHyper(service))
-                    .await;
-                true
+        // As the listener goes on with a connection: woken when it parked, on
+        // hyper's side when handed over.
+        let mut start = Start::New(stream);
+        loop {
+            match serve(start, &mut service, &limits(), &mut stopping).await {
+                Ended::Closed => return false,
+                Ended::Parked(mut parked) => {
+                    if !parked.wait(&mut stopping).await {
+                        parked.close().await;
+                        return false;
+                    }
+                    start = Start::Woken(parked);
+                }
+                Ended::HandOver(io) => {
+                    let io = hyper_util::rt::TokioIo::new(io);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, FromHyper(service))
+                        .await;
+                    return true;
+                }
             }
         }
     });
@@ -348,7 +360,12 @@ async fn a_chunked_answer_is_written_whole_whatever_each_write_takes() {
             let limits = limits();
             let ended = tokio::time::timeout(
                 PATIENCE,
-                serve(Box::new(io), &mut service, &limits, &mut stopping),
+                serve(
+                    Start::New(Box::new(io)),
+                    &mut service,
+                    &limits,
+                    &mut stopping,
+                ),
             );
             assert!(matches!(ended.await, Ok(Ended::Closed)));
             let written = written.lock().unwrap();
@@ -458,6 +475,62 @@ async fn a_head_that_does_not_come_in_time_closes_the_connection() {
     assert!(got.is_empty(), "{got}");
     assert!(started.elapsed() >= Duration::from_secs(1));
     assert!(!served.await.unwrap());
+}
+
+/// A student reads a page: once the connection has idled [`PARK_AFTER`] it is
+/// parked (this side lets go of it, keeping only its `Parked`), and the next
+/// click wakes it and is answered on the same connection.
+#[tokio::test]
+async fn a_connection_idle_past_park_after_parks_and_the_next_click_wakes_it() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (stream, _) = listener.accept().await.unwrap();
+    let served = tokio::spawn(async move {
+        let mut service =
+            tower::service_fn(|request| async { Ok::<_, Infallible>(echo(request).await) });
+        let mut stop = std::pin::pin!(std::future::pending::<()>());
+        let mut stopping = Stopping::new(stop.as_mut());
+        let mut ends = Vec::new();
+        let mut start = Start::New(Box::new(stream));
+        loop {
+            match serve(start, &mut service, &limits(), &mut stopping).await {
+                Ended::Parked(mut parked) => {
+                    ends.push("parked");
+                    assert!(parked.wait(&mut stopping).await, "woken by the next click");
+                    start = Start::Woken(parked);
+                }
+                Ended::Closed => return (ends, "closed"),
+                Ended::HandOver(_) => return (ends, "handed over"),
+            }
+        }
+    });
+    client
+        .write_all(b"GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_answers(&mut client, "]", 1)
+        .await
+        .contains("GET /one []"));
+    // Reading the page, for longer than PARK_AFTER and well within keep_alive (4 s).
+    tokio::time::sleep(PARK_AFTER + Duration::from_millis(500)).await;
+    client
+        .write_all(b"GET /two HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let got = read_to_close(&mut client).await;
+    assert!(
+        got.contains("GET /two []"),
+        "the click after the page was read: {got}"
+    );
+    let (ends, end) = served.await.unwrap();
+    assert_eq!(
+        ends.len(),
+        1,
+        "parked once, while the page was read: {ends:?}"
+    );
+    assert_eq!(end, "closed");
 }
 
 #[test]
