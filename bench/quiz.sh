@@ -3,9 +3,10 @@
 # turn every 1-2 s, an autosave every third turn), then a class of 120, logged in and
 # on the quiz's page, clicks "Start attempt" within one second, answers its five
 # pages and submits; on one site and four nodes with 2 PHP workers each, behind the
-# gateway with [surge] max_active = 2, behind the gateway without a cap, and behind
-# HAProxy with maxconn 2 per node and a priority class for attempts in progress. It
-# prints, per side, the early students' page-turn times before, during and after the
+# gateway with [surge] max_active = 2 (also with each node's second, low-priority
+# pool of 2 workers at nice 10 as its low_priority_url, at max_active 2 and 4),
+# behind the gateway without a cap, and behind HAProxy with maxconn 2 per node and
+# a priority class for attempts in progress. It prints, per side, the early students' page-turn times before, during and after the
 # start wave, each class student's time from the click to the first question page,
 # autosave failures, errors, lost sessions, and attempts created out of click order.
 # Nothing is asserted about time. Release matters: the test's CARGO_BIN_EXE gateway
@@ -15,6 +16,10 @@
 #
 # runs that binary first (with the cap) beside this build: a before and after in
 # one run (build it in another worktree with `cargo build --release`).
+#
+#   MEASURE_FRONTS=pools bench/quiz.sh
+#
+# measures only the rows whose name has "pools" in it.
 #
 #   MOODLE_NODE_CPU=0.35 bench/quiz.sh
 #

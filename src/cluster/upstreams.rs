@@ -44,6 +44,9 @@ pub struct Upstream {
     pub health: Arc<Health>,
     /// Idle keep-alive connections, shared like `health`.
     pub conns: Arc<Conns>,
+    /// The node's low-priority PHP pool (`low_priority_url`), if it has one: where
+    /// everything but work in progress goes (see `Gateway::forward`).
+    pub low_priority: Option<Lane>,
     /// Its cap and the requests waiting for it, shared with every generation of
     /// the same name (a reload never drops a waiting request).
     pub slots: Arc<Slots>,
@@ -54,6 +57,16 @@ pub struct Upstream {
     came_back: Arc<CameBack>,
     /// The state the config file asked for, to tell an admin's change from a file's.
     configured: NodeState,
+}
+
+/// A second address of a node: the same code and sessions, its own PHP pool.
+#[derive(Debug)]
+pub struct Lane {
+    /// Where it listens.
+    pub authority: Authority,
+    /// Its idle keep-alive connections, kept across reloads while the address is
+    /// the same.
+    pub conns: Arc<Conns>,
 }
 
 impl Upstream {
@@ -406,6 +419,14 @@ fn upstream(
     }
     let health = same_address.map_or_else(Arc::default, |k| k.health.clone());
     let conns = same_address.map_or_else(Arc::default, |k| k.conns.clone());
+    let low_priority = config.low_priority.as_ref().map(|authority| {
+        let kept = kept.and_then(|k| k.low_priority.as_ref());
+        let kept = kept.filter(|low| low.authority == *authority);
+        Lane {
+            authority: authority.clone(),
+            conns: kept.map_or_else(Arc::default, |low| low.conns.clone()),
+        }
+    });
     let slots = match kept {
         Some(k) => {
             k.slots.set_cap(cap);
@@ -420,6 +441,7 @@ fn upstream(
         weight: config.weight,
         health,
         conns,
+        low_priority,
         slots,
         state,
         came_back,

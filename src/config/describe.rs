@@ -456,6 +456,12 @@ public, at most {} in all and {} each, answered from memory\n",
                 "  {} http://{} weight {}{cap}{state}\n",
                 n.name, n.authority, n.weight
             );
+            if let Some(low) = &n.low_priority {
+                out += &format!(
+                    "    and http://{low}, its low-priority pool: everything but a logged-in \
+                     student's work in progress\n"
+                );
+            }
         }
         let forms = format!(
             "SCORM files ({p}/pluginfile.php/*/mod_scorm/..., and the same files via \

@@ -693,6 +693,10 @@ pub struct UpstreamConfig {
     /// `max_active`: this node's own cap, overriding `surge.max_active` (never set
     /// for `[data]`).
     pub max_active: Option<usize>,
+    /// `low_priority_url`: the same node's second PHP pool, at a lower CPU
+    /// priority, for every request that is not work in progress (never set for
+    /// `[data]`).
+    pub low_priority: Option<Authority>,
 }
 
 impl UpstreamConfig {

@@ -428,6 +428,37 @@ url = "192.168.1.2""#;
 }
 
 #[test]
+fn a_low_priority_url_is_a_second_pool_of_its_own_node() {
+    let low = "low_priority_url = \"http://192.168.1.1:8081\"\n";
+    let c = parse(&format!("{NODES}{low}{DATA}"), None).unwrap();
+    let got = c.nodes[0].low_priority.as_ref().map(|a| a.as_str());
+    assert_eq!(got, Some("192.168.1.1:8081"));
+    let c = parse(&format!("{NODES}{DATA}"), None).unwrap();
+    assert!(c.nodes[0].low_priority.is_none(), "none unless set");
+    // At an address that is already a node's or the data server's, its requests
+    // would run at that pool's priority, or on a machine without the sessions.
+    for (taken, at) in [
+        ("192.168.1.1", "nodes[0].url"),
+        ("192.168.1.5:80", "data.url"),
+    ] {
+        let low = format!("low_priority_url = \"http://{taken}\"\n");
+        let want = format!(
+            "4: nodes[0].low_priority_url: {taken} is already {at}: the low-priority \
+             address must be a PHP pool of its own on this node"
+        );
+        assert_eq!(errors(&format!("{NODES}{low}{DATA}")), want);
+    }
+    let web2 = "[[nodes]]\nname = \"web2\"\nurl = \"http://192.168.1.2\"\n";
+    let twice = format!("{NODES}{low}{web2}{low}{DATA}");
+    let want = "8: nodes[1].low_priority_url: 192.168.1.1:8081 is already \
+                nodes[0].low_priority_url: the low-priority address must be a PHP pool of \
+                its own on this node";
+    assert_eq!(errors(&twice), want);
+    let want = "7: data.low_priority_url: unknown key (expected one of: name, url)";
+    assert_eq!(errors(&format!("{NODES}{DATA}{low}")), want);
+}
+
+#[test]
 fn node_names_fit_in_a_route_cookie() {
     let longest = "w".repeat(64);
     let c = parse(&format!("{}{DATA}", NODES.replace("web1", &longest)), None).unwrap();

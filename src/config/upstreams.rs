@@ -15,7 +15,7 @@ use super::{
 
 const OFFLOAD_KEYS: &str = "url prefix probe";
 
-const NODE_KEYS: &str = "name url weight state max_active";
+const NODE_KEYS: &str = "name url weight state max_active low_priority_url";
 // No `state`: the data server is not dealt sessions, so draining it means nothing,
 // and disabling it would leave SCORM files nowhere to go.
 const DATA_KEYS: &str = "name url";
@@ -29,6 +29,7 @@ struct Upstream {
     weight: u32,
     state: NodeState,
     max_active: Option<usize>,
+    low_priority: Option<(Authority, Span)>,
 }
 
 impl Upstream {
@@ -40,6 +41,7 @@ impl Upstream {
             weight: self.weight,
             state: self.state,
             max_active: self.max_active,
+            low_priority: self.low_priority.map(|(authority, _)| authority),
         })
     }
 }
@@ -133,6 +135,7 @@ impl Checker<'_> {
         let state = state.flatten().map_or(NodeState::Active, |v| v.0);
         let max_active = node.then(|| self.int_in(&s, "max_active", 0..=MAX_ACTIVE));
         let max_active = max_active.flatten().and_then(|n| usize::try_from(n).ok());
+        let low_priority = node.then(|| self.parsed(&s, "low_priority_url", upstream_authority));
         Upstream {
             key: s.key,
             name,
@@ -140,6 +143,7 @@ impl Checker<'_> {
             weight,
             state,
             max_active,
+            low_priority: low_priority.flatten(),
         }
     }
 
@@ -154,6 +158,41 @@ impl Checker<'_> {
             .iter()
             .map(|u| u.url.as_ref().map(|(a, s)| (server_key(a), s.clone())));
         self.no_duplicates(all, "url", "address", addrs.collect());
+        self.low_priority_apart(all);
+    }
+
+    /// A `low_priority_url` is a pool of its own: at any upstream's `url`, or at
+    /// another node's `low_priority_url`, its requests would run at that pool's
+    /// priority, or on another machine that does not hold the node's sessions.
+    fn low_priority_apart(&mut self, all: &[&Upstream]) {
+        let urls: Vec<(String, &str)> = (all.iter())
+            .filter_map(|u| Some((server_key(&u.url.as_ref()?.0), u.key.as_str())))
+            .collect();
+        let mut lows: Vec<(String, &str)> = Vec::new();
+        for u in all {
+            let Some((low, span)) = &u.low_priority else {
+                continue;
+            };
+            let low_key = server_key(low);
+            let taken = (urls.iter().map(|(key, at)| (key, format!("{at}.url"))))
+                .chain(
+                    lows.iter()
+                        .map(|(key, at)| (key, format!("{at}.low_priority_url"))),
+                )
+                .find(|(key, _)| **key == low_key);
+            if let Some((_, at)) = taken {
+                let message = format!(
+                    "{low} is already {at}: the low-priority address must be a PHP pool of \
+                     its own on this node"
+                );
+                self.error(
+                    format!("{}.low_priority_url", u.key),
+                    Some(span.clone()),
+                    message,
+                );
+            }
+            lows.push((low_key, &u.key));
+        }
     }
 
     /// `values[i]` is `all[i]`'s `field`, `None` where it was invalid.

@@ -22,7 +22,12 @@ use crate::http::upstream::pool::NodeBody;
 use crate::http::upstream::proxy::{self, Failed, HopByHop, Peer, Target};
 use crate::http::upstream::tunnel;
 use crate::http::upstream::upload::Upload;
+use crate::logs::Every;
 use crate::metrics::MoveCause;
+
+/// A node's low-priority pool that fails is said at most once a minute: every
+/// request of that kind meets it until an admin looks.
+static LOW_PRIORITY_FAILED: Every = Every::new(Duration::from_secs(60));
 
 /// What the forward loop hands back: the route the request took, the node's
 /// answer with its body under `body_idle`, and how long it waited for its node.
@@ -46,6 +51,14 @@ impl Gateway {
     /// freed when the node's answer has been read. An upgrade takes none: a
     /// WebSocket holds no PHP worker for its life.
     ///
+    /// On a node with a `low_priority_url`, a request that is not work in progress
+    /// (`in_progress` false: a quiz start, a page view, a login) goes there, to the
+    /// node's PHP pool that runs at a lower CPU priority, so that at an exam's start
+    /// the node's CPU goes to the page turns and autosaves first, while the starts
+    /// still use all that is left. The two are the same node, sharing its sessions.
+    /// A low-priority pool that cannot be reached sends the request to the node's
+    /// `url` instead: nothing of it was sent, and the node itself is not down.
+    ///
     /// Not an `async fn`, which would keep each argument twice (as it came and as
     /// a local) in a future that every request's holds; the block moves them once.
     #[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
@@ -56,6 +69,7 @@ impl Gateway {
         request: Request<StudentBody>,
         peer: Peer<'a>,
         ask: Ask,
+        in_progress: bool,
         waited: &'a mut Option<Duration>,
         hold: Option<Hold>,
         settings: &'a Settings,
@@ -93,6 +107,7 @@ impl Gateway {
                 replayed: false,
             };
             let mut hop_by_hop = HopByHop::Due(peer);
+            let mut low_priority = !in_progress;
             loop {
                 let slot = self.slot(route, known, ask, &mut retry.hold, settings);
                 let (slotted, permit, took_slot) = slot.await?;
@@ -102,10 +117,18 @@ impl Gateway {
                     .upstream(route)
                     .ok_or(GatewayError::NoNodeAvailable)?;
                 let sent = Instant::now();
-                let target = Target {
-                    name: &upstream.name,
-                    authority: &upstream.authority,
-                    conns: &upstream.conns,
+                let lane = upstream.low_priority.as_ref().filter(|_| low_priority);
+                let target = match lane {
+                    Some(lane) => Target {
+                        name: &upstream.name,
+                        authority: &lane.authority,
+                        conns: &lane.conns,
+                    },
+                    None => Target {
+                        name: &upstream.name,
+                        authority: &upstream.authority,
+                        conns: &upstream.conns,
+                    },
                 };
                 let forwarded = proxy::forward(
                     &self.pool,
@@ -136,6 +159,21 @@ impl Gateway {
                 };
                 // Nothing of the node's is in use any more: the next try waits afresh.
                 drop(permit);
+                // The node's low-priority pool could not be reached: the node itself
+                // may be fine, so the request goes to its `url` at once.
+                if let Some(lane) = lane.filter(|_| !replay && error.is_upstream_failure()) {
+                    if let Some(unsent) = unsent {
+                        if let Some(held_back) = LOW_PRIORITY_FAILED.allow() {
+                            tracing::warn!(
+                                upstream = %upstream.name, held_back,
+                                "low_priority_url {} failed, sent to its url instead: {error}",
+                                lane.authority
+                            );
+                        }
+                        (low_priority, request) = (false, unsent);
+                        continue;
+                    }
+                }
                 if error.is_upstream_error() {
                     self.metrics.upstream_error(&upstream.name, error.kind());
                 }

@@ -534,8 +534,20 @@ impl Gateway {
                 let admission = self
                     .admission(route, known, work, &mut ask, settings)
                     .await?;
-                let forward =
-                    self.forward(route, known, request, peer, ask, waited, hold, settings);
+                // A logged-in student's work in progress, not a start (whose own
+                // pace is its gate) nor anyone's login.
+                let in_progress = class == Class::Working && work == moodle::Work::InProgress;
+                let forward = self.forward(
+                    route,
+                    known,
+                    request,
+                    peer,
+                    ask,
+                    in_progress,
+                    waited,
+                    hold,
+                    settings,
+                );
                 let forwarded = forward.await;
                 // The turns go back with the node's answer head: the node is done with
                 // the session's lock and the start by then.

@@ -523,3 +523,59 @@ async fn the_moodle_app_turned_away_by_the_line_gets_json_and_retry_after() {
     assert_eq!(json["message"], json["error"]);
     assert_eq!(first.join_next().await.unwrap().unwrap(), StatusCode::OK);
 }
+
+/// A node with a second PHP pool at a lower CPU priority (`low_priority_url`): a
+/// logged-in student's work in progress (a page turn, an attempt's page) goes to
+/// the node's own pool, everything else (a quiz start, a course page) to the low
+/// one, in one session. A low pool that is down sends its requests to the node's
+/// own, which is not taken for down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_work_goes_to_a_nodes_low_priority_pool_and_work_in_progress_to_its_own() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let low = cluster.low_pool("web1").unwrap();
+    let own = &cluster.nodes()[0];
+    let url = format!("url = \"http://{}\"\n", own.addr());
+    let config = config(&cluster, "", "max_active = 2");
+    assert!(config.contains(&url), "{config}");
+    let both = format!("{url}low_priority_url = \"http://{}\"\n", low.addr());
+    let gateway = TestGateway::start(&config.replace(&url, &both)).await;
+    let (mut student, _) = support::logged_in(&gateway, 1).await;
+    own.clear_requests();
+    low.clear_requests();
+
+    let turn = "/mod/quiz/processattempt.php";
+    let ok = student.post(turn, "attempt=12&thispage=0&nextpage=1");
+    assert_eq!(ok.await.unwrap().status, StatusCode::OK);
+    let ok = student.post("/mod/quiz/startattempt.php", "cmid=7&sesskey=s");
+    assert_eq!(ok.await.unwrap().status, StatusCode::OK);
+    let ok = student.get("/course/view.php?id=2").await.unwrap();
+    assert_eq!(ok.status, StatusCode::OK);
+    let ok = student
+        .get("/mod/quiz/attempt.php?attempt=12")
+        .await
+        .unwrap();
+    assert_eq!(ok.status, StatusCode::OK);
+    let paths = |node: &moodle_gateway::demo::standin::StandIn| -> Vec<String> {
+        (node.requests().iter())
+            .map(|r| r.uri.path().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        paths(own),
+        ["/mod/quiz/processattempt.php", "/mod/quiz/attempt.php"]
+    );
+    assert_eq!(
+        paths(&low),
+        ["/mod/quiz/startattempt.php", "/course/view.php"]
+    );
+
+    low.stop();
+    for _ in 0..3 {
+        let page = student.get("/course/view.php?id=2").await.unwrap();
+        assert_eq!(page.status, StatusCode::OK, "sent to the node's own pool");
+    }
+    let settings = gateway.app.gateway().settings();
+    let web1 = settings.upstreams.by_name("web1").unwrap();
+    assert!(web1.health.is_up(), "a low pool down is not its node down");
+    assert_eq!(cluster.lost_sessions(), 0, "nobody was logged out");
+}

@@ -55,9 +55,21 @@ pub struct Node {
     pub log: PathBuf,
     /// `<microseconds> <URI>` of each script it ran (prepend.php).
     pub requests: PathBuf,
+    /// Its low-priority pool, if the cluster has them.
+    pub low: Option<LowPool>,
     _php: Proc,
-    /// Dropped after the PHP server: a cgroup can only go once it is empty.
+    /// Dropped after the PHP servers: a cgroup can only go once it is empty.
     _cpu: Option<CpuShare>,
+}
+
+/// A node's second `php -S`, at `nice` 10, as a site runs a second PHP-FPM pool
+/// with `process.priority = 10`: the same code, sessions and caches, for the
+/// gateway's `low_priority_url`.
+pub struct LowPool {
+    pub addr: SocketAddr,
+    /// `<microseconds> <URI>` of each script it ran.
+    pub requests: PathBuf,
+    _php: Proc,
 }
 
 /// Four web nodes and a data server, all with `$CFG->wwwroot` = the gateway's address.
@@ -92,6 +104,12 @@ impl Cluster {
         Cluster::start_tweaked(site, store, offload, workers, &[])
     }
 
+    /// [`Cluster::start_with`] node-local, each web node with a low-priority pool of
+    /// `workers` more beside its own.
+    pub fn start_with_low_pools(site: &Site, workers: usize) -> Cluster {
+        Cluster::start_shaped(site, Store::NodeLocal, false, workers, true, &[])
+    }
+
     /// [`Cluster::start_with`], with some nodes set up wrong on purpose: each tweak is
     /// (node, config.php's environment variable, value), applied over that node's own;
     /// `{public}` in a value is the gateway's address (wwwroot's authority).
@@ -100,6 +118,17 @@ impl Cluster {
         store: Store,
         offload: bool,
         workers: usize,
+        tweaks: &[(&str, &str, String)],
+    ) -> Cluster {
+        Cluster::start_shaped(site, store, offload, workers, false, tweaks)
+    }
+
+    fn start_shaped(
+        site: &Site,
+        store: Store,
+        offload: bool,
+        workers: usize,
+        low_pools: bool,
         tweaks: &[(&str, &str, String)],
     ) -> Cluster {
         assert!(
@@ -113,16 +142,21 @@ impl Cluster {
             store,
             offload,
             workers,
+            low_pool: false,
         };
-        let start = |name: &str| {
+        let start = |name: &str, shape: Shape| {
             let own = tweaks.iter().filter(|(node, _, _)| *node == name);
             let own: Vec<(&str, String)> = own
                 .map(|(_, key, value)| (*key, value.replace("{public}", &public.to_string())))
                 .collect();
             start_node(site, shape, public, scratch.path(), name, &own)
         };
-        let nodes = NODES.iter().map(|name| start(name)).collect();
-        let data = start("data");
+        let web = Shape {
+            low_pool: low_pools,
+            ..shape
+        };
+        let nodes = NODES.iter().map(|name| start(name, web)).collect();
+        let data = start("data", shape);
         Cluster {
             store,
             public,
@@ -184,6 +218,8 @@ struct Shape {
     store: Store,
     offload: bool,
     workers: usize,
+    /// A second `php -S` at `nice` 10 beside the node's own.
+    low_pool: bool,
 }
 
 fn start_node(
@@ -198,47 +234,66 @@ fn start_node(
         store,
         offload,
         workers,
+        low_pool,
     } = shape;
     let dir = dir.join(name);
     let sessions = (store == Store::NodeLocal).then(|| dir.join("sessions"));
     for sub in ["localcache", "requestdir", "sessions"] {
         std::fs::create_dir_all(dir.join(sub)).unwrap();
     }
-    let port = free_port();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let cpu = CpuShare::from_env(name);
-    let mut php = match &cpu {
-        Some(cpu) => cpu.command("php"),
-        None => Command::new("php"),
+    // One `php -S` of this node's: its own address and request log, at `nice`.
+    let serve = |nice: u8, requests: &Path, log: &Path| {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let mut php = match &cpu {
+            Some(cpu) => cpu.command("nice"),
+            None => Command::new("nice"),
+        };
+        php.args(["-n", &nice.to_string(), "php"])
+            .args(PHP_INI)
+            .arg("-d")
+            .arg(format!(
+                "auto_prepend_file={}",
+                script("prepend.php").display()
+            ))
+            .arg("-S")
+            .arg(addr.to_string())
+            .arg("-t")
+            .arg(&site.code)
+            .env("PHP_CLI_SERVER_WORKERS", workers.to_string())
+            .envs(site.env(&format!("http://{public}")))
+            .env("MOODLE_NODE", name)
+            .env("MOODLE_SESSIONS", store.name())
+            .env("MOODLE_SESSION_DIR", dir.join("sessions"))
+            .env("MOODLE_LOCALCACHEDIR", dir.join("localcache"))
+            .env("MOODLE_LOCALREQUESTDIR", dir.join("requestdir"))
+            .env("MOODLE_REQUEST_LOG", requests)
+            .env(
+                "MOODLE_XSENDFILE",
+                if offload { "X-Accel-Redirect" } else { "off" },
+            )
+            .envs(tweaks.iter().map(|(key, value)| (*key, value)));
+        let what = match nice {
+            0 => format!("php -S ({name})"),
+            _ => format!("php -S ({name}, nice {nice})"),
+        };
+        let mut proc = Proc::spawn_tree(&what, php, log);
+        wait_until(&format!("{what} listens"), Duration::from_secs(20), || {
+            proc.assert_running();
+            std::net::TcpStream::connect(addr).is_ok()
+        });
+        (addr, proc)
     };
-    php.args(PHP_INI)
-        .arg("-d")
-        .arg(format!(
-            "auto_prepend_file={}",
-            script("prepend.php").display()
-        ))
-        .arg("-S")
-        .arg(addr.to_string())
-        .arg("-t")
-        .arg(&site.code)
-        .env("PHP_CLI_SERVER_WORKERS", workers.to_string())
-        .envs(site.env(&format!("http://{public}")))
-        .env("MOODLE_NODE", name)
-        .env("MOODLE_SESSIONS", store.name())
-        .env("MOODLE_SESSION_DIR", dir.join("sessions"))
-        .env("MOODLE_LOCALCACHEDIR", dir.join("localcache"))
-        .env("MOODLE_LOCALREQUESTDIR", dir.join("requestdir"))
-        .env("MOODLE_REQUEST_LOG", dir.join("requests.log"))
-        .env(
-            "MOODLE_XSENDFILE",
-            if offload { "X-Accel-Redirect" } else { "off" },
-        )
-        .envs(tweaks.iter().map(|(key, value)| (*key, value)));
     let log = dir.join("php.log");
-    let mut proc = Proc::spawn_tree(&format!("php -S ({name})"), php, &log);
-    wait_until(&format!("{name} listens"), Duration::from_secs(20), || {
-        proc.assert_running();
-        std::net::TcpStream::connect(addr).is_ok()
+    let (addr, proc) = serve(0, &dir.join("requests.log"), &log);
+    let low = low_pool.then(|| {
+        let requests = dir.join("requests-low.log");
+        let (addr, php) = serve(10, &requests, &dir.join("php-low.log"));
+        LowPool {
+            addr,
+            requests,
+            _php: php,
+        }
     });
     Node {
         name: name.to_string(),
@@ -246,6 +301,7 @@ fn start_node(
         sessions,
         log,
         requests: dir.join("requests.log"),
+        low,
         _php: proc,
         _cpu: cpu,
     }
@@ -495,6 +551,23 @@ impl Gateway {
 /// on loopback, the token file, and a health probe that works on real Moodle.
 pub fn config_for(cluster: &Cluster, admin: SocketAddr) -> String {
     gateway_config(cluster, cluster.public, admin)
+}
+
+/// `config` (of [`config_for`]) with each node's `low_priority_url`: its low-priority
+/// pool, which the cluster must have.
+pub fn with_low_pools(config: &str, cluster: &Cluster) -> String {
+    let mut config = config.to_owned();
+    for node in &cluster.nodes {
+        let low = node
+            .low
+            .as_ref()
+            .expect("a cluster with low-priority pools");
+        let url = format!("url = \"http://{}\"\n", node.addr);
+        let both = format!("{url}low_priority_url = \"http://{}\"\n", low.addr);
+        assert!(config.contains(&url), "no {url:?} in the config");
+        config = config.replace(&url, &both);
+    }
+    config
 }
 
 /// [`config_for`] a gateway that listens on `listen` rather than on wwwroot's own

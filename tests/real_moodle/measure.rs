@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 
-use crate::cluster::{admin_addr, config_for, surge_section, Cluster, Gateway, Store};
+use crate::cluster::{
+    admin_addr, config_for, surge_section, with_low_pools, Cluster, Gateway, Store,
+};
 use crate::haproxy::Haproxy;
 use crate::quiz;
 use crate::site::{script, Site, StoredFile, PHP_INI};
@@ -409,6 +411,8 @@ enum Front {
         name: String,
         binary: Option<PathBuf>,
         surge: Option<String>,
+        /// Each node's `low_priority_url` set to its low-priority pool.
+        low_pools: bool,
     },
     /// HAProxy, `maxconn` = the workers per node, an attempt in progress first.
     Haproxy,
@@ -437,19 +441,37 @@ struct QuizRound {
 /// the cap: a "before" beside this build's "after".
 pub fn quiz() {
     let site = Arc::new(Site::restore());
-    let cluster = Cluster::start_with(&site, Store::NodeLocal, false, SMALL_POOL);
+    // Each node with a second, low-priority pool, which only the rows that say so use.
+    let cluster = Cluster::start_with_low_pools(&site, SMALL_POOL);
     let mut fronts = Vec::new();
     if let Some(before) = std::env::var_os("GATEWAY_BEFORE") {
         fronts.push(Front::Gateway {
             name: "before, max_active 2".into(),
             binary: Some(PathBuf::from(before)),
             surge: Some(surge_section(SMALL_POOL)),
+            low_pools: false,
         });
     }
     fronts.push(Front::Gateway {
         name: "gateway, max_active 2".into(),
         binary: None,
         surge: Some(surge_section(SMALL_POOL)),
+        low_pools: false,
+    });
+    // Work in progress on each node's own pool, everything else on its pool at
+    // nice 10: the node's CPU goes to the page turns first.
+    fronts.push(Front::Gateway {
+        name: "gateway, max_active 2, low-priority pools".into(),
+        binary: None,
+        surge: Some(surge_section(SMALL_POOL)),
+        low_pools: true,
+    });
+    // The cap as wide as both pools' workers together.
+    fronts.push(Front::Gateway {
+        name: "gateway, max_active 4, low-priority pools".into(),
+        binary: None,
+        surge: Some(surge_section(2 * SMALL_POOL)),
+        low_pools: true,
     });
     // The gate as wide as the cap: starts then wait only in the line, as work in
     // progress, so this row shows what the gate itself buys.
@@ -457,13 +479,19 @@ pub fn quiz() {
         name: "gateway, max_active 2, no gate".into(),
         binary: None,
         surge: Some(surge_section(SMALL_POOL) + &format!("quiz_starts = {SMALL_POOL}\n")),
+        low_pools: false,
     });
     fronts.push(Front::Gateway {
         name: "gateway, no cap".into(),
         binary: None,
         surge: None,
+        low_pools: false,
     });
     fronts.push(Front::Haproxy);
+    // `MEASURE_FRONTS=pools` measures only the rows whose name has that in it.
+    if let Ok(only) = std::env::var("MEASURE_FRONTS") {
+        fronts.retain(|front| front.name().contains(only.as_str()));
+    }
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let rounds = runtime.block_on(async {
         let client = http_client();
@@ -512,8 +540,16 @@ async fn quiz_round(cluster: &Cluster, stage: &Stage, front: &Front) -> QuizRoun
     let admin = admin_addr();
     let after = quiz::last_attempt_id(&stage.site);
     let (gateway, haproxy) = match front {
-        Front::Gateway { binary, surge, .. } => {
+        Front::Gateway {
+            binary,
+            surge,
+            low_pools,
+            ..
+        } => {
             let mut config = config_for(cluster, admin);
+            if *low_pools {
+                config = with_low_pools(&config, cluster);
+            }
             if let Some(surge) = surge {
                 config += surge;
             }

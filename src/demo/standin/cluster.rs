@@ -83,6 +83,21 @@ impl Cluster {
         Ok(self.nodes.last().expect("just pushed"))
     }
 
+    /// A second server of node `name`, as a second PHP-FPM pool of the same node
+    /// (`low_priority_url`): it shares the node's sessions, so a student may be
+    /// served by either. Not in [`Cluster::nodes`] nor the config; the caller
+    /// keeps it. Call inside a Tokio runtime.
+    pub fn low_pool(&self, name: &str) -> io::Result<StandIn> {
+        member(
+            &self.registry,
+            &self.site_path,
+            &self.cookie,
+            name,
+            Role::Node,
+            self.export.is_some(),
+        )
+    }
+
     /// The PHP nodes, `web1` first (the gateway's config order).
     pub fn nodes(&self) -> &[StandIn] {
         &self.nodes
