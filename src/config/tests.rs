@@ -410,7 +410,7 @@ url = "192.168.1.2""#;
 2: nodes[0].name: "web 2" may only contain letters, digits, ".", "_" and "-"
 3: nodes[0].url: "ftp://x" is not an http:// URL
 4: nodes[0].weight: must be between 1 and 1000, got 1001
-5: nodes[0].port: unknown key (expected one of: name, url, weight, state, max_active)
+5: nodes[0].port: unknown key (expected one of: name, url, weight, state, max_active, low_priority_url)
 7: nodes[1].name: must not be empty
 8: nodes[1].url: "https://x": TLS to upstreams is not supported yet
 9: nodes[1].weight: expected an integer, found string
