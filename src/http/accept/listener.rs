@@ -496,11 +496,16 @@ impl Connection {
             // student's clicks, it is only its `Parked`, waited on in this small
             // loop. The stack is made again at each wake: a few reference counts,
             // once per click after a page was read.
-            while let Some(mut parked) = {
+            // (A `let ... else`, not a `while let`: the scrutinee of a `while let`
+            // lives through the loop's body, and would keep a second `Parked`'s
+            // room in the task.)
+            loop {
                 let service = service_for(peer, tls);
-                Box::pin(http1(start, &serving, service, &mut stopping, &peer)).await
-            } {
-                if !parked.wait(&mut stopping).await {
+                let awake = http1(start, &serving, service, &mut stopping, &peer);
+                let Some(mut parked) = Box::pin(awake).await else {
+                    break;
+                };
+                if !poll_fn(|cx| parked.poll_wait(cx, &mut stopping)).await {
                     parked.close().await;
                     break;
                 }

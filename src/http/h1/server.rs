@@ -128,7 +128,7 @@ pub(crate) enum Ended {
 pub(crate) const PARK_AFTER: Duration = Duration::from_secs(1);
 
 /// A kept connection between a student's clicks: its two halves, its deadline and
-/// nothing else. The connection's task waits on it ([`Parked::wait`]) in a small
+/// nothing else. The connection's task waits on it ([`Parked::poll_wait`]) in a small
 /// future, and the serving state (the students' stack, a request's room, the
 /// request scratch) is made again only when the next request's bytes come, so an
 /// idle connection costs its socket and a few hundred bytes, as nginx's does.
@@ -141,26 +141,29 @@ pub(crate) struct Parked {
 }
 
 impl Parked {
-    /// Waits for the next request's first bytes (read into the buffer): `true`
-    /// when they came, `false` when the connection is to close instead (the
-    /// keep-alive passed, the student closed, or `stopping` says so).
-    pub(crate) async fn wait(&mut self, stopping: &mut Stopping<'_>) -> bool {
-        poll_fn(|cx| {
-            if stopping.poll_stopped(cx) {
-                return Poll::Ready(false);
-            }
-            match self.reading.poll_fill(cx, HEAD_READ) {
-                Poll::Ready(Ok(read)) => return Poll::Ready(read > 0),
-                Poll::Ready(Err(_)) => return Poll::Ready(false),
-                Poll::Pending => self.reading.release(),
-            }
-            if self.deadline.poll_passed(cx) {
-                tracing::debug!("idle past timeouts.keep_alive: closed");
-                return Poll::Ready(false);
-            }
-            Poll::Pending
-        })
-        .await
+    /// Ready when the next request's first bytes came (read into the buffer):
+    /// `true`; or `false` when the connection is to close instead (the keep-alive
+    /// passed, the student closed, or `stopping` says so). A poll function, not
+    /// an `async fn`: its caller awaits it in the task every idle connection
+    /// keeps, where an `async fn`'s own state would take room beside it.
+    pub(crate) fn poll_wait(
+        &mut self,
+        cx: &mut Context<'_>,
+        stopping: &mut Stopping<'_>,
+    ) -> Poll<bool> {
+        if stopping.poll_stopped(cx) {
+            return Poll::Ready(false);
+        }
+        match self.reading.poll_fill(cx, HEAD_READ) {
+            Poll::Ready(Ok(read)) => return Poll::Ready(read > 0),
+            Poll::Ready(Err(_)) => return Poll::Ready(false),
+            Poll::Pending => self.reading.release(),
+        }
+        if self.deadline.poll_passed(cx) {
+            tracing::debug!("idle past timeouts.keep_alive: closed");
+            return Poll::Ready(false);
+        }
+        Poll::Pending
     }
 
     /// Closes the connection, as an idle one is closed.

@@ -76,7 +76,7 @@ where
             match serve(start, &mut service, &limits(), &mut stopping).await {
                 Ended::Closed => return false,
                 Ended::Parked(mut parked) => {
-                    if !parked.wait(&mut stopping).await {
+                    if !poll_fn(|cx| parked.poll_wait(cx, &mut stopping)).await {
                         parked.close().await;
                         return false;
                     }
@@ -498,7 +498,8 @@ async fn a_connection_idle_past_park_after_parks_and_the_next_click_wakes_it() {
             match serve(start, &mut service, &limits(), &mut stopping).await {
                 Ended::Parked(mut parked) => {
                     ends.push("parked");
-                    assert!(parked.wait(&mut stopping).await, "woken by the next click");
+                    let woken = poll_fn(|cx| parked.poll_wait(cx, &mut stopping)).await;
+                    assert!(woken, "woken by the next click");
                     start = Start::Woken(parked);
                 }
                 Ended::Closed => return (ends, "closed"),
