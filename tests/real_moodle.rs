@@ -973,15 +973,7 @@ fn with_low_priority_pools_new_work_runs_there_and_every_answer_is_stored() {
             site: site.clone(),
             client,
         };
-        let plan = quiz::Plan {
-            early: 4,
-            class: 16,
-            logins: Duration::from_secs(2),
-            before: Duration::from_secs(1),
-            after: Duration::from_secs(1),
-            ..quiz::EXAM_START
-        };
-        let record = quiz::run(&stage, plan).await;
+        let record = quiz::run(&stage, quiz::SMALL_START).await;
         // Not the click order: sixteen starts over four nodes are too few for a
         // share of the pairs across nodes to mean anything.
         every_answer_stored(&site, &record, &quiz::attempts(&site, 0));

@@ -519,15 +519,7 @@ async fn quiz_warm_up(cluster: &Cluster, stage: &Stage) {
     let admin = admin_addr();
     let config = config_for(cluster, admin);
     let gateway = Gateway::start(&config, cluster.public, admin, &stage.client);
-    let small = quiz::Plan {
-        early: 4,
-        class: 16,
-        logins: Duration::from_secs(2),
-        before: Duration::from_secs(1),
-        after: Duration::from_secs(1),
-        ..quiz::EXAM_START
-    };
-    let record = quiz::run(stage, small).await;
+    let record = quiz::run(stage, quiz::SMALL_START).await;
     drop(gateway);
     let errors = record.errors();
     assert!(errors.is_empty(), "the warm-up: {errors:#?}");

@@ -66,6 +66,18 @@ pub const EXAM_READING: Plan = Plan {
     ..EXAM_START
 };
 
+/// A small exam start: 4 students answering, a class of 16, short calm before
+/// and after. For a warm-up, or a test that checks what happens to each
+/// request rather than how the nodes hold a crowd.
+pub const SMALL_START: Plan = Plan {
+    early: 4,
+    class: 16,
+    logins: Duration::from_secs(2),
+    before: Duration::from_secs(1),
+    after: Duration::from_secs(1),
+    ..EXAM_START
+};
+
 /// The shape of one exam start.
 #[derive(Debug, Clone, Copy)]
 pub struct Plan {

@@ -71,14 +71,7 @@ impl Cluster {
             let taken = format!("a stand-in named {name:?} is already in the cluster");
             return Err(io::Error::new(io::ErrorKind::InvalidInput, taken));
         }
-        let node = member(
-            &self.registry,
-            &self.site_path,
-            &self.cookie,
-            name,
-            Role::Node,
-            self.export.is_some(),
-        )?;
+        let node = self.php_node(name)?;
         self.nodes.push(node);
         Ok(self.nodes.last().expect("just pushed"))
     }
@@ -88,13 +81,20 @@ impl Cluster {
     /// served by either. Not in [`Cluster::nodes`] nor the config; the caller
     /// keeps it. Call inside a Tokio runtime.
     pub fn low_pool(&self, name: &str) -> io::Result<StandIn> {
+        self.php_node(name)
+    }
+
+    /// A PHP node named `name`, sharing the cluster's registry, site path, cookie
+    /// and file offload.
+    fn php_node(&self, name: &str) -> io::Result<StandIn> {
+        let offload = self.export.is_some();
         member(
             &self.registry,
             &self.site_path,
             &self.cookie,
             name,
             Role::Node,
-            self.export.is_some(),
+            offload,
         )
     }
 
