@@ -4,7 +4,7 @@
 # on the quiz's page, clicks "Start attempt" within one second, answers its five
 # pages and submits; on one site and four nodes with 2 PHP workers each, behind the
 # gateway with [surge] max_active = 2 (also with each node's second, low-priority
-# pool of 2 workers at nice 10 as its low_priority_url, at max_active 2 and 4),
+# pool of 2 workers at nice 10 as its low_priority_url, each pool capped at 2),
 # behind the gateway without a cap, and behind HAProxy with maxconn 2 per node and
 # a priority class for attempts in progress. It prints, per side, the early students' page-turn times before, during and after the
 # start wave, each class student's time from the click to the first question page,
@@ -14,8 +14,9 @@
 #
 #   GATEWAY_BEFORE=/path/to/moodle-gateway bench/quiz.sh
 #
-# runs that binary first (with the cap) beside this build: a before and after in
-# one run (build it in another worktree with `cargo build --release`).
+# runs that binary first (with the cap, without and with the pools) beside this
+# build: a before and after in one run (build it in another worktree with
+# `cargo build --release`).
 #
 #   MEASURE_FRONTS=pools bench/quiz.sh
 #

@@ -195,7 +195,7 @@ fn card(dash: &Dash, upstream: &Upstream, data: NodeId, capped: bool) -> Card {
         },
         rate,
         losses: totals.losses,
-        slots: (node && capped).then(|| upstream.slots.now()),
+        slots: (node && capped).then(|| upstream.slots_now()),
         warming: node
             .then(|| upstream.share(dash.gateway.settings().upstreams.slow_start()))
             .filter(|&share| share < FULL),

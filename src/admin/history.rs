@@ -247,7 +247,7 @@ pub(super) fn read(gateway: &Gateway, at: Instant) -> Reading {
                 requests: totals.requests,
                 server_errors: totals.server_errors,
                 latency: meters.map(|m| m.latency_counts()).unwrap_or_default(),
-                slots: upstream.slots.now(),
+                slots: upstream.slots_now(),
             }
         })
         .collect();

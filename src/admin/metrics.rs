@@ -59,7 +59,7 @@ fn now(gateway: &Gateway, upstream: &Upstream, window: Option<Duration>) -> Upst
         } else {
             0
         },
-        slots: upstream.slots.now(),
+        slots: upstream.slots_now(),
         share: window.map_or(1.0, |w| fraction(upstream.share(w))),
     }
 }

@@ -131,7 +131,7 @@ fn row(gateway: &Gateway, upstream: &Upstream, details: bool, sessions: bool) ->
         counts: sessions.then(|| counts(live, logged_in)),
         drained: (sessions && state != NodeState::Active).then_some(logged_in == 0),
         warming: share.filter(|&s| s < FULL).map(fraction),
-        slots: (details && sessions).then(|| slots(upstream.slots.now())),
+        slots: (details && sessions).then(|| slots(upstream.slots_now())),
     }
 }
 

@@ -396,7 +396,7 @@ enum Answer {
 /// One node's slots as the dashboard and `/metrics` show them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SlotsNow {
-    /// `max_active` (0: no cap).
+    /// `max_active`, once per PHP pool of the node (0: no cap).
     pub cap: usize,
     /// Requests holding a slot (counted only under a cap).
     pub active: usize,
@@ -408,6 +408,24 @@ pub struct SlotsNow {
     pub start_share: usize,
     /// Quiz starts waiting at its gate.
     pub starts_waiting: usize,
+}
+
+impl SlotsNow {
+    /// Two pools of one node as one: their caps, requests and waits added up.
+    pub fn and(self, other: SlotsNow) -> SlotsNow {
+        let mut queued = self.queued;
+        for (mine, theirs) in queued.iter_mut().zip(other.queued) {
+            *mine += theirs;
+        }
+        SlotsNow {
+            cap: self.cap + other.cap,
+            active: self.active + other.active,
+            queued,
+            passed_over: self.passed_over + other.passed_over,
+            start_share: self.start_share + other.start_share,
+            starts_waiting: self.starts_waiting + other.starts_waiting,
+        }
+    }
 }
 
 impl Slots {

@@ -23,7 +23,7 @@ use http::uri::Authority;
 
 use crate::cluster::balancer::Balancer;
 use crate::cluster::health::Health;
-use crate::cluster::slots::{Crowd, Slots};
+use crate::cluster::slots::{Crowd, Slots, SlotsNow};
 use crate::cluster::slow_start::{self, CameBack, Share};
 use crate::config::{Balance, Config, NodeState, UpstreamConfig};
 use crate::http::upstream::pool::Conns;
@@ -48,7 +48,8 @@ pub struct Upstream {
     /// everything but work in progress goes (see `Gateway::forward`).
     pub low_priority: Option<Lane>,
     /// Its cap and the requests waiting for it, shared with every generation of
-    /// the same name (a reload never drops a waiting request).
+    /// the same name (a reload never drops a waiting request). With a
+    /// low-priority pool, the cap of `url`'s pool alone: the lane has its own.
     pub slots: Arc<Slots>,
     /// The admin state as a [`NodeState`] index, shared like `health`.
     state: Arc<AtomicU8>,
@@ -67,6 +68,14 @@ pub struct Lane {
     /// Its idle keep-alive connections, kept across reloads while the address is
     /// the same.
     pub conns: Arc<Conns>,
+    /// Its own cap (the node's `max_active`) and line, shared like the node's.
+    ///
+    /// Why not the node's: the pool's workers are its own, so a start running
+    /// slowly at low priority holds none of the workers a page turn needs. With
+    /// one cap for both pools, a node at its cap with a start or two in flight
+    /// makes the students already answering wait in the gateway for a worker of
+    /// the low-priority pool to finish, the very wait the pool is there to end.
+    pub slots: Arc<Slots>,
 }
 
 impl Upstream {
@@ -91,6 +100,31 @@ impl Upstream {
     /// return and its admin's counts.
     pub fn share(&self, window: Duration) -> Share {
         slow_start::share_now([&self.came_back, &self.health.came_up_at], window)
+    }
+
+    /// The slots of the pool a request goes to: the low-priority pool's when
+    /// `low_priority` and the node has one, else `url`'s.
+    pub fn slots_for(&self, low_priority: bool) -> &Arc<Slots> {
+        match &self.low_priority {
+            Some(lane) if low_priority => &lane.slots,
+            _ => &self.slots,
+        }
+    }
+
+    /// The slots new work waits for (quiz starts, logins, page views): the
+    /// low-priority pool's, if the node has one.
+    pub fn new_work_slots(&self) -> &Arc<Slots> {
+        self.slots_for(true)
+    }
+
+    /// Both pools' slots as one figure for `/metrics`, `/nodes` and the dashboard:
+    /// a node's workers are its pools' together.
+    pub fn slots_now(&self) -> SlotsNow {
+        let now = self.slots.now();
+        match &self.low_priority {
+            Some(lane) => now.and(lane.slots.now()),
+            None => now,
+        }
     }
 
     /// The state the config file gives this node.
@@ -205,7 +239,7 @@ impl Upstreams {
             let (id, cap) = (ids.id(&node.name)?, node.cap(&config.surge));
             let reloading = previous.is_some();
             let built = upstream(node, id, cap, &crowd, kept.map(|k| &**k), reloading);
-            (built.slots.starts()).set_share(config.surge.start_share(cap));
+            (built.new_work_slots().starts()).set_share(config.surge.start_share(cap));
             nodes.push(Arc::new(built));
         }
         let kept_data = previous
@@ -289,14 +323,14 @@ impl Upstreams {
         // ticket landing on it is used up, and counted); when every node is
         // crowded the deal goes on as if none were.
         let roomy = |position: usize| {
-            let slots = &self.nodes[position].slots;
+            let slots = self.nodes[position].new_work_slots();
             let passed = eligible(position) && slots.crowded();
             if passed && self.balance == Balance::RoundRobin {
                 slots.passed_over();
             }
             eligible(position) && !passed
         };
-        let crowded = self.nodes.iter().any(|n| n.slots.crowded());
+        let crowded = self.nodes.iter().any(|n| n.new_work_slots().crowded());
         let position = crowded.then(|| self.pick(shared, &live, roomy)).flatten();
         let position = position.or_else(|| self.pick(shared, &live, eligible))?;
         Some(self.nodes[position].id)
@@ -419,21 +453,23 @@ fn upstream(
     }
     let health = same_address.map_or_else(Arc::default, |k| k.health.clone());
     let conns = same_address.map_or_else(Arc::default, |k| k.conns.clone());
-    let low_priority = config.low_priority.as_ref().map(|authority| {
-        let kept = kept.and_then(|k| k.low_priority.as_ref());
-        let kept = kept.filter(|low| low.authority == *authority);
-        Lane {
-            authority: authority.clone(),
-            conns: kept.map_or_else(Arc::default, |low| low.conns.clone()),
-        }
-    });
-    let slots = match kept {
-        Some(k) => {
-            k.slots.set_cap(cap);
-            k.slots.clone()
+    let slots = |kept: Option<&Arc<Slots>>| match kept {
+        Some(slots) => {
+            slots.set_cap(cap);
+            slots.clone()
         }
         None => Arc::new(Slots::new(cap, crowd.clone())),
     };
+    let low_priority = config.low_priority.as_ref().map(|authority| {
+        let kept = kept.and_then(|k| k.low_priority.as_ref());
+        let same_address = kept.filter(|low| low.authority == *authority);
+        Lane {
+            authority: authority.clone(),
+            conns: same_address.map_or_else(Arc::default, |low| low.conns.clone()),
+            slots: slots(kept.map(|low| &low.slots)),
+        }
+    });
+    let slots = slots(kept.map(|k| &k.slots));
     Upstream {
         id,
         name: config.name.clone(),

@@ -352,6 +352,11 @@ public, at most {} in all and {} each, answered from memory\n",
         } else {
             "each node works on at most its max_active requests at once (see nodes)".to_owned()
         };
+        let per_node = if self.nodes.iter().any(|n| n.low_priority.is_some()) {
+            per_node + " (on each of its PHP pools, with a low_priority_url)"
+        } else {
+            per_node
+        };
         let room = match &u.waiting_room {
             None => "off: newcomers wait in the line like everyone".to_owned(),
             Some(r) => format!(
@@ -450,6 +455,9 @@ public, at most {} in all and {} each, answered from memory\n",
             };
             let cap = match n.cap(&self.surge) {
                 0 => String::new(),
+                cap if n.low_priority.is_some() => {
+                    format!(", at most {cap} requests at once per pool")
+                }
                 cap => format!(", at most {cap} requests at once"),
             };
             out += &format!(

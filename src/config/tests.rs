@@ -435,6 +435,13 @@ fn a_low_priority_url_is_a_second_pool_of_its_own_node() {
     assert_eq!(got, Some("192.168.1.1:8081"));
     let c = parse(&format!("{NODES}{DATA}"), None).unwrap();
     assert!(c.nodes[0].low_priority.is_none(), "none unless set");
+    // `check` says that the cap holds for each pool.
+    let capped = format!("[surge]\nmax_active = 2\n{NODES}{low}{DATA}");
+    let said = parse(&capped, None).unwrap().describe();
+    let pool = "web1 http://192.168.1.1 weight 1, at most 2 requests at once per pool";
+    assert!(said.contains(pool), "{said}");
+    let surge = "each node works on at most 2 requests at once (on each of its PHP pools";
+    assert!(said.contains(surge), "{said}");
     // At an address that is already a node's or the data server's, its requests
     // would run at that pool's priority, or on a machine without the sessions.
     for (taken, at) in [

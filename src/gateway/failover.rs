@@ -109,7 +109,7 @@ impl Gateway {
             let mut hop_by_hop = HopByHop::Due(peer);
             let mut low_priority = !in_progress;
             loop {
-                let slot = self.slot(route, known, ask, &mut retry.hold, settings);
+                let slot = self.slot(route, known, ask, low_priority, &mut retry.hold, settings);
                 let (slotted, permit, took_slot) = slot.await?;
                 route = slotted;
                 *waited = took_slot.map(|t| t + waited.unwrap_or_default());

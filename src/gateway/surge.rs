@@ -17,7 +17,7 @@ use super::turns::{NoTurn, Turn};
 use super::waiting_room::{self, Entry};
 use super::{Gateway, Hold, Known, Route, Settings};
 use crate::cluster::slots::StartPermit;
-use crate::cluster::slots::{Ask, Class, Ended, Permit};
+use crate::cluster::slots::{Ask, Class, Ended, Permit, Slots};
 use crate::cluster::upstreams::Upstream;
 use crate::config::SurgeConfig;
 use crate::error::GatewayError;
@@ -117,7 +117,8 @@ impl Gateway {
             admission._turn = Some(turn);
         }
         if work == Work::QuizStart {
-            let starts = upstream.slots.starts();
+            // A start is new work: its gate is the pool's it runs on.
+            let starts = upstream.new_work_slots().starts();
             let asked = Instant::now();
             let patience = settings.surge.post_patience;
             let start = starts.enter(patience).await;
@@ -163,7 +164,7 @@ impl Gateway {
         let upstreams = &settings.upstreams;
         let capacity: usize = (upstreams.nodes().iter())
             .filter(|n| n.takes_new())
-            .map(|n| n.slots.cap())
+            .map(|n| n.new_work_slots().cap())
             .sum();
         if capacity == 0 || !waiting_room::is_page_view(request) {
             return Entry::Go(None);
@@ -174,7 +175,8 @@ impl Gateway {
         (self.room).enter(headers, room, load, capacity, cookie, &self.metrics)
     }
 
-    /// A slot on the route's node, waiting in its line when it is at its cap; the
+    /// A slot on the route's node, of its low-priority pool when `low_priority`
+    /// and it has one, waiting in that pool's line when it is at its cap; the
     /// route may change only if the node stops serving the request meanwhile (see
     /// [`rerouted`](Self::rerouted)). Returns the route, the slot and how long it
     /// waited (`None` on a node without a cap).
@@ -183,6 +185,7 @@ impl Gateway {
         mut route: Route,
         known: Option<Known>,
         mut ask: Ask,
+        low_priority: bool,
         hold: &mut Option<Hold>,
         settings: &Settings,
     ) -> Result<(Route, Permit, Option<Duration>), GatewayError> {
@@ -193,15 +196,16 @@ impl Gateway {
             let upstream = settings
                 .upstream(route)
                 .ok_or(GatewayError::NoNodeAvailable)?;
-            if upstream.slots.cap() == 0 {
+            let slots = upstream.slots_for(low_priority);
+            if slots.cap() == 0 {
                 // No cap, no line: no timer, no lock, nothing to wait for.
-                return match upstream.slots.acquire(ask).await {
+                return match slots.acquire(ask).await {
                     Ok(permit) => Ok((route, permit, None)),
                     // A reload put a cap on the node in this very instant.
                     Err(ended) => Err(self.turned_away(upstream, ask.class, ended)),
                 };
             }
-            let got = match upstream.slots.try_acquire() {
+            let got = match slots.try_acquire() {
                 Some(permit) => Ok(permit),
                 None => {
                     let now = Instant::now();
@@ -210,8 +214,8 @@ impl Gateway {
                     tokio::select! {
                         // First, so that a slot freed meanwhile starts no timer.
                         biased;
-                        got = upstream.slots.acquire(ask) => got,
-                        () = unable(upstream, route) => {
+                        got = slots.acquire(ask) => got,
+                        () = unable(upstream, slots, route) => {
                             route = self.rerouted(route, known, hold, settings).await?;
                             continue;
                         }
@@ -279,9 +283,9 @@ impl Gateway {
 
 /// Resolves once `upstream` can no longer serve a request on `route`: down, or
 /// disabled (a bound session), or no longer taking new ones (a new visitor or an
-/// asset). Pending for ever on a node without a cap, where nobody waits.
-async fn unable(upstream: &Upstream, route: Route) {
-    if upstream.slots.cap() == 0 {
+/// asset). Pending for ever on a pool without a cap (its `slots`), where nobody waits.
+async fn unable(upstream: &Upstream, slots: &Slots, route: Route) {
+    if slots.cap() == 0 {
         return std::future::pending().await;
     }
     loop {

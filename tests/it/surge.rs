@@ -579,3 +579,50 @@ async fn new_work_goes_to_a_nodes_low_priority_pool_and_work_in_progress_to_its_
     assert!(web1.health.is_up(), "a low pool down is not its node down");
     assert_eq!(cluster.lost_sessions(), 0, "nobody was logged out");
 }
+
+/// A node's low-priority pool has its own workers, so it has its own cap: with the
+/// pool's workers all taken by slow new work (course pages here, a class's starts
+/// on exam day), a student's page turn finds the node's own pool free and never
+/// waits in the gateway, while new work beyond the pool's cap still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_turn_never_waits_for_the_low_priority_pools_workers() {
+    let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
+    let low = cluster.low_pool("web1").unwrap();
+    let url = format!("url = \"http://{}\"\n", cluster.nodes()[0].addr());
+    let config = config(&cluster, "", "max_active = 2\nwaiting_room = false");
+    let both = format!("{url}low_priority_url = \"http://{}\"\n", low.addr());
+    let gateway = TestGateway::start(&config.replace(&url, &both)).await;
+    let (mut answering, _) = support::logged_in(&gateway, 1).await;
+    let mut reading = Vec::new();
+    for n in 2..=4 {
+        reading.push(support::logged_in(&gateway, n).await.0);
+    }
+    // The pool's pages take long enough that a turn waiting for one of its
+    // workers would wait for all of this.
+    low.set_workers(Some((3, Duration::from_secs(3))));
+    let mut pages = JoinSet::new();
+    for mut student in reading {
+        pages.spawn(async move { student.get("/course/view.php?id=2").await.unwrap().status });
+    }
+    let settings = gateway.app.gateway().settings();
+    let web1 = settings.upstreams.by_name("web1").unwrap();
+    let pool = web1.low_priority.as_ref().unwrap().slots.clone();
+    eventually(Duration::from_secs(10), "the pool is at its cap", || {
+        pool.now().active == 2 && pool.now().queued.iter().sum::<usize>() == 1
+    })
+    .await;
+
+    let turn = "/mod/quiz/processattempt.php";
+    let turn = answering.post(turn, "attempt=12&thispage=0&nextpage=1");
+    assert_eq!(turn.await.unwrap().status, StatusCode::OK);
+    let waited = r#"queue_wait_seconds_sum{class="working"}"#;
+    assert_eq!(
+        metric(&gateway, waited),
+        0.0,
+        "the turn found a worker at once"
+    );
+    assert_eq!(pool.now().active, 2, "the pool's pages were still running");
+    all_ok(&mut pages).await;
+    assert_eq!(low.busiest(), 2, "the pool's cap held");
+    assert_eq!(cluster.lost_sessions(), 0, "nobody was logged out");
+}

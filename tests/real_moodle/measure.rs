@@ -438,19 +438,26 @@ struct QuizRound {
 /// The quiz's start (`quiz::EXAM_READING`) behind each front in turn on one restored
 /// site and one cluster (two PHP workers a node, node-local sessions, no offload),
 /// then the table. `GATEWAY_BEFORE` names another gateway binary to run first, with
-/// the cap: a "before" beside this build's "after".
+/// the cap, without and with the pools: a "before" beside this build's "after".
 pub fn quiz() {
     let site = Arc::new(Site::restore());
     // Each node with a second, low-priority pool, which only the rows that say so use.
     let cluster = Cluster::start_with_low_pools(&site, SMALL_POOL);
     let mut fronts = Vec::new();
     if let Some(before) = std::env::var_os("GATEWAY_BEFORE") {
-        fronts.push(Front::Gateway {
-            name: "before, max_active 2".into(),
-            binary: Some(PathBuf::from(before)),
-            surge: Some(surge_section(SMALL_POOL)),
-            low_pools: false,
-        });
+        for low_pools in [false, true] {
+            let pools = if low_pools {
+                ", low-priority pools"
+            } else {
+                ""
+            };
+            fronts.push(Front::Gateway {
+                name: format!("before, max_active 2{pools}"),
+                binary: Some(PathBuf::from(&before)),
+                surge: Some(surge_section(SMALL_POOL)),
+                low_pools,
+            });
+        }
     }
     fronts.push(Front::Gateway {
         name: "gateway, max_active 2".into(),
@@ -459,18 +466,12 @@ pub fn quiz() {
         low_pools: false,
     });
     // Work in progress on each node's own pool, everything else on its pool at
-    // nice 10: the node's CPU goes to the page turns first.
+    // nice 10: the node's CPU goes to the page turns first. Each pool capped at
+    // its own workers.
     fronts.push(Front::Gateway {
         name: "gateway, max_active 2, low-priority pools".into(),
         binary: None,
         surge: Some(surge_section(SMALL_POOL)),
-        low_pools: true,
-    });
-    // The cap as wide as both pools' workers together.
-    fronts.push(Front::Gateway {
-        name: "gateway, max_active 4, low-priority pools".into(),
-        binary: None,
-        surge: Some(surge_section(2 * SMALL_POOL)),
         low_pools: true,
     });
     // The gate as wide as the cap: starts then wait only in the line, as work in
