@@ -163,7 +163,7 @@ for variant in $VARIANTS; do
         exec 7>&-
         wait "$clients"
         printf '%-8s %-6s %11d %11d %7s %11s %13s\n' "$proxy" "$variant" "$before" "$after" "$open" "$nodes_before-$nodes" \
-            "$(awk -v a="$after" -v b="$before" -v n="$CONNS" 'BEGIN { printf "%.1f", (a - b) / n }')"
+            "$(awk -v a="$after" -v b="$before" -v n="$CONNS" 'BEGIN { printf "%.2f", (a - b) / n }')"
         stop_pid "$PID"
     done
 done

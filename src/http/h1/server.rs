@@ -133,8 +133,7 @@ pub(crate) const PARK_AFTER: Duration = Duration::from_secs(1);
 /// request scratch) is made again only when the next request's bytes come, so an
 /// idle connection costs its socket and a few hundred bytes, as nginx's does.
 pub(crate) struct Parked {
-    reading: Reading,
-    writer: WriteHalf,
+    reading: Reading<StudentIo>,
     /// Armed for what is left of `keep_alive`.
     deadline: Deadline,
     taken: usize,
@@ -169,7 +168,7 @@ impl Parked {
     /// Closes the connection, as an idle one is closed.
     pub(crate) async fn close(&mut self) {
         use tokio::io::AsyncWriteExt;
-        let _ = self.writer.shutdown().await;
+        let _ = self.reading.half.shutdown().await;
     }
 }
 
@@ -271,8 +270,8 @@ impl Body for StudentBody {
 
 /// The read side of a student's connection: the socket's half, and what was read
 /// from it and not yet taken.
-struct Reading {
-    half: ReadHalf,
+struct Reading<R = ReadHalf> {
+    half: R,
     buf: BytesMut,
 }
 
@@ -298,7 +297,9 @@ impl Reading {
             }
         }
     }
+}
 
+impl<R: AsyncRead + Unpin> Reading<R> {
     /// Reads more into the buffer, with room for `room` bytes: `Ok(0)` when the
     /// student closed. A connection without a buffer (new, or idle since its last
     /// answer) takes one of the thread's spare heads for the read.
@@ -499,7 +500,7 @@ where
             } = match poll_fn(|cx| connection.poll_head(cx, limits, stopping)).await {
                 Next::Request(head) => head,
                 Next::Close => break None,
-                Next::Park => return Ended::Parked(connection.park(limits)),
+                Next::Park => return connection.park(limits).map_or(Ended::Closed, Ended::Parked),
                 Next::HandOver(read) => return connection.hand_over(read),
                 Next::Refuse(error) => break Some(error),
             };
@@ -687,12 +688,15 @@ impl Connection {
     fn woken(parked: Parked) -> Self {
         let Parked {
             reading,
-            writer,
             deadline,
             taken,
         } = parked;
+        let (half, writer) = halves::split(reading.half);
         Self {
-            reading: Some(reading),
+            reading: Some(Reading {
+                half,
+                buf: reading.buf,
+            }),
             writer,
             deadline,
             waiting: Waiting::Idle,
@@ -707,7 +711,7 @@ impl Connection {
     /// What an idle connection keeps, its deadline moved to what is left of
     /// `keep_alive`. Called only while nothing is read and no body is out (its
     /// reading side is here, its buffer and scratch given back).
-    fn park(self, limits: &Limits) -> Parked {
+    fn park(self, limits: &Limits) -> Option<Parked> {
         let Connection {
             reading,
             writer,
@@ -715,13 +719,16 @@ impl Connection {
             taken,
             ..
         } = self;
+        let Reading { half, buf } = reading?;
         deadline.set(limits.keep_alive.saturating_sub(PARK_AFTER));
-        Parked {
-            reading: reading.expect("a connection waiting for a head has its read side"),
-            writer,
+        Some(Parked {
+            reading: Reading {
+                half: half.unsplit(writer)?,
+                buf,
+            },
             deadline,
             taken,
-        }
+        })
     }
 
     /// The body of a request whose head says `body_len` bytes follow: with any,
