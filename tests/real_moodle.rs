@@ -185,6 +185,13 @@ fn the_doctor_finds_the_missing_sslproxy_behind_https() {
 
 #[test]
 #[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
+fn the_doctor_finds_a_low_priority_pool_that_redirects_and_one_not_there() {
+    let _one = heavy();
+    doctor::low_pool_on_its_own_port(&Site::restore());
+}
+
+#[test]
+#[ignore = "needs PHP and MariaDB: run tests/moodle/run.sh"]
 fn the_doctor_finds_the_site_in_maintenance_mode() {
     let _one = heavy();
     doctor::maintenance(&Site::restore());

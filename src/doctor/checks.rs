@@ -96,6 +96,9 @@ pub(super) async fn examine(config: &Config, options: &Options) -> Report {
     if visits.is_empty() {
         return exam.report;
     }
+    for node in &config.nodes {
+        exam.low_pool(node).await;
+    }
     exam.same_moodle(&visits);
     exam.sessions(&mut visits).await;
     exam.javascript(&mut visits).await;
@@ -299,6 +302,63 @@ impl<'c> Exam<'c> {
             }
         }
         Some(visit)
+    }
+
+    /// A node's low-priority pool (`low_priority_url`), asked for the login page as
+    /// a newcomer's request is sent there. Its web server must give PHP wwwroot's
+    /// port, as the node's own does: Moodle redirects every request whose port is
+    /// not wwwroot's, and the redirect leads back through the gateway to the same
+    /// pool, so every login, page view and quiz start loops. A pool that cannot be
+    /// reached serves nothing: the gateway sends its requests to `url`.
+    async fn low_pool(&mut self, upstream: &UpstreamConfig) {
+        let Some(low) = &upstream.low_priority else {
+            return;
+        };
+        let (name, address) = (upstream.name.as_str(), low.as_str());
+        let login = self.path("/login/index.php");
+        let key = format!("[[nodes]] {name} low_priority_url");
+        let answer = self
+            .asker
+            .get(address, &login, &mut Visitor::default())
+            .await;
+        let saw = match &answer {
+            Ok(answer) => answer.summary(),
+            Err(error) => error.clone(),
+        };
+        self.seen(name).low_priority = format!("{address}: {saw}");
+        let saw = format!(
+            "GET {login} on {address} with Host {}: {saw}",
+            self.asker.public_host.to_str().unwrap_or("")
+        );
+        match answer {
+            Err(_) => self.find(
+                name,
+                "low_priority_url",
+                saw,
+                "the pool serves nothing: the gateway sends its requests to the node's url                  (and logs it once a minute), so page turns get no priority over new work",
+                format!(
+                    "start the node's second PHP pool and its web server at {address}, or \
+                     remove {key}"
+                ),
+            ),
+            Ok(answer) if answer.location().is_some() => {
+                let port = self.wwwroot.port.unwrap_or(if self.wwwroot.https { 443 } else { 80 });
+                self.find(
+                    name,
+                    "low_priority_url",
+                    saw,
+                    "Moodle redirects a request whose port is not wwwroot's, and this pool's \
+                     PHP is given its own: every login, page view and quiz start sent to it \
+                     is a redirect back to the same pool, a loop",
+                    format!(
+                        "in the web server in front of the pool at {address}, give PHP \
+                         wwwroot's port (nginx: fastcgi_param SERVER_PORT {port};), as the \
+                         node's own server block does"
+                    ),
+                );
+            }
+            Ok(_) => {}
+        }
     }
 
     /// A login page answered with a redirect: to another wwwroot, or to the https one

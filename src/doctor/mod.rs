@@ -85,6 +85,8 @@ pub struct Seen {
     pub clock_offset_secs: Option<i64>,
     /// Whether it read a session another node started: `shared`, `own`, or "".
     pub sessions: String,
+    /// What its low-priority pool's login page got ("" without `low_priority_url`).
+    pub low_priority: String,
 }
 
 /// Everything the doctor learned.
@@ -145,6 +147,9 @@ impl Report {
             }
             if !seen.sessions.is_empty() {
                 let _ = write!(out, " · sessions {}", seen.sessions);
+            }
+            if !seen.low_priority.is_empty() {
+                let _ = write!(out, " · low-priority pool {}", seen.low_priority);
             }
             out.push('\n');
         }

@@ -5,7 +5,8 @@
 //    $_SERVER['SERVER_PORT'] (initialise_fullme() in lib/setuplib.php) and
 //    redirects when they differ. PHP's built-in server reports its own listening
 //    port, so a node behind the gateway would loop in redirects; Apache with
-//    UseCanonicalName Off takes the port from Host, and so do we.
+//    UseCanonicalName Off takes the port from Host, and so do we (unless
+//    MOODLE_OWN_PORT is set).
 // 2. X-Moodle-Node names the node that ran the script, so the tests see where each
 //    request was served (plain files are served by php -S without PHP: no header).
 // 3. With MOODLE_REQUEST_LOG set, each script appends "<microseconds> <URI>" to that
@@ -14,7 +15,11 @@
 //    Moodle's own (the session write included).
 if (PHP_SAPI === 'cli-server') {
     $host = $_SERVER['HTTP_HOST'] ?? '';
-    $_SERVER['SERVER_PORT'] = preg_match('/:(\d+)$/', $host, $m) ? $m[1] : '80';
+    // MOODLE_OWN_PORT: PHP keeps its own port, as behind a web server that was
+    // not told wwwroot's (the doctor's low-priority pool check).
+    if (getenv('MOODLE_OWN_PORT') === false) {
+        $_SERVER['SERVER_PORT'] = preg_match('/:(\d+)$/', $host, $m) ? $m[1] : '80';
+    }
     $node = getenv('MOODLE_NODE');
     if ($node !== false && $node !== '') {
         header('X-Moodle-Node: ' . $node);

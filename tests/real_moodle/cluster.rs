@@ -110,6 +110,17 @@ impl Cluster {
         Cluster::start_shaped(site, Store::NodeLocal, false, workers, true, &[])
     }
 
+    /// [`Cluster::start_with_low_pools`], with some pools set up wrong on purpose,
+    /// as [`Cluster::start_tweaked`] (a key `LOW:NAME` is for the low-priority pool
+    /// alone).
+    pub fn start_with_low_pools_tweaked(
+        site: &Site,
+        workers: usize,
+        tweaks: &[(&str, &str, String)],
+    ) -> Cluster {
+        Cluster::start_shaped(site, Store::NodeLocal, false, workers, true, tweaks)
+    }
+
     /// [`Cluster::start_with`], with some nodes set up wrong on purpose: each tweak is
     /// (node, config.php's environment variable, value), applied over that node's own;
     /// `{public}` in a value is the gateway's address (wwwroot's authority).
@@ -272,7 +283,14 @@ fn start_node(
                 "MOODLE_XSENDFILE",
                 if offload { "X-Accel-Redirect" } else { "off" },
             )
-            .envs(tweaks.iter().map(|(key, value)| (*key, value)));
+            .envs(tweaks.iter().filter_map(|(key, value)| {
+                // A `LOW:` tweak is the low-priority pool's alone.
+                match key.strip_prefix("LOW:") {
+                    Some(key) if nice > 0 => Some((key, value)),
+                    Some(_) => None,
+                    None => Some((*key, value)),
+                }
+            }));
         let what = match nice {
             0 => format!("php -S ({name})"),
             _ => format!("php -S ({name}, nice {nice})"),

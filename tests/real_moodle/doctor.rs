@@ -7,7 +7,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::cluster::{admin_addr, config_for, Cluster, Store, WORKERS};
+use crate::cluster::{admin_addr, config_for, with_low_pools, Cluster, Store, WORKERS};
 use crate::processes::{free_port, Scratch};
 use crate::site::Site;
 
@@ -240,5 +240,29 @@ pub fn maintenance(site: &Site) {
     diagnosis.finds(
         &["web1", "web2", "web3", "web4", "data"],
         "maintenance mode",
+    );
+}
+
+/// A low-priority pool whose web server gives PHP its own port (no `fastcgi_param
+/// SERVER_PORT`): Moodle redirects everything sent there. And one nothing listens
+/// at. The other nodes' pools are right and not named.
+pub fn low_pool_on_its_own_port(site: &Site) {
+    let tweaks = [("web2", "LOW:MOODLE_OWN_PORT", "1".to_owned())];
+    let cluster = Cluster::start_with_low_pools_tweaked(site, WORKERS, &tweaks);
+    let web3 = cluster.nodes[2].low.as_ref().unwrap().addr.to_string();
+    let nobody = format!("127.0.0.1:{}", free_port());
+    let text = with_low_pools(&config(&cluster), &cluster).replace(&web3, &nobody);
+    let diagnosis = doctor(&text, None);
+    assert_eq!(diagnosis.code, Some(1), "{}", diagnosis.explain());
+    let pools: Vec<(String, String)> = (diagnosis.findings().into_iter())
+        .filter(|(_, setting)| setting == "low_priority_url")
+        .collect();
+    let named = ["web2", "web3"].map(|node| (node.to_owned(), "low_priority_url".to_owned()));
+    assert_eq!(pools, named, "{}", diagnosis.explain());
+    let (_, text) = doctor_text(&text);
+    assert!(text.contains("fastcgi_param SERVER_PORT"), "{text}");
+    assert!(
+        text.contains("remove [[nodes]] web3 low_priority_url"),
+        "{text}"
     );
 }
