@@ -68,9 +68,21 @@ pub(super) struct Node {
     /// of its full share of new sessions it gets now.
     #[serde(skip_serializing_if = "Option::is_none")]
     warming: Option<f64>,
-    /// Its slots under `[surge]` (`GET /nodes` only, PHP nodes only).
+    /// Its slots under `[surge]` (`GET /nodes` only, PHP nodes only): of its own
+    /// pool, at `url`.
     #[serde(flatten)]
     slots: Option<Slots>,
+    /// Its low-priority pool (`low_priority_url`), with that pool's own slots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    low_priority: Option<LowPriority>,
+}
+
+/// A node's low-priority pool as `GET /nodes` shows it.
+#[derive(Debug, Serialize)]
+struct LowPriority {
+    url: String,
+    #[serde(flatten)]
+    slots: Slots,
 }
 
 /// One node's slots as `GET /nodes` shows them.
@@ -131,7 +143,13 @@ fn row(gateway: &Gateway, upstream: &Upstream, details: bool, sessions: bool) ->
         counts: sessions.then(|| counts(live, logged_in)),
         drained: (sessions && state != NodeState::Active).then_some(logged_in == 0),
         warming: share.filter(|&s| s < FULL).map(fraction),
-        slots: (details && sessions).then(|| slots(upstream.slots_now())),
+        slots: (details && sessions).then(|| slots(upstream.slots.now())),
+        low_priority: (upstream.low_priority.as_ref())
+            .filter(|_| details && sessions)
+            .map(|lane| LowPriority {
+                url: format!("http://{}", lane.authority),
+                slots: slots(lane.slots.now()),
+            }),
     }
 }
 

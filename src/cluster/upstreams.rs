@@ -117,8 +117,8 @@ impl Upstream {
         self.slots_for(true)
     }
 
-    /// Both pools' slots as one figure for `/metrics`, `/nodes` and the dashboard:
-    /// a node's workers are its pools' together.
+    /// Both pools' slots as one figure for `/metrics` and the dashboard: a node's
+    /// workers are its pools' together (`/nodes` shows each pool).
     pub fn slots_now(&self) -> SlotsNow {
         let now = self.slots.now();
         match &self.low_priority {

@@ -586,10 +586,12 @@ async fn new_work_goes_to_a_nodes_low_priority_pool_and_work_in_progress_to_its_
 /// waits in the gateway, while new work beyond the pool's cap still waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_turn_never_waits_for_the_low_priority_pools_workers() {
+    const TOKEN: &str = "surge-admin-token-0123456789-abcdef";
     let cluster = Cluster::spawn(1, "", "MoodleSession").unwrap();
     let low = cluster.low_pool("web1").unwrap();
     let url = format!("url = \"http://{}\"\n", cluster.nodes()[0].addr());
-    let config = config(&cluster, "", "max_active = 2\nwaiting_room = false");
+    let surge = "\n[surge]\nmax_active = 2\nwaiting_room = false\n";
+    let config = cluster.config_toml("127.0.0.1:0", Some(("127.0.0.1:0", TOKEN)), surge);
     let both = format!("{url}low_priority_url = \"http://{}\"\n", low.addr());
     let gateway = TestGateway::start(&config.replace(&url, &both)).await;
     let (mut answering, _) = support::logged_in(&gateway, 1).await;
@@ -622,6 +624,24 @@ async fn a_page_turn_never_waits_for_the_low_priority_pools_workers() {
         "the turn found a worker at once"
     );
     assert_eq!(pool.now().active, 2, "the pool's pages were still running");
+    // An admin sees both pools, each with its own cap.
+    let nodes = format!("http://{}/nodes", gateway.admin_addr.unwrap());
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+    let seen = support::send(&nodes, "GET", &auth, axum::body::Body::empty()).await;
+    let nodes: serde_json::Value = serde_json::from_slice(&seen.body).unwrap();
+    let web1 = &nodes["nodes"][0];
+    assert_eq!(
+        (&web1["max_active"], &web1["active"]),
+        (&2.into(), &0.into())
+    );
+    let pool_row = &web1["low_priority"];
+    assert_eq!(pool_row["url"], format!("http://{}", low.addr()));
+    assert_eq!(
+        (&pool_row["max_active"], &pool_row["active"]),
+        (&2.into(), &2.into())
+    );
+    assert_eq!(pool_row["queued"]["logged_in"], 1, "{web1}");
     all_ok(&mut pages).await;
     assert_eq!(low.busiest(), 2, "the pool's cap held");
     assert_eq!(cluster.lost_sessions(), 0, "nobody was logged out");
