@@ -67,8 +67,14 @@ const SAVE_WAIT: Duration = Duration::from_secs(120);
 const FLUSH_WAIT: Duration = Duration::from_secs(2);
 
 /// The longest a request with an unknown session waits for the old process's
-/// "synced" (it answers in well under a millisecond unless it is stuck).
-const CATCH_UP_WAIT: Duration = Duration::from_secs(1);
+/// "synced". It answers in well under a millisecond on a quiet machine; on one
+/// starved of CPU (a restart in the middle of a surge) it took over a second, and
+/// a student who had just logged in was dealt afresh: logged out. Only requests
+/// whose session this process does not know wait, only while the old one lives.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
+
+/// A catch-up that timed out is said at most once every ten seconds.
+static NOT_SYNCED: crate::logs::Every = crate::logs::Every::new(Duration::from_secs(10));
 
 /// The requests waiting for "synced", in the order their "sync" went out; the
 /// writer is `None` once the old process has gone (nothing more to wait for).
@@ -158,7 +164,15 @@ fn catch_up(waiters: Waiters) -> crate::gateway::CatchUp {
             }
         }
         Box::pin(async move {
-            let _ = tokio::time::timeout(CATCH_UP_WAIT, synced).await;
+            if tokio::time::timeout(CATCH_UP_WAIT, synced).await.is_err() {
+                if let Some(held_back) = NOT_SYNCED.allow() {
+                    tracing::warn!(
+                        held_back,
+                        "the previous process did not say \"synced\" within {CATCH_UP_WAIT:?}: \
+                         a session it bound since may be dealt afresh"
+                    );
+                }
+            }
         })
     }))
 }

@@ -275,10 +275,19 @@ async fn a_restart_and_an_upgrade_under_load_refuse_no_one_fail_nothing_and_log_
     for student in clicking {
         pages += student.await.unwrap();
     }
-    assert_eq!(complaints.all(), Vec::<String>::new());
+    assert_eq!(
+        complaints.all(),
+        Vec::<String>::new(),
+        "{:#?}",
+        [&first, &second, &third].map(|p| p.logged("previous process"))
+    );
     assert!(pages > 0 && logins.load(Ordering::Relaxed) > 0);
     let heard = third.logs_within("the previous process has finished", Duration::from_secs(30));
-    assert!(heard.await, "the new process heard the old one out");
+    assert!(
+        heard.await,
+        "the new process heard the old one out: {:#?}",
+        [&second, &third].map(|p| p.logged(""))
+    );
 }
 
 /// systemd holds the socket (`moodle-gateway.socket`) and passes it to each
