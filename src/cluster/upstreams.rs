@@ -239,7 +239,17 @@ impl Upstreams {
             let (id, cap) = (ids.id(&node.name)?, node.cap(&config.surge));
             let reloading = previous.is_some();
             let built = upstream(node, id, cap, &crowd, kept.map(|k| &**k), reloading);
-            (built.new_work_slots().starts()).set_share(config.surge.start_share(cap));
+            // Starts are new work: paced on the pool they run on, and only there
+            // (a reload that gives a node a low-priority pool lets the starts then
+            // waiting at its own pool's gate go on).
+            let share = config.surge.start_share(cap);
+            let own_share = if built.low_priority.is_some() {
+                0
+            } else {
+                share
+            };
+            built.slots.starts().set_share(own_share);
+            (built.new_work_slots().starts()).set_share(share);
             nodes.push(Arc::new(built));
         }
         let kept_data = previous
@@ -560,6 +570,63 @@ mod tests {
             third.get(node(3)).is_none(),
             "c left: its id names nobody now"
         );
+    }
+
+    /// A node's low-priority pool has its own cap, its own line and the start
+    /// gate; a reload keeps its slots (nobody waiting is dropped), and one that
+    /// takes the pool away puts the gate back on the node's own pool.
+    #[test]
+    fn a_low_priority_pool_has_its_own_slots_and_the_start_gate_through_reloads() {
+        let ids = NodeIds::default();
+        let low = "max_active = 4\nlow_priority_url = \"http://10.0.0.97:8081\"";
+        let first = Upstreams::build(&config(&[("a", low), ("b", "")]), &ids, None).unwrap();
+        let a = first.by_name("a").unwrap();
+        let lane = a.low_priority.as_ref().unwrap();
+        assert!(!Arc::ptr_eq(&a.slots, &lane.slots), "a pool of its own");
+        assert!(Arc::ptr_eq(a.slots_for(true), &lane.slots));
+        assert!(Arc::ptr_eq(a.slots_for(false), &a.slots));
+        assert_eq!(
+            (a.slots.cap(), lane.slots.cap()),
+            (4, 4),
+            "the cap holds per pool"
+        );
+        // "auto": half the cap, on the pool the starts run on only.
+        let shares = |u: &Upstream| {
+            (
+                u.slots.starts().share(),
+                u.new_work_slots().starts().share(),
+            )
+        };
+        assert_eq!(shares(a), (0, 2));
+        assert_eq!((a.slots_now().cap, a.slots_now().start_share), (8, 2));
+        let b = first.by_name("b").unwrap();
+        assert!(Arc::ptr_eq(b.slots_for(true), &b.slots), "no pool: its own");
+
+        let again =
+            Upstreams::build(&config(&[("a", low), ("b", "")]), &ids, Some(&first)).unwrap();
+        let kept = &again
+            .by_name("a")
+            .unwrap()
+            .low_priority
+            .as_ref()
+            .unwrap()
+            .slots;
+        assert!(
+            Arc::ptr_eq(kept, &lane.slots),
+            "a reload keeps the pool's line"
+        );
+        let gone = Upstreams::build(
+            &config(&[("a", "max_active = 4"), ("b", "")]),
+            &ids,
+            Some(&again),
+        )
+        .unwrap();
+        let a = gone.by_name("a").unwrap();
+        assert!(a.low_priority.is_none());
+        assert_eq!(shares(a), (2, 2), "the gate is back on the node's own pool");
+        let back = Upstreams::build(&config(&[("a", low), ("b", "")]), &ids, Some(&gone)).unwrap();
+        let a = back.by_name("a").unwrap();
+        assert_eq!(shares(a), (0, 2), "and moves to a pool a reload brings");
     }
 
     #[test]
