@@ -585,6 +585,28 @@ impl Slots {
         true
     }
 
+    /// Makes room in a full gateway line for a request of `class` waiting in
+    /// another line of the same node (its other PHP pool): the last waiter here,
+    /// if its class is lower, is told it is displaced and its place in the crowd
+    /// is given up. `false` when nobody here ranks below `class`.
+    ///
+    /// Why: a node with a low-priority pool keeps its newcomers in that pool's
+    /// line and its students' work in progress in its own, so `displace` within
+    /// one line could no longer put a student before the crowd.
+    pub fn give_way(&self, class: Class) -> bool {
+        let mut line = self.lock();
+        let last = line.waiters.last_key_value().map(|(p, w)| (*p, w.class));
+        let Some((last, lower)) = last.filter(|&(_, w)| w > class) else {
+            return false;
+        };
+        let waiter = line.waiters.remove(&last).expect("just seen");
+        line.per_class[lower.index()] -= 1;
+        self.queued.store(line.waiters.len(), Ordering::Relaxed);
+        self.crowd.leave(lower);
+        let _ = waiter.answer.send(Answer::Displaced);
+        true
+    }
+
     /// Takes a waiter out of line; `false` when it was not there any more.
     fn remove(&self, line: &mut Line, place: Place) -> bool {
         let Some(waiter) = line.waiters.remove(&place) else {

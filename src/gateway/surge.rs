@@ -7,6 +7,7 @@
 //! session, move a shared one), which only the gateway knows. A busy node is never
 //! a reason to move: a bound request waits for its own node, however long its line.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -192,6 +193,7 @@ impl Gateway {
         // The clock is read, and the timer set, only for a request that has to wait:
         // most find a slot free at once, and a precise read costs some 34 ns.
         let mut timing: Option<(Instant, Instant)> = None;
+        let mut made_room = false;
         loop {
             let upstream = settings
                 .upstream(route)
@@ -231,6 +233,12 @@ impl Gateway {
                         settings.upstreams.crowd().newcomer_waited(waited);
                     }
                     Ok((route, permit, Some(waited)))
+                }
+                // The gateway's line is full, and this request's pool line had
+                // nobody below it to displace: the node's other pool may.
+                Err(Ended::Full) if !made_room && give_way(upstream, low_priority, ask.class) => {
+                    made_room = true;
+                    continue;
                 }
                 Err(ended) => Err(self.turned_away(upstream, ask.class, ended)),
             };
@@ -279,6 +287,13 @@ impl Gateway {
         }
         error
     }
+}
+
+/// Room made in the node's other pool's line for a request of `class` that found
+/// the gateway's line full (see [`Slots::give_way`]).
+fn give_way(upstream: &Upstream, low_priority: bool, class: Class) -> bool {
+    let other = upstream.slots_for(!low_priority);
+    !Arc::ptr_eq(other, upstream.slots_for(low_priority)) && other.give_way(class)
 }
 
 /// Resolves once `upstream` can no longer serve a request on `route`: down, or

@@ -294,6 +294,47 @@ async fn a_full_line_turns_away_a_newcomer_but_a_student_takes_a_newcomers_place
     assert_eq!((slots.crowd.waiting(), slots.now().active), (0, 0));
 }
 
+/// A node's two PHP pools have a line each and share the gateway's bound: a
+/// student's work in progress that finds it full while a newcomer waits in the
+/// other pool's line has the newcomer give way.
+#[tokio::test]
+async fn a_full_line_gives_a_student_the_place_of_a_newcomer_waiting_at_the_other_pool() {
+    let crowd = Arc::new(Crowd::new(1));
+    let (own, low) = (
+        Arc::new(Slots::new(1, crowd.clone())),
+        Arc::new(Slots::new(1, crowd.clone())),
+    );
+    let t0 = Instant::now();
+    let (_busy_own, _busy_low) = (
+        own.acquire(ask(Class::Working, t0)).await.unwrap(),
+        low.acquire(ask(Class::LoggedIn, t0)).await.unwrap(),
+    );
+    let (served, _order) = tokio::sync::mpsc::unbounded_channel();
+    let newcomer = waiter(&low, ask(Class::Newcomer, t0), "newcomer", &served);
+    settle().await;
+    let turn = own.acquire(ask(Class::Working, t0)).await;
+    assert_eq!(
+        turn.unwrap_err(),
+        Ended::Full,
+        "its own line has nobody below it"
+    );
+    assert!(
+        !low.give_way(Class::Newcomer),
+        "nobody ranks below a newcomer"
+    );
+    assert!(low.give_way(Class::Working));
+    assert_eq!(newcomer.await.unwrap().unwrap_err(), Ended::Full);
+    assert_eq!((low.now().queued, crowd.waiting()), ([0; 4], 0));
+    let student = waiter(&own, ask(Class::Working, t0), "turn", &served);
+    settle().await;
+    assert_eq!(
+        own.now().queued,
+        [1, 0, 0, 0],
+        "the student waits in its place"
+    );
+    drop(student);
+}
+
 #[tokio::test]
 async fn a_waiter_that_leaves_gives_up_its_place_and_never_keeps_a_slot() {
     let slots = node(1, 100);
