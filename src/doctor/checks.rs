@@ -97,7 +97,8 @@ pub(super) async fn examine(config: &Config, options: &Options) -> Report {
         return exam.report;
     }
     for node in &config.nodes {
-        exam.low_pool(node).await;
+        let redirected = (visits.iter()).any(|v| v.upstream.name == node.name && v.redirected);
+        exam.low_pool(node, redirected).await;
     }
     exam.same_moodle(&visits);
     exam.sessions(&mut visits).await;
@@ -310,15 +311,14 @@ impl<'c> Exam<'c> {
     /// not wwwroot's, and the redirect leads back through the gateway to the same
     /// pool, so every login, page view and quiz start loops. A pool that cannot be
     /// reached serves nothing: the gateway sends its requests to `url`.
-    async fn low_pool(&mut self, upstream: &UpstreamConfig) {
+    async fn low_pool(&mut self, upstream: &UpstreamConfig, own_redirected: bool) {
         let Some(low) = &upstream.low_priority else {
             return;
         };
         let (name, address) = (upstream.name.as_str(), low.as_str());
         let login = self.path("/login/index.php");
         let key = format!("[[nodes]] {name} low_priority_url");
-        let answer = self
-            .asker
+        let answer = (self.asker)
             .get(address, &login, &mut Visitor::default())
             .await;
         let saw = match &answer {
@@ -330,34 +330,57 @@ impl<'c> Exam<'c> {
             "GET {login} on {address} with Host {}: {saw}",
             self.asker.public_host.to_str().unwrap_or("")
         );
-        match answer {
-            Err(_) => self.find(
-                name,
-                "low_priority_url",
-                saw,
-                "the pool serves nothing: the gateway sends its requests to the node's url                  (and logs it once a minute), so page turns get no priority over new work",
-                format!(
-                    "start the node's second PHP pool and its web server at {address}, or \
-                     remove {key}"
-                ),
-            ),
-            Ok(answer) if answer.location().is_some() => {
-                let port = self.wwwroot.port.unwrap_or(if self.wwwroot.https { 443 } else { 80 });
-                self.find(
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(_) => {
+                return self.find(
                     name,
                     "low_priority_url",
                     saw,
-                    "Moodle redirects a request whose port is not wwwroot's, and this pool's \
-                     PHP is given its own: every login, page view and quiz start sent to it \
-                     is a redirect back to the same pool, a loop",
+                    "the pool does not answer: a request the gateway cannot send there goes \
+                     to the node's url (logged once a minute), without priority; one it sends \
+                     and that is never answered waits for it",
                     format!(
-                        "in the web server in front of the pool at {address}, give PHP \
-                         wwwroot's port (nginx: fastcgi_param SERVER_PORT {port};), as the \
-                         node's own server block does"
+                        "start the node's second PHP pool and its web server at {address}, or \
+                         remove {key}"
                     ),
                 );
             }
-            Ok(_) => {}
+        };
+        if answer.location().is_some() {
+            // The node's own login page redirects too: one cause (its wwwroot or
+            // sslproxy), said once, on the node.
+            if own_redirected {
+                return;
+            }
+            let https = self.wwwroot.https;
+            let port = self.wwwroot.port.unwrap_or(if https { 443 } else { 80 });
+            return self.find(
+                name,
+                "low_priority_url",
+                saw,
+                "Moodle redirects a request whose port is not wwwroot's, and this pool's \
+                 PHP is given its own: every login, page view and quiz start sent to it \
+                 is a redirect back to the same pool, a loop",
+                format!(
+                    "in the web server in front of the pool at {address}, give PHP \
+                     wwwroot's port (nginx: fastcgi_param SERVER_PORT {port};), as the \
+                     node's own server block does"
+                ),
+            );
+        }
+        let moodle = answer.status.is_success() && moodle::page_settings(&answer.text()).is_some();
+        if !moodle && !moodle::in_maintenance(answer.status.as_u16(), &answer.headers) {
+            self.find(
+                name,
+                "low_priority_url",
+                saw,
+                "what students sent to this pool get (logins, page views, quiz starts) is \
+                 not Moodle's login page: the gateway passes it on as it is",
+                "look at the pool's web server and PHP error logs (a PHP-FPM pool that is \
+                 down answers 502 through its web server)"
+                    .into(),
+            );
         }
     }
 
