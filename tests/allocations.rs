@@ -227,14 +227,14 @@ fn a_rate_limit_under_a_flood_of_100000_and_more_addresses_holds_bounded_memory(
 /// connection (`tests/it/memory.rs`, `bench/idle_memory.sh`) adds the allocator's
 /// own pages and the kernel's.
 #[tokio::test(flavor = "current_thread")]
-async fn a_parked_connection_holds_under_800_bytes_of_heap() {
+async fn a_parked_connection_holds_at_most_700_bytes_of_heap() {
     use std::io::{Read, Write};
 
     const CONNS: usize = 200;
     /// Measured 2026-12-07 (debug build): 720 bytes with the socket's two halves
     /// kept apart while parked, 680 with them whole again. Lower it when a parked
     /// connection gets leaner, never raise it without a reason in the commit.
-    const CEILING: isize = 768;
+    const CEILING: isize = 700;
 
     let _alone = COUNTING.lock().await;
     let node = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -119,7 +119,7 @@ impl SurgeMeters {
             cap: gauges(
                 registry,
                 "node_max_active",
-                "Each node's cap (surge.max_active; 0: none).",
+                "Each node's cap (surge.max_active, once per PHP pool of the node; 0: none).",
                 &["node"],
             ),
             queued: gauges(

@@ -617,12 +617,16 @@ async fn a_page_turn_never_waits_for_the_low_priority_pools_workers() {
     let turn = "/mod/quiz/processattempt.php";
     let turn = answering.post(turn, "attempt=12&thispage=0&nextpage=1");
     assert_eq!(turn.await.unwrap().status, StatusCode::OK);
-    let waited = r#"queue_wait_seconds_sum{class="working"}"#;
-    assert_eq!(
-        metric(&gateway, waited),
-        0.0,
-        "the turn found a worker at once"
+    let (waits, waited) = (
+        r#"queue_wait_seconds_count{class="working"}"#,
+        r#"queue_wait_seconds_sum{class="working"}"#,
     );
+    assert_eq!(
+        metric(&gateway, waits),
+        1.0,
+        "the turn took a slot as work in progress"
+    );
+    assert_eq!(metric(&gateway, waited), 0.0, "and found a worker at once");
     assert_eq!(pool.now().active, 2, "the pool's pages were still running");
     // An admin sees both pools, each with its own cap.
     let nodes = format!("http://{}/nodes", gateway.admin_addr.unwrap());

@@ -127,7 +127,8 @@ pub(crate) enum Ended {
 /// benchmark's loop) never idles that long and is never parked.
 pub(crate) const PARK_AFTER: Duration = Duration::from_secs(1);
 
-/// A kept connection between a student's clicks: its two halves, its deadline and
+/// A kept connection between a student's clicks: its socket whole again (the two
+/// halves' shared cell is given back until the next click), its deadline and
 /// nothing else. The connection's task waits on it ([`Parked::poll_wait`]) in a small
 /// future, and the serving state (the students' stack, a request's room, the
 /// request scratch) is made again only when the next request's bytes come, so an
