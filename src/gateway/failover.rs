@@ -216,7 +216,13 @@ impl Gateway {
                     .again(route, known, refused, &mut retry, settings)
                     .await
                 {
-                    Some(next) => (route, request) = (next, unsent),
+                    Some(next) => {
+                        // Another node's low-priority pool is its own to try.
+                        if next.node() != route.node() {
+                            low_priority = !in_progress;
+                        }
+                        (route, request) = (next, unsent);
+                    }
                     None => return Err(error),
                 }
             }

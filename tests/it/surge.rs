@@ -650,3 +650,40 @@ async fn a_page_turn_never_waits_for_the_low_priority_pools_workers() {
     assert_eq!(low.busiest(), 2, "the pool's cap held");
     assert_eq!(cluster.lost_sessions(), 0, "nobody was logged out");
 }
+
+/// A newcomer whose node cannot be reached at all (neither its low-priority pool
+/// nor its own) moves to the next node, and there goes to that node's
+/// low-priority pool, as new work does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_work_that_moves_to_another_node_goes_to_that_nodes_low_priority_pool() {
+    let cluster = Cluster::spawn(2, "", "MoodleSession").unwrap();
+    let mut config = config(&cluster, "", "max_active = 2\nwaiting_room = false");
+    let mut pools = Vec::new();
+    for (n, node) in cluster.nodes().iter().enumerate() {
+        let low = cluster.low_pool(&format!("web{}", n + 1)).unwrap();
+        let url = format!("url = \"http://{}\"\n", node.addr());
+        let both = format!("{url}low_priority_url = \"http://{}\"\n", low.addr());
+        config = config.replace(&url, &both);
+        pools.push(low);
+    }
+    let gateway = TestGateway::start(&config).await;
+    // web1 is gone, both of its pools, before the gateway's probes notice.
+    cluster.nodes()[0].stop();
+    pools[0].stop();
+    for _ in 0..4 {
+        let mut newcomer = Browser::new(gateway.addr, "", "MoodleSession");
+        let page = newcomer.get("/login/index.php").await.unwrap();
+        assert_eq!(page.status, StatusCode::OK, "moved, not refused");
+    }
+    let seen = |node: &moodle_gateway::demo::standin::StandIn| node.requests().len();
+    assert_eq!(
+        seen(&cluster.nodes()[1]),
+        0,
+        "web2's own pool kept for work in progress"
+    );
+    assert_eq!(
+        seen(&pools[1]),
+        4,
+        "every login page on web2's low-priority pool"
+    );
+}
