@@ -39,7 +39,7 @@ mod starts;
 pub use starts::{StartPermit, Starts};
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -357,6 +357,11 @@ pub struct Slots {
     /// New sessions the deal gave another node because this one's line was long.
     passed_over: AtomicU64,
     crowd: Arc<Crowd>,
+    /// Whether its freed slots count in the crowd's pace: the pace newcomers are
+    /// let in at. Not a node's own pool when it has a low-priority one, where the
+    /// newcomers wait (its page turns are quick, and would make the pace look
+    /// faster than the newcomers' line moves).
+    paces: AtomicBool,
     /// The gate quiz starts pass before they join the line.
     starts: Starts,
 }
@@ -437,6 +442,7 @@ impl Slots {
             queued: AtomicUsize::new(0),
             passed_over: AtomicU64::new(0),
             crowd,
+            paces: AtomicBool::new(true),
             starts: Starts::new(0),
         }
     }
@@ -458,6 +464,16 @@ impl Slots {
                 line.active -= 1;
             }
         }
+    }
+
+    /// Whether its freed slots count in the crowd's pace (see the field).
+    pub fn paces(&self) -> bool {
+        self.paces.load(Ordering::Relaxed)
+    }
+
+    /// Sets whether its freed slots count in the crowd's pace.
+    pub fn set_paces(&self, paces: bool) {
+        self.paces.store(paces, Ordering::Relaxed);
     }
 
     /// The node's gate for quiz starts (no gate until a share is set).
@@ -633,7 +649,9 @@ impl Slots {
 
     /// A request is done with its slot: the next waiter gets it, else it is free.
     fn release(&self) {
-        self.crowd.freed.fetch_add(1, Ordering::Relaxed);
+        if self.paces.load(Ordering::Relaxed) {
+            self.crowd.freed.fetch_add(1, Ordering::Relaxed);
+        }
         let mut line = self.lock();
         let cap = self.cap();
         let over = cap != 0 && line.active > cap;

@@ -249,6 +249,8 @@ impl Upstreams {
                 share
             };
             built.slots.starts().set_share(own_share);
+            // Newcomers wait for the pool new work runs on: its pace is theirs.
+            built.slots.set_paces(built.low_priority.is_none());
             (built.new_work_slots().starts()).set_share(share);
             nodes.push(Arc::new(built));
         }
@@ -598,6 +600,10 @@ mod tests {
             )
         };
         assert_eq!(shares(a), (0, 2));
+        assert!(
+            !a.slots.paces() && lane.slots.paces(),
+            "the newcomers' pace is the pool's"
+        );
         assert_eq!((a.slots_now().cap, a.slots_now().start_share), (8, 2));
         let b = first.by_name("b").unwrap();
         assert!(Arc::ptr_eq(b.slots_for(true), &b.slots), "no pool: its own");

@@ -335,6 +335,28 @@ async fn a_full_line_gives_a_student_the_place_of_a_newcomer_waiting_at_the_othe
     drop(student);
 }
 
+/// The slots a node's own pool frees while newcomers wait at its low-priority one
+/// say nothing of the newcomers' pace.
+#[tokio::test]
+async fn a_pool_that_does_not_pace_the_crowd_frees_its_slots_uncounted() {
+    let crowd = Arc::new(Crowd::new(10));
+    let (own, low) = (
+        Arc::new(Slots::new(1, crowd.clone())),
+        Arc::new(Slots::new(1, crowd.clone())),
+    );
+    own.set_paces(false);
+    let t0 = Instant::now();
+    for _ in 0..3 {
+        drop(own.acquire(ask(Class::Working, t0)).await.unwrap());
+    }
+    drop(low.acquire(ask(Class::Newcomer, t0)).await.unwrap());
+    assert_eq!(
+        crowd.freed.load(Ordering::Relaxed),
+        1,
+        "only the newcomers' pool's"
+    );
+}
+
 #[tokio::test]
 async fn a_waiter_that_leaves_gives_up_its_place_and_never_keeps_a_slot() {
     let slots = node(1, 100);
