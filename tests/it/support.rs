@@ -449,9 +449,13 @@ fn spawn_at(mut command: Command, at: &Path, dir: TempDir) -> GatewayProcess {
         .spawn()
         .expect("the gateway binary starts");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // Every line is kept, those before the listen address too: a process taking
+    // over may hear its predecessor out before it says where it listens.
+    let mut before = Vec::new();
     let (addr, admin_addr) = lines
         .by_ref()
         .map_while(Result::ok)
+        .inspect(|line| before.push(line.clone()))
         .find_map(|line| {
             let rest = line.split("listen=").nth(1)?;
             let addr = rest.split_whitespace().next()?.parse().ok()?;
@@ -465,7 +469,7 @@ fn spawn_at(mut command: Command, at: &Path, dir: TempDir) -> GatewayProcess {
         .expect("the gateway logged its listen address");
     // Keep draining the log, so a chatty gateway never blocks on a full pipe, and
     // keep it for the tests that read what the gateway said.
-    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::new(std::sync::Mutex::new(before));
     let kept = log.clone();
     std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
