@@ -19,8 +19,26 @@ use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
-/// The allocator counts for the whole process: tests that count must not overlap.
-static COUNTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// The allocator counts for the whole process: tests that count must not overlap,
+/// and neither must what a test leaves to free when it ends (an async test's runtime,
+/// with the gateway and its connections, is dropped after the test's last line).
+static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// This test's turn at the allocator, kept however the test before it ended.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    COUNTING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A runtime like `#[tokio::test]`'s, made inside the test's turn so that it is
+/// dropped, and everything it ran freed, before the next test counts.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
 
 fn allocations_in(f: impl FnOnce()) -> usize {
     let region = Region::new(GLOBAL);
@@ -31,7 +49,7 @@ fn allocations_in(f: impl FnOnce()) -> usize {
 
 #[test]
 fn routing_a_returning_student_allocates_nothing() {
-    let _alone = COUNTING.blocking_lock();
+    let _alone = alone();
     let site = Site::new("", "MoodleSession", "/");
     let limits = Limits {
         max_sessions: 1000,
@@ -76,8 +94,10 @@ fn routing_a_returning_student_allocates_nothing() {
 /// Allocations the gateway adds to one proxied request: the same client sends the
 /// same requests to a node directly and through the gateway (all keep-alive, all in
 /// this process), and the difference is the gateway's share.
-#[tokio::test(flavor = "current_thread")]
-async fn a_proxied_request_allocates_no_more_than_it_does_today() {
+#[test]
+fn a_proxied_request_allocates_no_more_than_it_does_today() {
+    let _alone = alone();
+    runtime().block_on(async {
     use axum::body::Body;
     use http_body_util::BodyExt;
     use hyper_util::client::legacy::Client;
@@ -110,7 +130,6 @@ async fn a_proxied_request_allocates_no_more_than_it_does_today() {
     /// (W1: about 1,000 fewer instructions per request than the copies cost).
     const CEILING: usize = 5;
 
-    let _alone = COUNTING.lock().await;
 
     let node = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let node_addr = node.local_addr().unwrap();
@@ -178,6 +197,7 @@ async fn a_proxied_request_allocates_no_more_than_it_does_today() {
         added <= CEILING,
         "the gateway adds {added} allocations per request (ceiling {CEILING})"
     );
+    });
 }
 
 /// Bytes held now by everything allocated since `region` began.
@@ -192,7 +212,7 @@ fn a_rate_limit_under_a_flood_of_100000_and_more_addresses_holds_bounded_memory(
     use moodle_gateway::gateway::limiter::{address_key, Bucket};
     use std::net::{IpAddr, Ipv6Addr};
 
-    let _alone = COUNTING.blocking_lock();
+    let _alone = alone();
     let rate = Rate {
         per_minute: 60,
         burst: 10,
@@ -226,8 +246,10 @@ fn a_rate_limit_under_a_flood_of_100000_and_more_addresses_holds_bounded_memory(
 /// Counted in bytes, the same on every machine; the process's resident memory per
 /// connection (`tests/it/memory.rs`, `bench/idle_memory.sh`) adds the allocator's
 /// own pages and the kernel's.
-#[tokio::test(flavor = "current_thread")]
-async fn a_parked_connection_holds_at_most_700_bytes_of_heap() {
+#[test]
+fn a_parked_connection_holds_at_most_700_bytes_of_heap() {
+    let _alone = alone();
+    runtime().block_on(async {
     use std::io::{Read, Write};
 
     const CONNS: usize = 200;
@@ -236,7 +258,6 @@ async fn a_parked_connection_holds_at_most_700_bytes_of_heap() {
     /// connection gets leaner, never raise it without a reason in the commit.
     const CEILING: isize = 700;
 
-    let _alone = COUNTING.lock().await;
     let node = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let node_addr = node.local_addr().unwrap();
     tokio::spawn(async move {
@@ -306,4 +327,5 @@ async fn a_parked_connection_holds_at_most_700_bytes_of_heap() {
     println!("heap held by one parked connection: {each} bytes");
     assert!(each <= CEILING, "{each} bytes a parked connection");
     drop(reading);
+    });
 }
