@@ -243,11 +243,12 @@ const IDLE_CONNECTIONS: usize = 500;
 /// that the measured ones find the pool full and add only themselves.
 const WARM_CONNECTIONS: usize = 300;
 /// What an idle plain connection may cost. The book (docs/src/security.md, "An idle
-/// connection") says what it holds: about 3.7 KiB each measured in this test's debug
-/// build (its futures are larger than a release build's); 9.4 while a connection kept
-/// its 4 KiB head buffer and room for an answer in flight in its task, which fails here.
+/// connection") says what it holds: about 2.9 KiB each measured in this test's debug
+/// build (its futures are larger than a release build's), 3.7 before the binary ran on
+/// jemalloc; 9.4 while a connection kept its 4 KiB head buffer and room for an answer in
+/// flight in its task, which fails here.
 const PER_IDLE_LIMIT_KIB: u64 = 6;
-/// The same over TLS: about 11.5 KiB measured here, rustls's 4 KiB record buffer
+/// The same over TLS: about 10.6 KiB measured here, rustls's 4 KiB record buffer
 /// among it; 26 while the task kept room for the handshake and for hyper's HTTP/2
 /// connection.
 const PER_IDLE_TLS_LIMIT_KIB: u64 = 16;
