@@ -56,7 +56,7 @@ fn due_after(limit: Duration) -> Option<Duration> {
 /// time must not wait on one (none does).
 #[derive(Debug)]
 pub struct Deadline {
-    timer: Pin<Box<Sleep>>,
+    timer: Timer,
     /// The coarse time the timer is armed for.
     armed: Duration,
     /// The coarse time the deadline is; `None`: none (a limit too long to count).
@@ -66,6 +66,9 @@ pub struct Deadline {
     /// a node connection, which each request polls from its own task).
     registered: Option<(usize, usize)>,
 }
+
+/// A tokio timer in a box of its own: a deadline's, or a parked connection's.
+pub type Timer = Pin<Box<Sleep>>;
 
 /// More than two ticks of the coarse clock (4 ms each at `HZ=250`, 10 ms at
 /// `HZ=100`), with room to spare: see [`Deadline::poll_passed`].
@@ -83,6 +86,27 @@ impl Deadline {
         };
         Self {
             timer: Box::pin(timer),
+            armed: due.unwrap_or(Duration::MAX),
+            due,
+            registered: None,
+        }
+    }
+
+    /// The timer alone, armed for `limit` from now: all a parked connection keeps of
+    /// its deadline (a parked connection is woken once, so the bookkeeping that spares
+    /// each request's move a timer reset is not worth its room in every idle task).
+    pub fn into_timer(mut self, limit: Duration) -> Timer {
+        if let Some(at) = Instant::now().checked_add(limit) {
+            self.timer.as_mut().reset(at);
+        }
+        self.timer
+    }
+
+    /// A deadline again, at the time a parked connection's timer is armed for.
+    pub fn from_timer(timer: Timer) -> Self {
+        let due = due_after(timer.deadline().saturating_duration_since(Instant::now()));
+        Self {
+            timer,
             armed: due.unwrap_or(Duration::MAX),
             due,
             registered: None,

@@ -478,12 +478,16 @@ impl Connection {
                     None => return,
                     Some(Accepted::Http1(io)) => io,
                     Some(Accepted::Http2(stream)) => {
-                        // Boxed: hyper's HTTP/2 connection is several KiB that a
-                        // connection speaking HTTP/1.1 should not keep room for.
+                        // A task of its own, this one ending: hyper's HTTP/2 connection
+                        // is several KiB that a connection speaking HTTP/1.1 keeps no
+                        // room for, and awaited here, what the handshake handed on would
+                        // keep its room in every connection's task.
                         let service = service_for(peer, tls);
-                        let http2 = http2(stream, &serving, service, peer, closing);
-                        Box::pin(http2).await;
-                        drop(place);
+                        let (serving, closing) = (serving.clone(), closing.clone());
+                        tokio::spawn(async move {
+                            http2(stream, &serving, service, peer, closing).await;
+                            drop(place);
+                        });
                         return;
                     }
                 },
@@ -505,11 +509,11 @@ impl Connection {
                 let Some(mut parked) = Box::pin(awake).await else {
                     break;
                 };
-                if !poll_fn(|cx| parked.poll_wait(cx, &mut stopping)).await {
+                let Some(read) = poll_fn(|cx| parked.poll_wait(cx, &mut stopping)).await else {
                     parked.close().await;
                     break;
-                }
-                start = Start::Woken(parked);
+                };
+                start = Start::Woken(parked, read);
             }
             drop(place);
         }

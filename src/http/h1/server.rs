@@ -41,7 +41,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::clock::Deadline;
+use crate::clock::{Deadline, Timer};
 use crate::error::GatewayError;
 use crate::http::body::splice::{Pipe, Splice, PIPE_FILL};
 use crate::http::body::stall::PROVEN;
@@ -128,40 +128,46 @@ pub(crate) enum Ended {
 pub(crate) const PARK_AFTER: Duration = Duration::from_secs(1);
 
 /// A kept connection between a student's clicks: its socket whole again (the two
-/// halves' shared cell is given back until the next click), its deadline and
-/// nothing else. The connection's task waits on it ([`Parked::poll_wait`]) in a small
-/// future, and the serving state (the students' stack, a request's room, the
-/// request scratch) is made again only when the next request's bytes come, so an
-/// idle connection costs its socket and a few hundred bytes, as nginx's does.
+/// halves' shared cell is given back until the next click), the timer of its
+/// `keep_alive` and nothing else. The connection's task waits on it
+/// ([`Parked::poll_wait`]) in a small future, and the serving state (the students'
+/// stack, a request's room, the request scratch, the read buffer) is made again only
+/// when the next request's bytes come, so an idle connection costs its socket and a
+/// few hundred bytes, as nginx's does.
 pub(crate) struct Parked {
-    reading: Reading<StudentIo>,
+    io: StudentIo,
     /// Armed for what is left of `keep_alive`.
-    deadline: Deadline,
+    keep_alive: Timer,
     taken: usize,
 }
 
 impl Parked {
-    /// Ready when the next request's first bytes came (read into the buffer):
-    /// `true`; or `false` when the connection is to close instead (the keep-alive
-    /// passed, the student closed, or `stopping` says so). A poll function, not
-    /// an `async fn`: its caller awaits it in the task every idle connection
-    /// keeps, where an `async fn`'s own state would take room beside it.
+    /// Ready with the next request's first bytes, or `None` when the connection is
+    /// to close instead (the keep-alive passed, the student closed, or `stopping`
+    /// says so). A poll function, not an `async fn`: its caller awaits it in the
+    /// task every idle connection keeps, where an `async fn`'s own state would take
+    /// room beside it. The read takes one of the thread's spare heads and gives it
+    /// back if nothing came.
     pub(crate) fn poll_wait(
         &mut self,
         cx: &mut Context<'_>,
         stopping: &mut Stopping<'_>,
-    ) -> Poll<bool> {
+    ) -> Poll<Option<BytesMut>> {
         if stopping.poll_stopped(cx) {
-            return Poll::Ready(false);
+            return Poll::Ready(None);
         }
-        match self.reading.poll_fill(cx, HEAD_READ) {
-            Poll::Ready(Ok(read)) => return Poll::Ready(read > 0),
-            Poll::Ready(Err(_)) => return Poll::Ready(false),
-            Poll::Pending => self.reading.release(),
+        let mut reading = Reading {
+            half: &mut self.io,
+            buf: BytesMut::new(),
+        };
+        match reading.poll_fill(cx, HEAD_READ) {
+            Poll::Ready(Ok(read)) => return Poll::Ready((read > 0).then_some(reading.buf)),
+            Poll::Ready(Err(_)) => return Poll::Ready(None),
+            Poll::Pending => reading.release(),
         }
-        if self.deadline.poll_passed(cx) {
+        if self.keep_alive.as_mut().poll(cx).is_ready() {
             tracing::debug!("idle past timeouts.keep_alive: closed");
-            return Poll::Ready(false);
+            return Poll::Ready(None);
         }
         Poll::Pending
     }
@@ -169,7 +175,7 @@ impl Parked {
     /// Closes the connection, as an idle one is closed.
     pub(crate) async fn close(&mut self) {
         use tokio::io::AsyncWriteExt;
-        let _ = self.reading.half.shutdown().await;
+        let _ = self.io.shutdown().await;
     }
 }
 
@@ -459,8 +465,8 @@ impl Drop for LengthFramed {
 pub(crate) enum Start {
     /// A new connection, or one whose TLS handshake is just done.
     New(StudentIo),
-    /// A parked connection whose next request's first bytes have come.
-    Woken(Parked),
+    /// A parked connection, with its next request's first bytes.
+    Woken(Parked, BytesMut),
 }
 
 /// Serves a connection's requests with `service` until it closes, idles past
@@ -485,7 +491,7 @@ where
 {
     let mut connection = match start {
         Start::New(io) => Connection::new(io, limits),
-        Start::Woken(parked) => Connection::woken(parked),
+        Start::Woken(parked, read) => Connection::woken(parked, read),
     };
     async move {
         let refused = loop {
@@ -686,20 +692,17 @@ impl Connection {
 
     /// A parked connection again, its next request's first bytes read: it was
     /// idle, so the head's own deadline starts now (see [`Waiting`]).
-    fn woken(parked: Parked) -> Self {
+    fn woken(parked: Parked, read: BytesMut) -> Self {
         let Parked {
-            reading,
-            deadline,
+            io,
+            keep_alive,
             taken,
         } = parked;
-        let (half, writer) = halves::split(reading.half);
+        let (half, writer) = halves::split(io);
         Self {
-            reading: Some(Reading {
-                half,
-                buf: reading.buf,
-            }),
+            reading: Some(Reading { half, buf: read }),
             writer,
-            deadline,
+            deadline: Deadline::from_timer(keep_alive),
             waiting: Waiting::Idle,
             answered: true,
             back: None,
@@ -716,18 +719,16 @@ impl Connection {
         let Connection {
             reading,
             writer,
-            mut deadline,
+            deadline,
             taken,
             ..
         } = self;
         let Reading { half, buf } = reading?;
-        deadline.set(limits.keep_alive.saturating_sub(PARK_AFTER));
+        // Empty, and given back already when the connection began to idle.
+        spare::give(buf);
         Some(Parked {
-            reading: Reading {
-                half: half.unsplit(writer)?,
-                buf,
-            },
-            deadline,
+            io: half.unsplit(writer)?,
+            keep_alive: deadline.into_timer(limits.keep_alive.saturating_sub(PARK_AFTER)),
             taken,
         })
     }

@@ -76,11 +76,11 @@ where
             match serve(start, &mut service, &limits(), &mut stopping).await {
                 Ended::Closed => return false,
                 Ended::Parked(mut parked) => {
-                    if !poll_fn(|cx| parked.poll_wait(cx, &mut stopping)).await {
+                    let Some(read) = poll_fn(|cx| parked.poll_wait(cx, &mut stopping)).await else {
                         parked.close().await;
                         return false;
-                    }
-                    start = Start::Woken(parked);
+                    };
+                    start = Start::Woken(parked, read);
                 }
                 Ended::HandOver(io) => {
                     let io = hyper_util::rt::TokioIo::new(io);
@@ -498,9 +498,9 @@ async fn a_connection_idle_past_park_after_parks_and_the_next_click_wakes_it() {
             match serve(start, &mut service, &limits(), &mut stopping).await {
                 Ended::Parked(mut parked) => {
                     ends.push("parked");
-                    let woken = poll_fn(|cx| parked.poll_wait(cx, &mut stopping)).await;
-                    assert!(woken, "woken by the next click");
-                    start = Start::Woken(parked);
+                    let read = poll_fn(|cx| parked.poll_wait(cx, &mut stopping)).await;
+                    let read = read.expect("woken by the next click");
+                    start = Start::Woken(parked, read);
                 }
                 Ended::Closed => return (ends, "closed"),
                 Ended::HandOver(_) => return (ends, "handed over"),
