@@ -532,9 +532,10 @@ mod tests {
     /// connection was served in a box of its own while awake, and parked between
     /// clicks (the students' stack is in that box, not in the task); 272 once a
     /// parked connection kept only its socket, its `keep_alive` timer (not the
-    /// deadline's bookkeeping) and no empty read buffer, and what a TLS handshake
-    /// hands on lived in the handshake's box. Up to 280, tokio's task cell (128-byte
-    /// aligned) is 384 bytes; up to 408, 512; at 536 it was 640.
+    /// deadline's bookkeeping) and no empty read buffer, and an HTTP/2 connection
+    /// ran in a task of its own, so that no task keeps room for what a TLS handshake
+    /// hands on. Up to 280, tokio's task cell (128-byte aligned) is 384 bytes; up to
+    /// 408, 512; at 536 it was 640.
     #[tokio::test]
     async fn an_idle_connection_task_stays_small() {
         let gateway = Arc::new(Gateway::new(&config(10), Clock::default()));

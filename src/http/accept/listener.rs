@@ -438,7 +438,7 @@ struct Connection {
 impl Connection {
     /// Serves the connection to its end, holding its `place` under
     /// `max_connections` until then: plain HTTP/1.1, or over TLS the protocol ALPN
-    /// chose.
+    /// chose (an HTTP/2 connection is handed, with its `place`, to a task of its own).
     ///
     /// Not an `async fn`: one keeps each argument twice in the task, as it came and
     /// as the local it is moved into, and the task is what every idle connection
