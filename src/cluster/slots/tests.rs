@@ -9,6 +9,15 @@ fn node(cap: usize, max_waiting: usize) -> Arc<Slots> {
     Arc::new(Slots::new(cap, Arc::new(Crowd::new(max_waiting))))
 }
 
+/// A node's own pool and its low-priority pool, a slot each, whose lines share one
+/// bound of `max_waiting`.
+fn two_pools(max_waiting: usize) -> (Arc<Crowd>, Arc<Slots>, Arc<Slots>) {
+    let crowd = Arc::new(Crowd::new(max_waiting));
+    let own = Arc::new(Slots::new(1, crowd.clone()));
+    let low = Arc::new(Slots::new(1, crowd.clone()));
+    (crowd, own, low)
+}
+
 fn ask(class: Class, arrived: Instant) -> Ask {
     Ask {
         class,
@@ -299,11 +308,7 @@ async fn a_full_line_turns_away_a_newcomer_but_a_student_takes_a_newcomers_place
 /// other pool's line has the newcomer give way.
 #[tokio::test]
 async fn a_full_line_gives_a_student_the_place_of_a_newcomer_waiting_at_the_other_pool() {
-    let crowd = Arc::new(Crowd::new(1));
-    let (own, low) = (
-        Arc::new(Slots::new(1, crowd.clone())),
-        Arc::new(Slots::new(1, crowd.clone())),
-    );
+    let (crowd, own, low) = two_pools(1);
     let t0 = Instant::now();
     let (_busy_own, _busy_low) = (
         own.acquire(ask(Class::Working, t0)).await.unwrap(),
@@ -339,11 +344,7 @@ async fn a_full_line_gives_a_student_the_place_of_a_newcomer_waiting_at_the_othe
 /// say nothing of the newcomers' pace.
 #[tokio::test]
 async fn a_pool_that_does_not_pace_the_crowd_frees_its_slots_uncounted() {
-    let crowd = Arc::new(Crowd::new(10));
-    let (own, low) = (
-        Arc::new(Slots::new(1, crowd.clone())),
-        Arc::new(Slots::new(1, crowd.clone())),
-    );
+    let (crowd, own, low) = two_pools(10);
     own.set_paces(false);
     let t0 = Instant::now();
     for _ in 0..3 {
