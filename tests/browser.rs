@@ -148,26 +148,41 @@ fn screenshot_dir() -> PathBuf {
 }
 
 /// The text of the element `css` names, waiting up to 10 s for it; on failure, says
-/// where the browser was and what it showed.
+/// where the browser was and what it showed. The dashboard reloads itself every 5 s,
+/// and a search or a click navigates: an element found during a navigation is gone
+/// before its text is read (chromedriver: "aborted by navigation", a stale element),
+/// so such an error is a reason to look again, not an answer.
 async fn text(browser: &Client, css: &str) -> String {
-    let wait = browser.wait().at_most(Duration::from_secs(10));
-    match wait.for_element(Locator::Css(css)).await {
-        Ok(element) => element.text().await.unwrap(),
-        Err(error) => {
+    let started = Instant::now();
+    loop {
+        let error = match browser.find(Locator::Css(css)).await {
+            Ok(element) => match element.text().await {
+                Ok(text) => return text,
+                Err(error) => error,
+            },
+            Err(error) => error,
+        };
+        if started.elapsed() > Duration::from_secs(10) {
             let url = browser.current_url().await.map(|u| u.to_string());
             let source = browser.source().await.unwrap_or_default();
             panic!("{css}: {error} at {url:?}; the page:\n{source}")
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
+/// Clicks the element `css` names, looking again (up to 10 s) when the page was
+/// between two loads as it was looked for, as `text` does.
 async fn click(browser: &Client, css: &str) {
-    let element = browser.find(Locator::Css(css)).await;
-    element
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap();
+    let started = Instant::now();
+    let element = loop {
+        match browser.find(Locator::Css(css)).await {
+            Ok(element) => break element,
+            Err(e) if started.elapsed() > Duration::from_secs(10) => panic!("{css}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    element.click().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
