@@ -937,6 +937,19 @@ fn in_a_quiz_start_wave_every_answer_is_stored_and_nobody_is_logged_out() {
         let attempts = quiz::attempts(&site, 0);
         quiz_judged(&site, &record, &attempts);
         assert_eq!(gateway.losses().await, [], "the gateway counted a loss");
+        // Moodle's answer to a start (303 to attempt.php) is read as opening the
+        // attempt: each start's first page took the place its start kept at the gate.
+        let metrics = gateway.metrics().await;
+        let first_pages = metrics.get("moodle_gateway_quiz_first_pages_total");
+        let first_pages = first_pages.copied().unwrap_or(0.0) as usize;
+        let starts = record.early.len() + record.class.len();
+        eprintln!(
+            "real-moodle [quiz]: {first_pages} of {starts} first pages took their start's place"
+        );
+        assert!(
+            first_pages * 20 >= starts * 19,
+            "{first_pages} of {starts} first pages took their start's place at the gate"
+        );
         let errors = record.errors();
         assert!(
             errors.is_empty(),

@@ -20,6 +20,7 @@
 mod cached;
 mod export;
 mod failover;
+mod first_pages;
 mod learning;
 pub mod limiter;
 mod peers;
@@ -266,6 +267,8 @@ pub struct Gateway {
     spool: Spool,
     /// Each session's requests at its node at once (`[surge] session_max_active`).
     turns: turns::Turns,
+    /// Quiz starts' turns at their gates, kept for their attempts' first pages.
+    first_pages: first_pages::FirstPages,
 }
 
 impl Gateway {
@@ -314,6 +317,7 @@ impl Gateway {
             node_states: std::sync::Mutex::new(()),
             save_soon: tokio::sync::Notify::new(),
             turns: turns::Turns::default(),
+            first_pages: first_pages::FirstPages::default(),
             spool: Spool::new(
                 config.limits.spool_dir.clone(),
                 config.limits.spool_max_bytes,
@@ -531,8 +535,9 @@ impl Gateway {
             let waited = &mut served.waited;
             let forwarded = async {
                 let route = self.route(kind, known, &mut hold, settings).await?;
+                let attempt_page = moodle::is_attempt_page(kind, asked_for.is_post);
                 let admission = self
-                    .admission(route, known, work, &mut ask, settings)
+                    .admission(route, known, (work, attempt_page), &mut ask, settings)
                     .await?;
                 // A logged-in student's work in progress, not a start (whose own
                 // pace is its gate) nor anyone's login.
@@ -550,8 +555,17 @@ impl Gateway {
                 );
                 let forwarded = forward.await;
                 // The turns go back with the node's answer head: the node is done with
-                // the session's lock and the start by then.
-                drop(admission);
+                // the session's lock and the start by then. A start's turn is kept
+                // for its attempt's first page, the heavier half of starting.
+                match (&forwarded, known) {
+                    (Ok((_, answer, _)), Some(known))
+                        if work == moodle::Work::QuizStart
+                            && moodle::opens_first_page(answer.status(), answer.headers()) =>
+                    {
+                        admission.keep_for_first_page(&self.first_pages, known.key)
+                    }
+                    _ => drop(admission),
+                }
                 forwarded
             };
             let forwarded = forwarded.await;

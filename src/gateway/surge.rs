@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use http::Request;
 
+use super::first_pages::{FirstPages, StartTurn};
 use super::turns::{NoTurn, Turn};
 use super::waiting_room::{self, Entry};
 use super::{Gateway, Hold, Known, Route, Settings};
@@ -24,7 +25,7 @@ use crate::config::SurgeConfig;
 use crate::error::GatewayError;
 use crate::logs::Every;
 use crate::moodle::Work;
-use crate::sessions::affinity::SessionState;
+use crate::sessions::affinity::{SessionKey, SessionState};
 use crate::store::{Leased, StartLease};
 
 /// How often a waiting request looks whether its node can still serve it.
@@ -69,12 +70,25 @@ pub(super) fn ask(surge: &SurgeConfig, class: Class, is_post: bool, arrived: Ins
 
 /// What a request holds before it asks for its node's slot, given back when its
 /// journey ends: its session's turn (`[surge] session_max_active`) and, for a quiz
-/// start, the node's start turn (`[surge] quiz_starts`).
+/// start and then its attempt's first page, the node's start turn
+/// (`[surge] quiz_starts`).
 pub(super) struct Admission<'a> {
     _turn: Option<Turn<'a>>,
-    _start: Option<StartPermit>,
+    start: Option<StartPermit>,
     /// With a shared store, the start's place in the site's share of its node.
-    _lease: Option<StartLease>,
+    lease: Option<StartLease>,
+}
+
+impl Admission<'_> {
+    /// After a start whose answer opens its attempt: the start's turn at the gate
+    /// is kept for the attempt's first page (see `first_pages`); the session's
+    /// turn goes back now.
+    pub(super) fn keep_for_first_page(self, first_pages: &FirstPages, key: SessionKey) {
+        if let Some(permit) = self.start.filter(StartPermit::holds_a_turn) {
+            let lease = self.lease;
+            first_pages.keep(key, StartTurn { permit, lease });
+        }
+    }
 }
 
 impl Gateway {
@@ -82,19 +96,20 @@ impl Gateway {
     /// only: its session's (a request on its session's node), then (a quiz start)
     /// the node's start gate. A start that waited at the gate stands in the line
     /// from the moment it passed: the gate was its wait, and students already
-    /// answering go first.
+    /// answering go first. An attempt's page (`attempt_page`) takes the turn its
+    /// start kept for it, if one is kept: it never waits at the gate.
     pub(super) async fn admission(
         &self,
         route: Route,
         known: Option<Known>,
-        work: Work,
+        (work, attempt_page): (Work, bool),
         ask: &mut Ask,
         settings: &Settings,
     ) -> Result<Admission<'_>, GatewayError> {
         let mut admission = Admission {
             _turn: None,
-            _start: None,
-            _lease: None,
+            start: None,
+            lease: None,
         };
         let Some(upstream) = settings.upstream(route).filter(|u| u.slots.cap() > 0) else {
             return Ok(admission);
@@ -117,6 +132,14 @@ impl Gateway {
             }
             admission._turn = Some(turn);
         }
+        if let Some(kept) = known
+            .filter(|_| attempt_page)
+            .and_then(|k| self.first_pages.take(k.key))
+        {
+            admission.start = Some(kept.permit);
+            admission.lease = kept.lease;
+            self.metrics.first_page_took_its_start();
+        }
         if work == Work::QuizStart {
             // A start is new work: its gate is the pool's it runs on.
             let starts = upstream.new_work_slots().starts();
@@ -125,7 +148,7 @@ impl Gateway {
             let start = starts.enter(patience).await;
             let start = start.map_err(|ended| self.turned_away(upstream, ask.class, ended))?;
             let mut waited = start.waited;
-            admission._start = Some(start);
+            admission.start = Some(start);
             // Then, with several gateways, the site's share: the node's
             // `quiz_starts` counts every gateway's starts.
             if starts.share() > 0 {
@@ -135,7 +158,7 @@ impl Gateway {
                 match site.await {
                     Leased::Held(lease) => {
                         waited |= lease.waited;
-                        admission._lease = Some(lease);
+                        admission.lease = Some(lease);
                     }
                     Leased::Alone => {}
                     Leased::TimedOut => {

@@ -326,6 +326,11 @@ impl Metrics {
         self.surge.quiz_start_waited(waited);
     }
 
+    /// An attempt's first page took the place its quiz start kept at the gate.
+    pub fn first_page_took_its_start(&self) {
+        self.surge.first_page_took_its_start();
+    }
+
     /// A request waited for another request of its own session.
     pub fn session_waited(&self) {
         self.surge.session_waited();

@@ -38,6 +38,7 @@ pub(super) struct SurgeMeters {
     waits: [Histogram; 4],
     start_waits: Histogram,
     session_waits: IntCounter,
+    first_pages: IntCounter,
     starts_waiting: IntGaugeVec,
     turned_away: IntCounterVec,
     waiting_pages: IntCounter,
@@ -87,6 +88,11 @@ impl SurgeMeters {
                 registry,
                 "session_turn_waits_total",
                 "Requests that waited for another request of their own session (surge.session_max_active).",
+            ),
+            first_pages: counter(
+                registry,
+                "quiz_first_pages_total",
+                "Quiz attempts' first pages that took their start's place at its node's gate (surge.quiz_starts).",
             ),
             starts_waiting: gauges(
                 registry,
@@ -154,6 +160,10 @@ impl SurgeMeters {
 
     pub(super) fn quiz_start_waited(&self, waited: Duration) {
         self.start_waits.observe(waited.as_secs_f64());
+    }
+
+    pub(super) fn first_page_took_its_start(&self) {
+        self.first_pages.inc();
     }
 
     pub(super) fn session_waited(&self) {

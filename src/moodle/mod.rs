@@ -30,7 +30,7 @@ pub use pages::{
     course_ids, in_maintenance, linked, login_token, page_settings, resource_ids,
     reverse_proxy_abused, PageSettings, Revisions,
 };
-pub use work::{work, Work};
+pub use work::{is_attempt_page, opens_first_page, work, Work};
 
 use paths::{file_script, normalise_path, serves_scorm};
 

@@ -906,11 +906,17 @@ async fn a_class_starting_its_quiz_through_two_gateways_gets_the_nodes_share_of_
     for mut student in class {
         starts.spawn(async move {
             let reply = student.post("/mod/quiz/startattempt.php", "cmid=7&sesskey=s");
-            reply.await.unwrap().status
+            let reply = reply.await.unwrap();
+            assert_eq!(reply.status, StatusCode::SEE_OTHER, "every start goes in");
+            // Then its first page, as a browser follows the start, through the
+            // same gateway: it carries the start's place in the site's share.
+            let first: http::Uri = reply.location().parse().unwrap();
+            let first = student.get(first.path_and_query().unwrap().as_str());
+            first.await.unwrap().status
         });
     }
     while let Some(status) = starts.join_next().await {
-        assert_eq!(status.unwrap(), StatusCode::OK, "every start goes in");
+        assert_eq!(status.unwrap(), StatusCode::OK, "every first page comes");
     }
     let started = (node.requests().iter())
         .filter(|r| r.uri.path() == "/mod/quiz/startattempt.php")
@@ -919,7 +925,7 @@ async fn a_class_starting_its_quiz_through_two_gateways_gets_the_nodes_share_of_
     assert_eq!(
         node.busiest(),
         1,
-        "each gateway's own gate would let two starts run at once"
+        "each gateway's own gate would let two starts run at once; a first page counts with its start"
     );
 }
 

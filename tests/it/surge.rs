@@ -70,6 +70,24 @@ async fn all_ok(set: &mut JoinSet<StatusCode>) {
     }
 }
 
+/// A student's click on "Attempt quiz now" (`click` names it in the start's query),
+/// followed as a browser follows it: the start's 303 and then the attempt's first
+/// page, whose status is returned.
+async fn start_quiz(student: &mut Browser, click: &str) -> StatusCode {
+    let path = format!("/mod/quiz/startattempt.php?{click}");
+    let start = student.post(&path, "cmid=7&sesskey=s").await.unwrap();
+    assert_eq!(
+        start.status,
+        StatusCode::SEE_OTHER,
+        "{click}: {}",
+        start.text()
+    );
+    let first: http::Uri = start.location().parse().unwrap();
+    assert_eq!(first.path(), "/mod/quiz/attempt.php", "{click}");
+    let first = first.path_and_query().unwrap().as_str();
+    student.get(first).await.unwrap().status
+}
+
 /// The slots of node `name` (`web1`…) as the gateway has them now.
 fn slots_of(gateway: &TestGateway, name: &str) -> Arc<Slots> {
     let settings = gateway.app.gateway().settings();
@@ -421,11 +439,7 @@ async fn at_a_quiz_start_a_page_turn_passes_the_class_starts_which_run_one_at_a_
     cluster.nodes()[0].clear_requests();
     let mut starts = JoinSet::new();
     for (n, mut student) in class.into_iter().enumerate() {
-        starts.spawn(async move {
-            let click = format!("/mod/quiz/startattempt.php?click={n}");
-            let reply = student.post(&click, "cmid=7&sesskey=s").await;
-            reply.unwrap().status
-        });
+        starts.spawn(async move { start_quiz(&mut student, &format!("click={n}")).await });
         // Each click a moment after the last, so the click order is known.
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
@@ -459,9 +473,45 @@ async fn at_a_quiz_start_a_page_turn_passes_the_class_starts_which_run_one_at_a_
     let clicks: Vec<String> = (0..5).map(|n| format!("click={n}")).collect();
     assert_eq!(started, clicks, "starts in click order");
     assert_eq!(metric(&gateway, "quiz_start_wait_seconds_count"), 5.0);
-    // Once through its gate a start stands in line as work in progress.
+    // Once through its gate a start stands in line as work in progress, and so
+    // does its first page: the page turn, five starts, five first pages.
     let working = r#"queue_wait_seconds_count{class="working"}"#;
-    assert_eq!(metric(&gateway, working), 6.0);
+    assert_eq!(metric(&gateway, working), 11.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_holds_its_gate_until_its_first_page_is_answered_and_that_page_never_waits_there() {
+    // One start at a time, and room on the node for more: only the gate orders them.
+    let surge = "max_active = 4\nquiz_starts = 1\nwaiting_room = false";
+    let (cluster, gateway) = site(1, surge).await;
+    let mut class = Vec::new();
+    for n in 1..=3 {
+        class.push(support::logged_in(&gateway, n).await.0);
+    }
+    slow(&cluster, 4, Duration::from_millis(200));
+    let node = &cluster.nodes()[0];
+    node.clear_requests();
+    let mut starts = JoinSet::new();
+    for (n, mut student) in class.into_iter().enumerate() {
+        starts.spawn(async move { start_quiz(&mut student, &format!("click={n}")).await });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    all_ok(&mut starts).await;
+    // Each start reached the node only after the previous student's first page was
+    // answered: a start and its first page, then the next.
+    let seen: Vec<String> = (node.requests().iter())
+        .map(|r| r.uri.path().trim_start_matches("/mod/quiz/").to_owned())
+        .collect();
+    let pairs = ["startattempt.php", "attempt.php"].repeat(3);
+    assert_eq!(seen, pairs, "a start with its first page at a time");
+    assert_eq!(node.busiest(), 1, "never a start beside a first page");
+    let started: Vec<String> = (node.requests().into_iter())
+        .filter(|r| r.uri.path() == "/mod/quiz/startattempt.php")
+        .map(|r| r.uri.query().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(started, ["click=0", "click=1", "click=2"], "in click order");
+    // The first pages took their starts' turns: only the starts waited at the gate.
+    assert_eq!(metric(&gateway, "quiz_start_wait_seconds_count"), 3.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -546,8 +596,8 @@ async fn new_work_goes_to_a_nodes_low_priority_pool_and_work_in_progress_to_its_
     let turn = "/mod/quiz/processattempt.php";
     let ok = student.post(turn, "attempt=12&thispage=0&nextpage=1");
     assert_eq!(ok.await.unwrap().status, StatusCode::OK);
-    let ok = student.post("/mod/quiz/startattempt.php", "cmid=7&sesskey=s");
-    assert_eq!(ok.await.unwrap().status, StatusCode::OK);
+    let start = student.post("/mod/quiz/startattempt.php", "cmid=7&sesskey=s");
+    assert_eq!(start.await.unwrap().status, StatusCode::SEE_OTHER);
     let ok = student.get("/course/view.php?id=2").await.unwrap();
     assert_eq!(ok.status, StatusCode::OK);
     let ok = student

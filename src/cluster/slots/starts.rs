@@ -43,6 +43,13 @@ pub struct StartPermit {
     pub waited: bool,
 }
 
+impl StartPermit {
+    /// Whether it holds a place at a gate (not a start on a node without one).
+    pub fn holds_a_turn(&self) -> bool {
+        self._permit.is_some()
+    }
+}
+
 impl Starts {
     /// A gate letting `share` starts run at once (0: none).
     pub fn new(share: usize) -> Self {

@@ -36,6 +36,7 @@ const LOGIN_REQUIRED: &[&str] = &[
     "/mod/scorm/datamodel.php",
     "/mod/resource/view.php",
     "/user/profile.php",
+    "/mod/quiz/startattempt.php",
 ];
 
 /// What a path under the site is, as Moodle's scripts see it.
@@ -148,6 +149,12 @@ impl Inner {
         let page = |content: &str| reply(StatusCode::OK, viewer.hello(user, name, content));
         match script {
             "/mod/scorm/datamodel.php" if post => reply(StatusCode::OK, "true"),
+            // Creates the attempt (the stand-in keeps none) and sends the student on
+            // to its first page, as `startattempt.php` does.
+            "/mod/quiz/startattempt.php" if post => redirect(format!(
+                "{}/mod/quiz/attempt.php?attempt=1&cmid=7",
+                viewer.wwwroot
+            )),
             "/pluginfile.php" => files::accelerated(rest),
             // The resource's "open" display: straight to its file.
             "/mod/resource/view.php" => redirect(format!("{}{HANDOUT}", viewer.wwwroot)),
