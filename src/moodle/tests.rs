@@ -478,6 +478,62 @@ fn a_quiz_start_and_the_pages_around_an_attempt_are_not_work_in_progress() {
 }
 
 #[test]
+fn a_starts_303_to_attempt_php_opens_its_first_page_and_nothing_else_does() {
+    use http::header::LOCATION;
+    use http::StatusCode;
+    let answer = |location: Option<&str>| {
+        let mut headers = HeaderMap::new();
+        if let Some(location) = location {
+            headers.insert(LOCATION, HeaderValue::from_str(location).unwrap());
+        }
+        headers
+    };
+    let opened = [
+        "https://moodle.example.org/mod/quiz/attempt.php?attempt=12&cmid=7",
+        "https://school.example/moodle/mod/quiz/attempt.php?attempt=3&cmid=2",
+        "https://moodle.example.org/mod/quiz/attempt.php#question-12-1",
+    ];
+    for location in opened {
+        let headers = answer(Some(location));
+        assert!(
+            opens_first_page(StatusCode::SEE_OTHER, &headers),
+            "{location}"
+        );
+    }
+    let not_opened = [
+        // A closed quiz or an error: back to the quiz's page.
+        (
+            StatusCode::SEE_OTHER,
+            Some("https://moodle.example.org/mod/quiz/view.php?id=7"),
+        ),
+        // The preflight form of a password or a browser check.
+        (StatusCode::OK, None),
+        (
+            StatusCode::OK,
+            Some("https://moodle.example.org/mod/quiz/attempt.php?attempt=1"),
+        ),
+        (StatusCode::SEE_OTHER, None),
+        (
+            StatusCode::SEE_OTHER,
+            Some("https://x.example/mod/quiz/attempt.php.bak"),
+        ),
+    ];
+    for (status, location) in not_opened {
+        let headers = answer(location);
+        assert!(!opens_first_page(status, &headers), "{status} {location:?}");
+    }
+}
+
+#[test]
+fn an_attempts_page_is_a_get_of_an_attempts_script() {
+    let kind = |uri: &str| root().classify(uri, None).unwrap();
+    assert!(is_attempt_page(kind("/mod/quiz/attempt.php"), false));
+    assert!(!is_attempt_page(kind("/mod/quiz/processattempt.php"), true));
+    assert!(!is_attempt_page(kind("/mod/quiz/startattempt.php"), false));
+    assert!(!is_attempt_page(kind("/course/view.php"), false));
+}
+
+#[test]
 fn outside_the_site_a_quiz_script_is_no_quiz() {
     let site = sub();
     let outside = work_of(&site, "/mod/quiz/attempt.php", false);
