@@ -6,17 +6,19 @@
 //! the 303, the gate would let the next start in while the first page still ran,
 //! and at a class's synchronised start every node would work on a start and on the
 //! previous student's first page at once: twice the new work `quiz_starts` allows,
-//! and the students already answering would share the node's PHP workers and CPU
-//! with both. Kept, the turn counts a start with its first page, as the gate's
-//! share is meant to.
+//! and the students already answering would share the node's CPU (and, without a
+//! low-priority pool, its PHP workers) with both. Kept, the turn counts a start
+//! with its first page, as the gate's share is meant to.
 //!
 //! The first page itself never waits at the gate: its student's timer runs from
 //! the start, so it takes the turn its own start held and stands in the line as
 //! work in progress. A browser follows a 303 at once; a first page that has not
 //! come within [`FIRST_PAGE_WAIT`] (a closed tab, a lost connection, a gateway
 //! behind a balancer that sent the page to another one) gives the turn back
-//! without it. Only starts that held a turn are kept, so the map holds at most the
-//! gates' shares together.
+//! without it. A second start of the same session (a double click, a second tab)
+//! takes the kept turn too, rather than wait at the gate behind it. Only starts
+//! that held a turn are kept, so the map holds at most the gates' shares together
+//! (and, for a moment after a reload changed a share, the old gate's).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -157,6 +159,9 @@ mod tests {
                 lease: None,
             },
         );
+        let third = starts.enter(Duration::ZERO).await;
+        assert!(third.is_ok(), "the first start's turn is free again");
+        drop(third);
         tokio::time::sleep(FIRST_PAGE_WAIT * 3 / 4).await;
         assert!(
             pages.take(key(1)).is_some(),

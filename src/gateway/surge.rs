@@ -68,10 +68,11 @@ pub(super) fn ask(surge: &SurgeConfig, class: Class, is_post: bool, arrived: Ins
     }
 }
 
-/// What a request holds before it asks for its node's slot, given back when its
-/// journey ends: its session's turn (`[surge] session_max_active`) and, for a quiz
-/// start and then its attempt's first page, the node's start turn
-/// (`[surge] quiz_starts`).
+/// What a request holds before it asks for its node's slot, given back with its
+/// node's answer head: its session's turn (`[surge] session_max_active`) and, for
+/// a quiz start and then its attempt's first page, the node's start turn
+/// (`[surge] quiz_starts`), which a start whose answer opens its attempt keeps
+/// for that page instead (`keep_for_first_page`).
 pub(super) struct Admission<'a> {
     _turn: Option<Turn<'a>>,
     start: Option<StartPermit>,
@@ -97,7 +98,8 @@ impl Gateway {
     /// the node's start gate. A start that waited at the gate stands in the line
     /// from the moment it passed: the gate was its wait, and students already
     /// answering go first. An attempt's page (`attempt_page`) takes the turn its
-    /// start kept for it, if one is kept: it never waits at the gate.
+    /// start kept for it, if one is kept: it never waits at the gate; so does a
+    /// second start of the same session.
     pub(super) async fn admission(
         &self,
         route: Route,
@@ -132,15 +134,19 @@ impl Gateway {
             }
             admission._turn = Some(turn);
         }
-        if let Some(kept) = known
-            .filter(|_| attempt_page)
-            .and_then(|k| self.first_pages.take(k.key))
-        {
+        // The turn a start of this session kept: its first page's, or a second
+        // start's (a double click, a second tab), which would otherwise wait at the
+        // gate behind it while its student's timer runs.
+        let kept = known
+            .filter(|_| attempt_page || work == Work::QuizStart)
+            .and_then(|k| self.first_pages.take(k.key));
+        if let Some(kept) = kept {
             admission.start = Some(kept.permit);
             admission.lease = kept.lease;
-            self.metrics.first_page_took_its_start();
-        }
-        if work == Work::QuizStart {
+            if attempt_page {
+                self.metrics.first_page_took_its_start();
+            }
+        } else if work == Work::QuizStart {
             // A start is new work: its gate is the pool's it runs on.
             let starts = upstream.new_work_slots().starts();
             let asked = Instant::now();

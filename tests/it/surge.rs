@@ -510,8 +510,28 @@ async fn a_start_holds_its_gate_until_its_first_page_is_answered_and_that_page_n
         .map(|r| r.uri.query().unwrap_or_default().to_owned())
         .collect();
     assert_eq!(started, ["click=0", "click=1", "click=2"], "in click order");
-    // The first pages took their starts' turns: only the starts waited at the gate.
+    // Each first page took its start's place (none waited for the place to lapse),
+    // and only the starts passed the gate.
+    assert_eq!(metric(&gateway, "quiz_first_pages_total"), 3.0);
     assert_eq!(metric(&gateway, "quiz_start_wait_seconds_count"), 3.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_student_who_clicks_start_twice_is_not_held_behind_their_own_first_start() {
+    let surge = "max_active = 4\nquiz_starts = 1\nwaiting_room = false";
+    let (_cluster, gateway) = site(1, surge).await;
+    let (mut student, _) = support::logged_in(&gateway, 1).await;
+    let start = "/mod/quiz/startattempt.php";
+    for click in ["first", "second"] {
+        let reply = student.post(start, "cmid=7&sesskey=s").await.unwrap();
+        assert_eq!(reply.status, StatusCode::SEE_OTHER, "the {click} click");
+    }
+    // The second took the place the first kept for its first page, instead of
+    // waiting at the gate until that place lapsed.
+    assert_eq!(metric(&gateway, "quiz_start_wait_seconds_count"), 1.0);
+    let page = student.get("/mod/quiz/attempt.php?attempt=1&cmid=7").await;
+    assert_eq!(page.unwrap().status, StatusCode::OK);
+    assert_eq!(metric(&gateway, "quiz_first_pages_total"), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
