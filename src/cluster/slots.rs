@@ -168,6 +168,12 @@ const NEWCOMERS_FORGOTTEN: Duration = Duration::from_secs(5);
 /// How much of the last pace a new sample replaces: a few seconds' memory.
 const PACE_WEIGHT: f64 = 0.5;
 
+/// A pace below this (one slot freed in 100 s) is no pace: nothing finishes. The
+/// smoothing halves the pace every second in which nothing is freed, so without a
+/// floor a minute of a stuck node (or of a low-priority pool with no new work)
+/// leaves a pace of 10⁻²⁰, and the work ahead over it a wait no `Duration` holds.
+const PACE_FLOOR: f64 = 0.01;
+
 /// Requests a newcomer makes before logging in, until the crowd has shown its own
 /// figure: the login page, the login POST, its redirect, the first page.
 const LOGIN_REQUESTS: f64 = 4.0;
@@ -228,6 +234,9 @@ impl Crowd {
                 0.0 => sample,
                 last => last * (1.0 - PACE_WEIGHT) + sample * PACE_WEIGHT,
             };
+            if pace.per_second < PACE_FLOOR {
+                pace.per_second = 0.0;
+            }
             (pace.at, pace.freed) = (now, freed);
             let served = self.served.each_ref().map(|n| n.load(Ordering::Relaxed));
             let since = |class: Class| served[class.index()] - pace.served[class.index()];
@@ -342,7 +351,9 @@ impl Load {
         }
         let rest_of_logins = self.newcomers_waiting as f64 * (self.per_newcomer - 1.0).max(0.0);
         let ahead = self.waiting as f64 + rest_of_logins;
-        (self.pace > 0.0).then(|| Duration::from_secs_f64(ahead / self.pace))
+        // `try_`: a figure no `Duration` holds is as good as none, never a panic.
+        let wait = (self.pace > 0.0).then(|| Duration::try_from_secs_f64(ahead / self.pace));
+        wait.and_then(Result::ok)
     }
 }
 

@@ -255,7 +255,9 @@ fn figures(load: Load, opens_at: Duration, place: usize, allowance: usize) -> Fi
     let pace = load.pace.max(0.1);
     let ahead = Duration::from_secs_f64((place + 1) as f64 / pace);
     let backlog = (load.expected_wait()).map_or(opens_at, |e| e.saturating_sub(opens_at));
-    let wait = (backlog + ahead).min(Duration::from_secs(24 * 3600));
+    let wait = backlog
+        .saturating_add(ahead)
+        .min(Duration::from_secs(24 * 3600));
     let until_turn = if allowance == 0 {
         wait
     } else {

@@ -497,6 +497,37 @@ async fn the_pace_is_the_slots_freed_per_second() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_minute_with_nothing_freed_while_a_request_waits_is_no_pace_and_no_panic() {
+    let slots = node(1, 100);
+    for _ in 0..10 {
+        drop(slots.acquire(ask(Class::LoggedIn, Instant::now())).await);
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(slots.crowd.load().pace, 10.0);
+    // The node hangs on one request, and a student's POST waits behind it.
+    let _stuck = slots.acquire(ask(Class::LoggedIn, Instant::now())).await;
+    let waiting = slots.clone();
+    let _waiter = tokio::spawn(async move {
+        let _ = waiting.acquire(ask(Class::Working, Instant::now())).await;
+    });
+    // Read every second, as `/metrics` and each newcomer's page view read it.
+    for _ in 0..90 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let load = slots.crowd.load();
+        assert_eq!(load.waiting, 1);
+        let _ = load.expected_wait();
+    }
+    let load = slots.crowd.load();
+    assert_eq!(load.pace, 0.0, "a pace that faded below the floor is none");
+    assert_eq!(load.expected_wait(), None, "stuck, not a wait of 10^20 s");
+    let faded = Load {
+        pace: 1e-30,
+        ..load
+    };
+    assert_eq!(faded.expected_wait(), None, "no Duration holds it");
+}
+
 #[test]
 fn what_newcomers_just_waited_counts_when_it_is_longer_than_the_reckoning() {
     let crowd = Crowd::new(100);
