@@ -839,6 +839,7 @@ fn surge_in_order(plan: surge::Plan, room_opens_at: Option<&str>) {
             client,
         };
         let (record, seen) = surge::run_watched(&stage, plan, &gateway).await;
+        assert_eq!(seen.unanswered.0, 0, "/metrics: {:?}", seen.unanswered.1);
         for line in surge::figures(&record) {
             eprintln!("real-moodle [surge]: {line}");
         }
@@ -928,6 +929,7 @@ fn in_a_quiz_start_wave_every_answer_is_stored_and_nobody_is_logged_out() {
         };
         let plan = quiz::EXAM_START;
         let (record, seen) = surge::watched(&gateway, quiz::run(&stage, plan)).await;
+        assert_eq!(seen.unanswered.0, 0, "/metrics: {:?}", seen.unanswered.1);
         for line in quiz::figures(&record) {
             eprintln!("real-moodle [quiz]: {line}");
         }

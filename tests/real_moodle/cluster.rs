@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::export::{Export, PREFIX};
 use crate::processes::{free_port, wait_until, Proc, Scratch};
 use crate::site::{script, Site, PHP_INI};
-use crate::student::{between, exchange, HttpClient};
+use crate::student::{between, exchange, try_exchange, HttpClient};
 
 /// Where Moodle keeps sessions (config.php's `MOODLE_SESSIONS`, the gateway's
 /// `[session] store`).
@@ -499,18 +499,26 @@ impl Gateway {
 
     /// `GET /metrics` as `name{labels}` → value.
     pub async fn metrics(&self) -> BTreeMap<String, f64> {
+        self.try_metrics().await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `GET /metrics`, or why the gateway did not answer it.
+    pub async fn try_metrics(&self) -> Result<BTreeMap<String, f64>, String> {
         let url = format!("http://{}/metrics", self.admin);
         let auth = [("authorization", format!("Bearer {}", self.token))];
-        let page = exchange(&self.client, Method::GET, &url, &auth, None).await;
-        assert_eq!(page.status, StatusCode::OK);
+        let limit = Duration::from_secs(120);
+        let page = try_exchange(&self.client, Method::GET, &url, &auth, None, limit).await?;
+        if page.status != StatusCode::OK {
+            return Err(format!("GET {url}: {}", page.status));
+        }
         let text = String::from_utf8_lossy(&page.body).into_owned();
         let samples = text
             .lines()
             .filter(|l| !l.starts_with('#') && !l.is_empty());
-        samples
+        let samples = samples
             .filter_map(|line| line.rsplit_once(' '))
-            .map(|(key, value)| (key.to_owned(), value.parse().unwrap_or(f64::NAN)))
-            .collect()
+            .map(|(key, value)| (key.to_owned(), value.parse().unwrap_or(f64::NAN)));
+        Ok(samples.collect())
     }
 
     /// Waits until the gateway has connected to its shared store and read what Redis

@@ -712,7 +712,7 @@ pub fn figures(record: &Record) -> Vec<String> {
 }
 
 /// The gateway's line as `/metrics` showed it every 200 ms during a surge.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct LineSeen {
     /// The most requests waiting for a slot at once, every node's.
     pub waiting: f64,
@@ -720,6 +720,9 @@ pub struct LineSeen {
     pub expected_wait: f64,
     /// Whether the room was open at any look.
     pub room_opened: bool,
+    /// Looks the gateway did not answer (the first one's error): a test asserts
+    /// there were none, a measure prints them and goes on.
+    pub unanswered: (usize, Option<String>),
 }
 
 /// [`run`], with `gateway` in front, looking at its line every 200 ms meanwhile.
@@ -742,7 +745,15 @@ pub async fn watched<T>(
     let watch = async {
         let mut seen = LineSeen::default();
         while !done.load(Ordering::Relaxed) {
-            let metrics = gateway.metrics().await;
+            let metrics = match gateway.try_metrics().await {
+                Ok(metrics) => metrics,
+                Err(error) => {
+                    seen.unanswered.0 += 1;
+                    seen.unanswered.1.get_or_insert(error);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
             let queued =
                 (metrics.iter()).filter(|(k, _)| k.starts_with("moodle_gateway_queue_length{"));
             seen.waiting = seen.waiting.max(queued.map(|(_, v)| v).sum());
@@ -760,7 +771,10 @@ pub async fn watched<T>(
 /// turned away, and each class's wait for a slot (mean, and how many waited past
 /// 5 s, the default `room_opens_at`).
 pub async fn gateway_figures(gateway: &Gateway, seen: LineSeen) -> Vec<String> {
-    let metrics = gateway.metrics().await;
+    let metrics = match gateway.try_metrics().await {
+        Ok(metrics) => metrics,
+        Err(error) => return vec![format!("gateway's /metrics unanswered at the end: {error}")],
+    };
     let get = |key: &str| metrics.get(key).copied().unwrap_or(0.0);
     let sum = |prefix: &str| -> f64 {
         let series = metrics.iter().filter(|(key, _)| key.starts_with(prefix));
@@ -784,9 +798,13 @@ pub async fn gateway_figures(gateway: &Gateway, seen: LineSeen) -> Vec<String> {
             count - under_5s
         ));
     }
+    let unanswered = match &seen.unanswered {
+        (0, _) => String::new(),
+        (n, first) => format!("; {n} looks unanswered, the first: {first:?}"),
+    };
     vec![
         format!(
-            "gateway's line, every 200 ms: at most {} waiting, the room's expected wait at most {:.1} s, the room {}",
+            "gateway's line, every 200 ms: at most {} waiting, the room's expected wait at most {:.1} s, the room {}{unanswered}",
             seen.waiting,
             seen.expected_wait,
             if seen.room_opened { "opened" } else { "never opened" },
