@@ -90,18 +90,23 @@ mod tests {
         SessionKey::prefix_range(&format!("{n:016x}")).unwrap().0
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_kept_turn_holds_the_gate_until_its_first_page_takes_it_and_ends() {
-        let starts = Starts::new(1);
-        let pages = FirstPages::default();
+    /// A start of session `n` through `starts`, answered: its turn kept by `pages`.
+    async fn start(starts: &Starts, pages: &FirstPages, n: u64) {
         let permit = starts.enter(Duration::from_secs(60)).await.unwrap();
         pages.keep(
-            key(1),
+            key(n),
             StartTurn {
                 permit,
                 lease: None,
             },
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kept_turn_holds_the_gate_until_its_first_page_takes_it_and_ends() {
+        let starts = Starts::new(1);
+        let pages = FirstPages::default();
+        start(&starts, &pages, 1).await;
         // The next start waits while the first page has not been answered.
         let next = tokio::time::timeout(Duration::from_secs(1), starts.enter(FIRST_PAGE_WAIT));
         assert!(next.await.is_err(), "the gate is still held");
@@ -122,14 +127,7 @@ mod tests {
     async fn a_first_page_that_never_comes_gives_the_turn_back_after_the_wait() {
         let starts = Starts::new(1);
         let pages = FirstPages::default();
-        let permit = starts.enter(Duration::from_secs(60)).await.unwrap();
-        pages.keep(
-            key(1),
-            StartTurn {
-                permit,
-                lease: None,
-            },
-        );
+        start(&starts, &pages, 1).await;
         let next = starts.enter(Duration::from_secs(60));
         let waited = tokio::time::Instant::now();
         next.await.expect("the turn comes back");
@@ -141,24 +139,10 @@ mod tests {
     async fn a_second_start_of_one_session_is_not_given_back_by_the_first_ones_expiry() {
         let starts = Starts::new(2);
         let pages = FirstPages::default();
-        let first = starts.enter(Duration::from_secs(60)).await.unwrap();
-        pages.keep(
-            key(1),
-            StartTurn {
-                permit: first,
-                lease: None,
-            },
-        );
+        start(&starts, &pages, 1).await;
         tokio::time::sleep(FIRST_PAGE_WAIT / 2).await;
-        let second = starts.enter(Duration::from_secs(60)).await.unwrap();
         // The second replaces the first, whose turn goes back at once.
-        pages.keep(
-            key(1),
-            StartTurn {
-                permit: second,
-                lease: None,
-            },
-        );
+        start(&starts, &pages, 1).await;
         let third = starts.enter(Duration::ZERO).await;
         assert!(third.is_ok(), "the first start's turn is free again");
         drop(third);
