@@ -74,9 +74,6 @@ impl FirstPages {
     /// The turn kept for `key`'s first page, if one is: the page holds it until
     /// its node answers.
     pub fn take(&self, key: SessionKey) -> Option<StartTurn> {
-        if self.held.is_empty() {
-            return None;
-        }
         self.held.remove(&key).map(|(_, kept)| kept.turn)
     }
 }
