@@ -16,7 +16,7 @@ use moodle_gateway::demo::Browser;
 use serde_json::Value;
 
 use crate::site::{eventually, metric, ready, Site, SECRET, TOKEN};
-use crate::support::{logged_in, RedisServer, TestGateway};
+use crate::support::{logged_in, start_quiz, RedisServer, TestGateway};
 
 /// The student's next page, through the gateway at `addr`: from their own node, and
 /// no new session (a new one would mean they were logged out).
@@ -903,17 +903,11 @@ async fn a_class_starting_its_quiz_through_two_gateways_gets_the_nodes_share_of_
     node.set_workers(Some((5, Duration::from_millis(300))));
     node.clear_requests();
     let mut starts = tokio::task::JoinSet::new();
-    for mut student in class {
-        starts.spawn(async move {
-            let reply = student.post("/mod/quiz/startattempt.php", "cmid=7&sesskey=s");
-            let reply = reply.await.unwrap();
-            assert_eq!(reply.status, StatusCode::SEE_OTHER, "every start goes in");
-            // Then its first page, as a browser follows the start, through the
-            // same gateway: it carries the start's place in the site's share.
-            let first: http::Uri = reply.location().parse().unwrap();
-            let first = student.get(first.path_and_query().unwrap().as_str());
-            first.await.unwrap().status
-        });
+    for (n, mut student) in class.into_iter().enumerate() {
+        // The start and then its first page, as a browser follows it, through the
+        // same gateway: the page carries the start's place in the site's share.
+        let click = format!("click={n}");
+        starts.spawn(async move { start_quiz(&mut student, &click).await });
     }
     while let Some(status) = starts.join_next().await {
         assert_eq!(status.unwrap(), StatusCode::OK, "every first page comes");

@@ -719,6 +719,24 @@ pub async fn recording_upstream() -> (SocketAddr, Record) {
     (addr, record)
 }
 
+/// A student's click on "Attempt quiz now" (`click` names it in the start's query),
+/// followed as a browser follows it: the start's 303 and then the attempt's first
+/// page, whose status is returned.
+pub async fn start_quiz(student: &mut Browser, click: &str) -> StatusCode {
+    let path = format!("/mod/quiz/startattempt.php?{click}");
+    let start = student.post(&path, "cmid=7&sesskey=s").await.unwrap();
+    assert_eq!(
+        start.status,
+        StatusCode::SEE_OTHER,
+        "{click}: {}",
+        start.text()
+    );
+    let first: http::Uri = start.location().parse().unwrap();
+    assert_eq!(first.path(), "/mod/quiz/attempt.php", "{click}");
+    let first = first.path_and_query().unwrap().as_str();
+    student.get(first).await.unwrap().status
+}
+
 /// Stand-in student `student{n}`, logged in through the gateway with the form's
 /// `logintoken`; returns them and the node that holds them.
 pub async fn logged_in(gateway: &TestGateway, n: usize) -> (Browser, String) {

@@ -70,24 +70,6 @@ async fn all_ok(set: &mut JoinSet<StatusCode>) {
     }
 }
 
-/// A student's click on "Attempt quiz now" (`click` names it in the start's query),
-/// followed as a browser follows it: the start's 303 and then the attempt's first
-/// page, whose status is returned.
-async fn start_quiz(student: &mut Browser, click: &str) -> StatusCode {
-    let path = format!("/mod/quiz/startattempt.php?{click}");
-    let start = student.post(&path, "cmid=7&sesskey=s").await.unwrap();
-    assert_eq!(
-        start.status,
-        StatusCode::SEE_OTHER,
-        "{click}: {}",
-        start.text()
-    );
-    let first: http::Uri = start.location().parse().unwrap();
-    assert_eq!(first.path(), "/mod/quiz/attempt.php", "{click}");
-    let first = first.path_and_query().unwrap().as_str();
-    student.get(first).await.unwrap().status
-}
-
 /// The slots of node `name` (`web1`…) as the gateway has them now.
 fn slots_of(gateway: &TestGateway, name: &str) -> Arc<Slots> {
     let settings = gateway.app.gateway().settings();
@@ -439,7 +421,7 @@ async fn at_a_quiz_start_a_page_turn_passes_the_class_starts_which_run_one_at_a_
     cluster.nodes()[0].clear_requests();
     let mut starts = JoinSet::new();
     for (n, mut student) in class.into_iter().enumerate() {
-        starts.spawn(async move { start_quiz(&mut student, &format!("click={n}")).await });
+        starts.spawn(async move { support::start_quiz(&mut student, &format!("click={n}")).await });
         // Each click a moment after the last, so the click order is known.
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
@@ -493,7 +475,7 @@ async fn a_start_holds_its_gate_until_its_first_page_is_answered_and_that_page_n
     node.clear_requests();
     let mut starts = JoinSet::new();
     for (n, mut student) in class.into_iter().enumerate() {
-        starts.spawn(async move { start_quiz(&mut student, &format!("click={n}")).await });
+        starts.spawn(async move { support::start_quiz(&mut student, &format!("click={n}")).await });
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     all_ok(&mut starts).await;
