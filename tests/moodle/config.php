@@ -96,4 +96,9 @@ $CFG->noemailever = true;
 $CFG->disableupdatenotifications = true;
 $CFG->disableupdateautodeploy = true;
 
+// Exceptions into the node's log (php -S's stderr: php.log in its scratch directory)
+// with Moodle's debug info, never onto the page: DEBUG_MINIMAL is E_ERROR | E_PARSE.
+$CFG->debug = 5;
+$CFG->debugdisplay = 0;
+
 require_once(__DIR__ . '/lib/setup.php');

@@ -468,7 +468,7 @@ impl<'a> Exam<'a> {
         let last = hops.pop().unwrap();
         if last.status != StatusCode::OK {
             hops.push(last);
-            let brief = brief(hops.last().unwrap());
+            let brief = hops.last().unwrap().brief();
             self.me
                 .errors
                 .push(format!("{:?}: {brief}", requests(&hops)));
@@ -504,7 +504,7 @@ impl<'a> Exam<'a> {
                 }
                 None if page.status == StatusCode::OK => break page,
                 None => {
-                    (self.me.errors).push(format!("the login form: {}", brief(&page)));
+                    (self.me.errors).push(format!("the login form: {}", page.brief()));
                     return false;
                 }
             }
@@ -544,7 +544,7 @@ impl<'a> Exam<'a> {
         let view = self.page("view.php", &path, None).await?;
         let text = view.text();
         let Some(mut fields) = form_fields(&text, "id=\"mod_quiz_preflight_form\"") else {
-            (self.me.errors).push(format!("{path} has no confirmation form: {}", brief(&view)));
+            (self.me.errors).push(format!("{path} has no confirmation form: {}", view.brief()));
             return None;
         };
         fields.push(("submitbutton".into(), "Start attempt".into()));
@@ -658,7 +658,7 @@ impl<'a> Exam<'a> {
         let last = hops.last().unwrap();
         if hops.len() != 1 || last.status != StatusCode::OK || !last.text().contains("\"OK\"") {
             self.me.autosave_failures += 1;
-            (self.me.errors).push(format!("autosave: {:?}: {}", requests(&hops), brief(last)));
+            (self.me.errors).push(format!("autosave: {:?}: {}", requests(&hops), last.brief()));
             return;
         }
         self.me.answers.extend(given.iter().cloned());
@@ -792,19 +792,6 @@ fn form_fields(html: &str, marker: &str) -> Option<Vec<(String, String)>> {
 fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
     let key = format!(" {name}=\"");
     between(tag, &key, "\"")
-}
-
-/// A failed answer, shortly: its status, the node, the start of its body.
-fn brief(page: &Page) -> String {
-    let text = page.text();
-    let start: String = text.chars().take(160).collect();
-    format!(
-        "{} {} (node {:?}) {:?}",
-        page.request,
-        page.status,
-        page.node(),
-        start.split_whitespace().collect::<Vec<_>>().join(" ")
-    )
 }
 
 /// The figures of one exam start, for `--nocapture`.

@@ -50,6 +50,31 @@ impl Page {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
+    /// One line for a failure message: the request, status, node and, for Moodle's
+    /// error pages, the error Moodle printed (`errormessage` for an exception, the
+    /// `alert-danger` box for one raised while the page was set up), else the page's
+    /// start.
+    pub fn brief(&self) -> String {
+        let text = self.text();
+        let said = ["<p class=\"errormessage\">", "<div class='alert-danger'>"]
+            .iter()
+            .find_map(|open| {
+                let (_, rest) = text.split_once(open)?;
+                Some(rest.split_once('<').map_or(rest, |(message, _)| message))
+            });
+        let shown: String = match said {
+            Some(message) => format!("Moodle said: {message}"),
+            None => text.chars().take(160).collect(),
+        };
+        format!(
+            "{} {} (node {:?}) {:?}",
+            self.request,
+            self.status,
+            self.node(),
+            shown.split_whitespace().collect::<Vec<_>>().join(" ")
+        )
+    }
+
     /// The new session id this response sets, if any (the last such line counts).
     pub fn sets_session(&self) -> Option<String> {
         self.headers

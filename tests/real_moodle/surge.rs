@@ -357,12 +357,7 @@ async fn timed_get(b: &mut Browser, path: &str, me: &mut Student) -> Option<Page
             me.samples.push(Sample { sent, took });
             let page = hops.pop().unwrap();
             if page.status != StatusCode::OK {
-                me.errors.push(format!(
-                    "{} -> {}: {}",
-                    page.request,
-                    page.status,
-                    brief(&page)
-                ));
+                me.errors.push(page.brief());
                 return None;
             }
             Some(page)
@@ -462,7 +457,7 @@ async fn track(
     };
     if saved.text().trim() != "true\n0" {
         me.errors
-            .push(format!("datamodel.php did not store: {}", brief(&saved)));
+            .push(format!("datamodel.php did not store: {}", saved.brief()));
         return None;
     }
     Some(
@@ -494,7 +489,7 @@ async fn arrive(stage: &Stage, account: &StudentAccount, plan: Plan) -> Newcomer
     let Some(token) = between(&text, "name=\"logintoken\" value=\"", "\"") else {
         me.errors.push(format!(
             "the login form has no logintoken: {}",
-            brief(&form)
+            form.brief()
         ));
         return me;
     };
@@ -581,7 +576,7 @@ fn ok(hops: Result<Vec<Page>, String>, errors: &mut Vec<String>) -> Option<Page>
             }
             hops.push(last);
             let last = hops.last().unwrap();
-            errors.push(format!("{:?}: {}", requests(&hops), brief(last)));
+            errors.push(format!("{:?}: {}", requests(&hops), last.brief()));
             None
         }
         Err(e) => {
@@ -644,18 +639,6 @@ fn names(page: &Page, account: &StudentAccount, lost: &mut Vec<String>) {
             page.request
         ));
     }
-}
-
-/// A failed answer, shortly: its status, the node, the start of its body.
-fn brief(page: &Page) -> String {
-    let text = page.text();
-    let start: String = text.chars().take(160).collect();
-    format!(
-        "{} (node {:?}) {:?}",
-        page.status,
-        page.node(),
-        start.split_whitespace().collect::<Vec<_>>().join(" ")
-    )
 }
 
 /// p50, p95 and max of `times`, in milliseconds (0 for none).
