@@ -265,7 +265,10 @@ impl Crowd {
         pace.newcomers = Some((smoothed, now));
     }
 
-    /// The crowd now, as the waiting room weighs it.
+    /// The crowd now, every waiter counted: [`Upstreams::load`] counts the
+    /// newcomers' line alone, which the waiting room weighs.
+    ///
+    /// [`Upstreams::load`]: crate::cluster::upstreams::Upstreams::load
     pub fn load(&self) -> Load {
         let pace = self.sampled();
         let newcomers = (pace.newcomers).filter(|(_, at)| at.elapsed() < NEWCOMERS_FORGOTTEN);
@@ -311,7 +314,8 @@ impl Crowd {
 /// The crowd at one moment: requests waiting, and the pace slots free at.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Load {
-    /// Requests waiting for a slot, every node's.
+    /// Requests waiting in the newcomers' line: for the slots of each node's pool
+    /// for new work ([`Upstreams::load`](crate::cluster::upstreams::Upstreams::load)).
     pub waiting: usize,
     /// Newcomers among them.
     pub newcomers_waiting: usize,

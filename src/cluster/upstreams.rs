@@ -23,7 +23,7 @@ use http::uri::Authority;
 
 use crate::cluster::balancer::Balancer;
 use crate::cluster::health::Health;
-use crate::cluster::slots::{Crowd, Slots, SlotsNow};
+use crate::cluster::slots::{Crowd, Load, Slots, SlotsNow};
 use crate::cluster::slow_start::{self, CameBack, Share};
 use crate::config::{Balance, Config, NodeState, UpstreamConfig};
 use crate::http::upstream::pool::Conns;
@@ -309,6 +309,20 @@ impl Upstreams {
     /// What every node's line shares: the waiting room reads its expected wait.
     pub fn crowd(&self) -> &Arc<Crowd> {
         &self.crowd
+    }
+
+    /// The crowd as the waiting room weighs it. A newcomer joins the line of each
+    /// node's pool for new work, so only that line is ahead of it: with a
+    /// low-priority pool, page turns waiting at the node's own pool are not, and
+    /// the pace (the slots the same pools free) is the newcomers' line's alone.
+    pub fn load(&self) -> Load {
+        let waiting = (self.nodes.iter())
+            .map(|node| node.new_work_slots().queued())
+            .sum();
+        Load {
+            waiting,
+            ..self.crowd.load()
+        }
     }
 
     /// The node for a new session, per `[session] balance`, among the nodes that
@@ -633,6 +647,46 @@ mod tests {
         let back = Upstreams::build(&config(&[("a", low), ("b", "")]), &ids, Some(&gone)).unwrap();
         let a = back.by_name("a").unwrap();
         assert_eq!(shares(a), (0, 2), "and moves to a pool a reload brings");
+    }
+
+    /// A newcomer waits in the line of the pool new work runs on: a page turn
+    /// waiting at the node's own pool is not ahead of it, and the waiting room
+    /// must not reckon it so (the pace counts only that pool's freed slots).
+    #[tokio::test]
+    async fn the_waiting_room_weighs_the_newcomers_line_not_the_page_turns_beside_it() {
+        use crate::cluster::slots::{Ask, Class};
+        use tokio::time::Instant;
+        let ids = NodeIds::default();
+        let low = "max_active = 1\nlow_priority_url = \"http://10.0.0.97:8081\"";
+        let upstreams = Upstreams::build(&config(&[("a", low)]), &ids, None).unwrap();
+        let a = upstreams.by_name("a").unwrap();
+        let ask = |class| Ask {
+            class,
+            arrived: Instant::now(),
+            aging: Duration::from_secs(10),
+            patience: Duration::from_secs(60),
+        };
+        let wait = |slots: &Arc<Slots>, class| {
+            let slots = slots.clone();
+            tokio::spawn(async move { drop(slots.acquire(ask(class)).await) })
+        };
+        let (own, new_work) = (&a.slots, a.new_work_slots());
+        let _turning = own.acquire(ask(Class::Working)).await.unwrap();
+        let turns = [wait(own, Class::Working), wait(own, Class::Working)];
+        let _starting = new_work.acquire(ask(Class::LoggedIn)).await.unwrap();
+        let newcomer = wait(new_work, Class::Newcomer);
+        while upstreams.crowd().waiting() < 3 {
+            tokio::task::yield_now().await;
+        }
+        let load = upstreams.load();
+        assert_eq!(
+            (load.waiting, load.newcomers_waiting),
+            (1, 1),
+            "the newcomer alone is in the newcomers' line"
+        );
+        for task in turns.into_iter().chain([newcomer]) {
+            task.abort();
+        }
     }
 
     #[test]

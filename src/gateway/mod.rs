@@ -426,7 +426,7 @@ impl Gateway {
     pub fn room_now(&self) -> RoomNow {
         let settings = self.settings.load();
         let room = settings.surge.waiting_room.as_ref();
-        self.room.now(room, settings.upstreams.crowd().load())
+        self.room.now(room, settings.upstreams.load())
     }
 
     /// Closes the upstream connections that idled past `timeouts.upstream_idle` or

@@ -200,7 +200,7 @@ impl Gateway {
             return Entry::Go(None);
         }
         let cookie = (self.site.cookie_path(), secure);
-        let load = upstreams.crowd().load();
+        let load = upstreams.load();
         let headers = request.headers();
         (self.room).enter(headers, room, load, capacity, cookie, &self.metrics)
     }
