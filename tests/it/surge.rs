@@ -517,6 +517,30 @@ async fn a_student_who_clicks_start_twice_is_not_held_behind_their_own_first_sta
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_whose_first_page_never_comes_gives_its_place_back_to_the_next_start() {
+    let surge = "max_active = 4\nquiz_starts = 1\nwaiting_room = false";
+    let (_cluster, gateway) = site(1, surge).await;
+    let (mut gone, _) = support::logged_in(&gateway, 1).await;
+    let (mut next, _) = support::logged_in(&gateway, 2).await;
+    let start = "/mod/quiz/startattempt.php";
+    let reply = gone.post(start, "cmid=7&sesskey=s").await.unwrap();
+    assert_eq!(reply.status, StatusCode::SEE_OTHER);
+    // Its tab closes: the first page is never asked for. The next start waits for
+    // the place kept for that page, then gets it once it lapses.
+    let web1 = slots_of(&gateway, "web1");
+    let waits = tokio::spawn(async move { next.post(start, "cmid=7&sesskey=s").await });
+    let at_gate = || web1.now().starts_waiting == 1;
+    let four = Duration::from_secs(4);
+    eventually(four, "the next start waits at the gate", at_gate).await;
+    let lapsed = tokio::time::timeout(Duration::from_secs(8), waits).await;
+    let reply = lapsed.expect("the kept place never lapsed").unwrap();
+    let reply = reply.unwrap();
+    assert_eq!(reply.status, StatusCode::SEE_OTHER, "the next start got in");
+    assert_eq!(web1.now().starts_waiting, 0);
+    assert_eq!(metric(&gateway, "quiz_first_pages_total"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_students_burst_takes_at_most_session_max_active_of_a_node_and_the_rest_wait() {
     let surge = "max_active = 8\nsession_max_active = 2\nwaiting_room = false";
     let (cluster, gateway) = site(1, surge).await;
