@@ -315,7 +315,8 @@ impl Crowd {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Load {
     /// Requests waiting in the newcomers' line: for the slots of each node's pool
-    /// for new work ([`Upstreams::load`](crate::cluster::upstreams::Upstreams::load)).
+    /// for new work, and new work fallen back to a node's own pool
+    /// ([`Upstreams::load`](crate::cluster::upstreams::Upstreams::load)).
     pub waiting: usize,
     /// Newcomers among them.
     pub newcomers_waiting: usize,
@@ -344,8 +345,9 @@ impl Load {
 
     /// The work ahead over the pace it is done at (Little's law), alone: what
     /// admitting one more newcomer adds to the line now, which the waiting room
-    /// opens and paces admissions by. The work ahead is every waiter (a newcomer is
-    /// last in line), and for each newcomer among them the rest of a login (the
+    /// opens and paces admissions by. The work ahead is every waiter in the
+    /// newcomers' line (a newcomer is last in line), and for each newcomer among
+    /// them the rest of a login (the
     /// form's POST, its redirect, the first page), which will come back to stand
     /// ahead of any newcomer arriving now: counting requests alone, a crowd
     /// arriving within two seconds is all in line before it looks long.
@@ -369,6 +371,10 @@ pub struct Slots {
     line: Mutex<Line>,
     /// Waiters, readable without the lock (the deal asks on every new session).
     queued: AtomicUsize,
+    /// Waiters other than work in progress, readable without the lock: on a node's
+    /// own pool beside a low-priority one, the new work that fell back to it when
+    /// that pool could not be reached (the waiting room counts it).
+    queued_new_work: AtomicUsize,
     /// New sessions the deal gave another node because this one's line was long.
     passed_over: AtomicU64,
     crowd: Arc<Crowd>,
@@ -455,6 +461,7 @@ impl Slots {
             cap: AtomicUsize::new(cap),
             line: Mutex::default(),
             queued: AtomicUsize::new(0),
+            queued_new_work: AtomicUsize::new(0),
             passed_over: AtomicU64::new(0),
             crowd,
             paces: AtomicBool::new(true),
@@ -499,6 +506,20 @@ impl Slots {
     /// Requests waiting for this node.
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Requests waiting for this node that are not work in progress.
+    pub fn queued_new_work(&self) -> usize {
+        self.queued_new_work.load(Ordering::Relaxed)
+    }
+
+    /// Makes the line's length readable without its lock; called under it after
+    /// every change.
+    fn publish(&self, line: &Line) {
+        let all = line.waiters.len();
+        let working = line.per_class[Class::Working.index()];
+        self.queued.store(all, Ordering::Relaxed);
+        self.queued_new_work.store(all - working, Ordering::Relaxed);
     }
 
     /// Its line is longer than one round of its workers: the deal of a new session
@@ -574,7 +595,7 @@ impl Slots {
                 },
             );
             line.per_class[ask.class.index()] += 1;
-            self.queued.store(line.waiters.len(), Ordering::Relaxed);
+            self.publish(&line);
             (place, told)
         };
         let mut waiting = Waiting {
@@ -632,7 +653,7 @@ impl Slots {
         };
         let waiter = line.waiters.remove(&last).expect("just seen");
         line.per_class[lower.index()] -= 1;
-        self.queued.store(line.waiters.len(), Ordering::Relaxed);
+        self.publish(&line);
         self.crowd.leave(lower);
         let _ = waiter.answer.send(Answer::Displaced);
         true
@@ -644,7 +665,7 @@ impl Slots {
             return false;
         };
         line.per_class[waiter.class.index()] -= 1;
-        self.queued.store(line.waiters.len(), Ordering::Relaxed);
+        self.publish(line);
         self.crowd.leave(waiter.class);
         true
     }
@@ -653,7 +674,7 @@ impl Slots {
     fn hand_over(&self, line: &mut Line) -> bool {
         while let Some((_, waiter)) = line.waiters.pop_first() {
             line.per_class[waiter.class.index()] -= 1;
-            self.queued.store(line.waiters.len(), Ordering::Relaxed);
+            self.publish(line);
             self.crowd.leave(waiter.class);
             if waiter.answer.send(Answer::Slot).is_ok() {
                 return true;

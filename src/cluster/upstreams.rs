@@ -315,9 +315,14 @@ impl Upstreams {
     /// node's pool for new work, so only that line is ahead of it: with a
     /// low-priority pool, page turns waiting at the node's own pool are not, and
     /// the pace (the slots the same pools free) is the newcomers' line's alone.
+    /// New work that fell back to a node's own pool (its low-priority pool could
+    /// not be reached) waits there, and is counted there.
     pub fn load(&self) -> Load {
         let waiting = (self.nodes.iter())
-            .map(|node| node.new_work_slots().queued())
+            .map(|node| match node.low_priority {
+                Some(ref pool) => pool.slots.queued() + node.slots.queued_new_work(),
+                None => node.slots.queued(),
+            })
             .sum();
         Load {
             waiting,
@@ -651,14 +656,17 @@ mod tests {
 
     /// A newcomer waits in the line of the pool new work runs on: a page turn
     /// waiting at the node's own pool is not ahead of it, and the waiting room
-    /// must not reckon it so (the pace counts only that pool's freed slots).
+    /// must not reckon it so (the pace counts only that pool's freed slots). A
+    /// node without a pool has one line for everything; new work fallen back to a
+    /// node's own pool (its low-priority pool unreachable) is in the newcomers'.
     #[tokio::test]
     async fn the_waiting_room_weighs_the_newcomers_line_not_the_page_turns_beside_it() {
         use crate::cluster::slots::{Ask, Class};
         use tokio::time::Instant;
         let ids = NodeIds::default();
         let low = "max_active = 1\nlow_priority_url = \"http://10.0.0.97:8081\"";
-        let upstreams = Upstreams::build(&config(&[("a", low)]), &ids, None).unwrap();
+        let nodes = [("a", low), ("b", "max_active = 1")];
+        let upstreams = Upstreams::build(&config(&nodes), &ids, None).unwrap();
         let a = upstreams.by_name("a").unwrap();
         let ask = |class| Ask {
             class,
@@ -675,16 +683,34 @@ mod tests {
         let turns = [wait(own, Class::Working), wait(own, Class::Working)];
         let _starting = new_work.acquire(ask(Class::LoggedIn)).await.unwrap();
         let newcomer = wait(new_work, Class::Newcomer);
-        while upstreams.crowd().waiting() < 3 {
-            tokio::task::yield_now().await;
-        }
+        let crowd = upstreams.crowd().clone();
+        let until = |n| {
+            let crowd = crowd.clone();
+            async move {
+                while crowd.waiting() < n {
+                    tokio::task::yield_now().await;
+                }
+            }
+        };
+        until(3).await;
         let load = upstreams.load();
         assert_eq!(
             (load.waiting, load.newcomers_waiting),
             (1, 1),
             "the newcomer alone is in the newcomers' line"
         );
-        for task in turns.into_iter().chain([newcomer]) {
+        let b = &upstreams.by_name("b").unwrap().slots;
+        let _b_busy = b.acquire(ask(Class::Working)).await.unwrap();
+        let fell_back = wait(own, Class::Newcomer);
+        let b_turn = wait(b, Class::Working);
+        until(5).await;
+        let load = upstreams.load();
+        assert_eq!(
+            (load.waiting, load.newcomers_waiting),
+            (3, 2),
+            "b's turn is in its only line, and so is the newcomer fallen back to a's own pool"
+        );
+        for task in turns.into_iter().chain([newcomer, fell_back, b_turn]) {
             task.abort();
         }
     }
