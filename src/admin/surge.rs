@@ -29,8 +29,8 @@ pub(super) struct SurgeNow {
     /// turned away (a 503), or the newcomer itself.
     pub(super) max_waiting: usize,
     /// How long a newcomer joining the lines now can expect to wait, in
-    /// milliseconds (the waiters over the pace slots free at); `null` while
-    /// requests wait and none has finished lately.
+    /// milliseconds (the waiters ahead of it over the pace slots free at; 0: none
+    /// ahead); `null` while requests wait and none has finished lately.
     #[serde(serialize_with = "millis")]
     pub(super) expected_wait_ms: Option<Duration>,
     /// The waiting room; `null` with `[surge] waiting_room = false`.

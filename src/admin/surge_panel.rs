@@ -87,7 +87,7 @@ pub(super) fn write(out: &mut Markup, surge: &SurgeNow) {
         figure(out, "Waiting room", "room", state);
         figure(out, "People in line", "in-line", &room.in_line);
     }
-    let wait = expected(surge.expected_wait_ms, surge.waiting);
+    let wait = expected(surge.expected_wait_ms);
     figure(out, "Expected wait", "expected-wait", &wait);
     if let Some(room) = &surge.room {
         let admitted = room.admitted_last_minute;
@@ -109,11 +109,14 @@ pub(super) fn write(out: &mut Markup, surge: &SurgeNow) {
     );
 }
 
-/// The expected wait as the panel says it.
-fn expected(wait: Option<Duration>, waiting: usize) -> Markup {
+/// The expected wait as the panel says it. Zero is nobody ahead of a newcomer
+/// (page turns may still wait at nodes' own pools beside low-priority ones).
+fn expected(wait: Option<Duration>) -> Markup {
     match wait {
         None => markup!("unknown <small>requests wait and none finished lately</small>"),
-        Some(_) if waiting == 0 => markup!("none <small>nobody waits</small>"),
+        Some(wait) if wait.is_zero() => {
+            markup!("none <small>nobody waits ahead of a newcomer</small>")
+        }
         Some(wait) if wait < Duration::from_secs(1) => markup!("under 1s"),
         Some(wait) => markup!(duration(wait.as_secs())),
     }
@@ -174,6 +177,9 @@ mod tests {
         assert!(stuck.contains("data-figure=\"expected-wait\">unknown <small>"));
         let idle = shown(&surge(Some(room(false)), Some(Duration::ZERO), 0));
         assert!(idle.contains("data-figure=\"expected-wait\">none <small>"));
+        // Page turns waiting at nodes' own pools are not ahead of a newcomer.
+        let turns_only = shown(&surge(Some(room(false)), Some(Duration::ZERO), 2));
+        assert!(turns_only.contains("data-figure=\"expected-wait\">none <small>"));
         let quick = shown(&surge(
             Some(room(false)),
             Some(Duration::from_millis(300)),
