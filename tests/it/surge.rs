@@ -525,6 +525,7 @@ async fn a_start_whose_first_page_never_comes_gives_its_place_back_to_the_next_s
     let start = "/mod/quiz/startattempt.php";
     let reply = gone.post(start, "cmid=7&sesskey=s").await.unwrap();
     assert_eq!(reply.status, StatusCode::SEE_OTHER);
+    let answered = Instant::now();
     // Its tab closes: the first page is never asked for. The next start waits for
     // the place kept for that page, then gets it once it lapses.
     let web1 = slots_of(&gateway, "web1");
@@ -536,6 +537,12 @@ async fn a_start_whose_first_page_never_comes_gives_its_place_back_to_the_next_s
     let reply = lapsed.expect("the kept place never lapsed").unwrap();
     let reply = reply.unwrap();
     assert_eq!(reply.status, StatusCode::SEE_OTHER, "the next start got in");
+    // Not before the place lapsed: a bound the gate sets, not a speed.
+    let kept = answered.elapsed();
+    assert!(
+        kept >= Duration::from_secs(4),
+        "the place was kept only {kept:?}"
+    );
     assert_eq!(web1.now().starts_waiting, 0);
     assert_eq!(metric(&gateway, "quiz_first_pages_total"), 0.0);
 }
