@@ -347,10 +347,10 @@ impl Load {
     /// admitting one more newcomer adds to the line now, which the waiting room
     /// opens and paces admissions by. The work ahead is every waiter in the
     /// newcomers' line (a newcomer is last in line), and for each newcomer among
-    /// them the rest of a login (the
-    /// form's POST, its redirect, the first page), which will come back to stand
-    /// ahead of any newcomer arriving now: counting requests alone, a crowd
-    /// arriving within two seconds is all in line before it looks long.
+    /// them the rest of a login (the form's POST, its redirect, the first page),
+    /// which will come back to stand ahead of any newcomer arriving now: counting
+    /// requests alone, a crowd arriving within two seconds is all in line before
+    /// it looks long.
     pub fn reckoned_wait(&self) -> Option<Duration> {
         if self.waiting == 0 {
             return Some(Duration::ZERO);
