@@ -169,9 +169,9 @@ const NEWCOMERS_FORGOTTEN: Duration = Duration::from_secs(5);
 const PACE_WEIGHT: f64 = 0.5;
 
 /// A pace below this (one slot freed in 100 s) is no pace: nothing finishes. The
-/// smoothing halves the pace every second in which nothing is freed, so without a
-/// floor a minute of a stuck node (or of a low-priority pool with no new work)
-/// leaves a pace of 10⁻²⁰, and the work ahead over it a wait no `Duration` holds.
+/// smoothing halves the pace every second in which nothing is freed while someone
+/// waits, so without a floor a minute of a stuck node leaves a pace of 10⁻²⁰, and
+/// the work ahead over it a wait no `Duration` holds.
 const PACE_FLOOR: f64 = 0.01;
 
 /// Requests a newcomer makes before logging in, until the crowd has shown its own
@@ -212,25 +212,30 @@ impl Crowd {
         self.waiting.load(Ordering::Relaxed)
     }
 
-    /// Slots freed per second lately (0 before anything finished).
-    pub fn pace(&self) -> f64 {
-        self.sampled().per_second
-    }
-
     /// Counts a slot given to a request of `class` (at once or after a wait).
     pub fn served(&self, class: Class) {
         self.served[class.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The pace, sampled anew when the last sample is a second old; the lock held.
-    fn sampled(&self) -> MutexGuard<'_, Pace> {
+    /// The pace, sampled anew when the last sample is a second old, with `waiting`
+    /// requests in the newcomers' line now; the lock held.
+    ///
+    /// Seconds in which nothing was freed and nobody waits say nothing about the
+    /// pace, so they leave it as it was: a pool with no work is idle, not slow.
+    /// Let fade, the pace of the low-priority pools was none by the time a class
+    /// came to log in after a quiet spell, and the first newcomers to wait read as
+    /// stuck nodes: the waiting room opened for them. Nothing freed while someone
+    /// waits is a stuck node, and fades as before.
+    fn sampled(&self, waiting: usize) -> MutexGuard<'_, Pace> {
         let mut pace = self.pace.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         let elapsed = now.duration_since(pace.at).as_secs_f64();
         if elapsed >= 1.0 {
             let freed = self.freed.load(Ordering::Relaxed);
+            let idle = freed == pace.freed && waiting == 0;
             let sample = (freed - pace.freed) as f64 / elapsed;
             pace.per_second = match pace.per_second {
+                _ if idle => pace.per_second,
                 0.0 => sample,
                 last => last * (1.0 - PACE_WEIGHT) + sample * PACE_WEIGHT,
             };
@@ -265,15 +270,15 @@ impl Crowd {
         pace.newcomers = Some((smoothed, now));
     }
 
-    /// The crowd now, every waiter counted: [`Upstreams::load`] counts the
-    /// newcomers' line alone, which the waiting room weighs.
-    ///
-    /// [`Upstreams::load`]: crate::cluster::upstreams::Upstreams::load
-    pub fn load(&self) -> Load {
-        let pace = self.sampled();
+    /// The crowd now, with `waiting` requests in the newcomers' line: the waiters
+    /// of the pools whose freed slots make the pace, which
+    /// [`Upstreams::load`](crate::cluster::upstreams::Upstreams::load) counts (this
+    /// crowd's own count, [`waiting`](Self::waiting), is every pool's).
+    pub fn load(&self, waiting: usize) -> Load {
+        let pace = self.sampled(waiting);
         let newcomers = (pace.newcomers).filter(|(_, at)| at.elapsed() < NEWCOMERS_FORGOTTEN);
         Load {
-            waiting: self.waiting(),
+            waiting,
             newcomers_waiting: self.newcomers.load(Ordering::Relaxed),
             per_newcomer: pace.per_newcomer,
             pace: pace.per_second,

@@ -324,10 +324,7 @@ impl Upstreams {
                 None => node.slots.queued(),
             })
             .sum();
-        Load {
-            waiting,
-            ..self.crowd.load()
-        }
+        self.crowd.load(waiting)
     }
 
     /// The node for a new session, per `[session] balance`, among the nodes that

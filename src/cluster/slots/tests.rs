@@ -18,6 +18,11 @@ fn two_pools(max_waiting: usize) -> (Arc<Crowd>, Arc<Slots>, Arc<Slots>) {
     (crowd, own, low)
 }
 
+/// The crowd of these tests, whose every waiter stands in the newcomers' line.
+fn load(crowd: &Crowd) -> Load {
+    crowd.load(crowd.waiting())
+}
+
 fn ask(class: Class, arrived: Instant) -> Ask {
     Ask {
         class,
@@ -281,7 +286,7 @@ async fn a_full_line_turns_away_a_newcomer_but_a_student_takes_a_newcomers_place
     let guest = waiter(&slots, ask(Class::Anonymous, t0), "guest", &served);
     let newcomer = waiter(&slots, ask(Class::Newcomer, t0), "newcomer", &served);
     settle().await;
-    assert_eq!(slots.crowd.load().newcomers_waiting, 1);
+    assert_eq!(load(&slots.crowd).newcomers_waiting, 1);
     let late = slots.acquire(ask(Class::Newcomer, t0)).await;
     assert_eq!(
         late.unwrap_err(),
@@ -293,7 +298,7 @@ async fn a_full_line_turns_away_a_newcomer_but_a_student_takes_a_newcomers_place
     assert_eq!(newcomer.await.unwrap().unwrap_err(), Ended::Full);
     assert_eq!(slots.now().queued, [0, 1, 1, 0]);
     assert_eq!(
-        slots.crowd.load().newcomers_waiting,
+        load(&slots.crowd).newcomers_waiting,
         0,
         "its place passed on"
     );
@@ -459,7 +464,7 @@ fn the_expected_wait_is_the_work_ahead_over_the_pace_slots_free_at() {
 #[tokio::test(start_paused = true)]
 async fn the_crowd_shows_how_many_requests_a_newcomer_makes_before_logging_in() {
     let crowd = Crowd::new(100);
-    assert_eq!(crowd.load().per_newcomer, LOGIN_REQUESTS, "before anything");
+    assert_eq!(load(&crowd).per_newcomer, LOGIN_REQUESTS, "before anything");
     for _ in 0..10 {
         crowd.served(Class::Newcomer);
         for _ in 0..5 {
@@ -468,9 +473,9 @@ async fn the_crowd_shows_how_many_requests_a_newcomer_makes_before_logging_in() 
         crowd.served(Class::Working);
     }
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert_eq!(crowd.load().per_newcomer, (4.0 + 6.0) / 2.0, "smoothed");
+    assert_eq!(load(&crowd).per_newcomer, (4.0 + 6.0) / 2.0, "smoothed");
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert_eq!(crowd.load().per_newcomer, 5.0, "no newcomer: kept");
+    assert_eq!(load(&crowd).per_newcomer, 5.0, "no newcomer: kept");
 }
 
 #[tokio::test(start_paused = true)]
@@ -486,7 +491,7 @@ async fn the_pace_is_the_slots_freed_per_second() {
     }
     tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(
-        slots.crowd.load(),
+        load(&slots.crowd),
         Load {
             waiting: 0,
             newcomers_waiting: 0,
@@ -504,7 +509,7 @@ async fn a_minute_with_nothing_freed_while_a_request_waits_is_no_pace_and_no_pan
         drop(slots.acquire(ask(Class::LoggedIn, Instant::now())).await);
     }
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert_eq!(slots.crowd.load().pace, 10.0);
+    assert_eq!(load(&slots.crowd).pace, 10.0);
     // The node hangs on one request, and a student's POST waits behind it.
     let _stuck = slots.acquire(ask(Class::LoggedIn, Instant::now())).await;
     let waiting = slots.clone();
@@ -514,11 +519,11 @@ async fn a_minute_with_nothing_freed_while_a_request_waits_is_no_pace_and_no_pan
     // Read every second, as `/metrics` and each newcomer's page view read it.
     for _ in 0..90 {
         tokio::time::advance(Duration::from_secs(1)).await;
-        let load = slots.crowd.load();
+        let load = load(&slots.crowd);
         assert_eq!(load.waiting, 1);
         let _ = load.expected_wait();
     }
-    let load = slots.crowd.load();
+    let load = load(&slots.crowd);
     assert_eq!(load.pace, 0.0, "a pace that faded below the floor is none");
     assert_eq!(load.expected_wait(), None, "stuck, not a wait of 10^20 s");
     let faded = Load {
@@ -528,29 +533,59 @@ async fn a_minute_with_nothing_freed_while_a_request_waits_is_no_pace_and_no_pan
     assert_eq!(faded.expected_wait(), None, "no Duration holds it");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_quiet_spell_keeps_the_pace_so_the_first_newcomers_after_it_are_not_read_as_stuck() {
+    let slots = node(1, 100);
+    for _ in 0..10 {
+        drop(slots.acquire(ask(Class::Newcomer, Instant::now())).await);
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(load(&slots.crowd).pace, 10.0);
+    // Ten minutes before the class comes, read every second: nothing runs, nobody waits.
+    for _ in 0..600 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let _ = load(&slots.crowd);
+    }
+    assert_eq!(load(&slots.crowd).pace, 10.0, "idle is not slow");
+    // The class arrives: the first newcomer takes the slot, the next one waits.
+    let _first = slots.acquire(ask(Class::Newcomer, Instant::now())).await;
+    let waiting = slots.clone();
+    let _second = tokio::spawn(async move {
+        let _ = waiting.acquire(ask(Class::Newcomer, Instant::now())).await;
+    });
+    settle().await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let now = load(&slots.crowd);
+    assert_eq!(now.waiting, 1);
+    assert!(
+        now.expected_wait().is_some(),
+        "a wait reckoned from the pace before the quiet spell, not a stuck node: {now:?}"
+    );
+}
+
 #[test]
 fn what_newcomers_just_waited_counts_when_it_is_longer_than_the_reckoning() {
     let crowd = Crowd::new(100);
     crowd.newcomer_waited(Duration::from_secs(6));
-    let mut load = crowd.load();
-    assert_eq!(load.newcomers_waited, Some(Duration::from_secs(6)));
-    (load.waiting, load.pace) = (2, 4.0);
+    let mut now = load(&crowd);
+    assert_eq!(now.newcomers_waited, Some(Duration::from_secs(6)));
+    (now.waiting, now.pace) = (2, 4.0);
     assert_eq!(
-        load.expected_wait(),
+        now.expected_wait(),
         Some(Duration::from_secs(6)),
         "seen beats reckoned"
     );
-    load.waiting = 100;
-    assert_eq!(load.expected_wait(), Some(Duration::from_secs(25)));
-    load.waiting = 0;
+    now.waiting = 100;
+    assert_eq!(now.expected_wait(), Some(Duration::from_secs(25)));
+    now.waiting = 0;
     assert_eq!(
-        load.expected_wait(),
+        now.expected_wait(),
         Some(Duration::ZERO),
         "nobody waits now"
     );
     crowd.newcomer_waited(Duration::from_secs(2));
     assert_eq!(
-        crowd.load().newcomers_waited,
+        load(&crowd).newcomers_waited,
         Some(Duration::from_secs(4)),
         "smoothed"
     );
