@@ -153,6 +153,8 @@ struct Pace {
     freed: u64,
     /// Slots freed per second, smoothed.
     per_second: f64,
+    /// Whether requests waited in the newcomers' line at the last sample.
+    waited: bool,
     /// `served` at the last sample.
     served: [u64; 4],
     /// Requests of the crowd per newcomer's first request, smoothed: how many
@@ -195,6 +197,7 @@ impl Crowd {
                 at: Instant::now(),
                 freed: 0,
                 per_second: 0.0,
+                waited: false,
                 served: [0; 4],
                 per_newcomer: LOGIN_REQUESTS,
                 newcomers: None,
@@ -220,25 +223,31 @@ impl Crowd {
     /// The pace, sampled anew when the last sample is a second old, with `waiting`
     /// requests in the newcomers' line now; the lock held.
     ///
-    /// Seconds in which nothing was freed and nobody waits say nothing about the
-    /// pace, so they leave it as it was: a pool with no work is idle, not slow.
-    /// Let fade, the pace of the low-priority pools was none by the time a class
-    /// came to log in after a quiet spell, and the first newcomers to wait read as
-    /// stuck nodes: the waiting room opened for them. Nothing freed while someone
-    /// waits is a stuck node, and fades as before.
+    /// Only a second in which requests waited throughout (at this sample and the
+    /// one before) measures how fast the pools go. In any other the slots freed
+    /// are the work that came, a floor under the pace: it may raise the pace,
+    /// never lower it. Let quiet seconds lower it, a morning of a few logins left
+    /// next to no pace by the time a class came, and the first newcomers to wait
+    /// read as stuck nodes: the waiting room opened for them. A wait in which
+    /// nothing is freed lowers the pace from its second sample on, and a stuck
+    /// node fades it to none as before, a second later than it used to.
     fn sampled(&self, waiting: usize) -> MutexGuard<'_, Pace> {
         let mut pace = self.pace.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         let elapsed = now.duration_since(pace.at).as_secs_f64();
         if elapsed >= 1.0 {
             let freed = self.freed.load(Ordering::Relaxed);
-            let idle = freed == pace.freed && waiting == 0;
             let sample = (freed - pace.freed) as f64 / elapsed;
-            pace.per_second = match pace.per_second {
-                _ if idle => pace.per_second,
+            let smoothed = match pace.per_second {
                 0.0 => sample,
                 last => last * (1.0 - PACE_WEIGHT) + sample * PACE_WEIGHT,
             };
+            let measured = waiting > 0 && pace.waited;
+            pace.per_second = match measured {
+                true => smoothed,
+                false => smoothed.max(pace.per_second),
+            };
+            pace.waited = waiting > 0;
             if pace.per_second < PACE_FLOOR {
                 pace.per_second = 0.0;
             }
