@@ -123,6 +123,9 @@ pub struct Taker {
     /// The click on "Start attempt" (class only), and its wall-clock time.
     pub click: Option<Instant>,
     pub click_unix: Option<f64>,
+    /// When the start's own answer came (the redirect to the first page): Moodle
+    /// created the attempt, and started its timer, before it.
+    pub started: Option<Instant>,
     /// When the first question page came (a 200 of attempt.php).
     pub first_page: Option<Instant>,
     /// The node that served the first question page (the student's node).
@@ -179,6 +182,14 @@ impl Record {
     pub fn first_page_times(&self) -> Vec<Duration> {
         (self.class.iter())
             .filter_map(|t| Some(t.first_page? - t.click?))
+            .collect()
+    }
+
+    /// Each class student's exam time spent before the first question showed: from
+    /// the start's answer (the attempt made, its timer running) to the first page.
+    pub fn exam_time_to_first_page(&self) -> Vec<Duration> {
+        (self.class.iter())
+            .filter_map(|t| Some(t.first_page? - t.started?))
             .collect()
     }
 
@@ -409,6 +420,7 @@ impl<'a> Exam<'a> {
                 turns: Vec::new(),
                 click: None,
                 click_unix: None,
+                started: None,
                 first_page: None,
                 node: None,
                 answers: BTreeMap::new(),
@@ -464,11 +476,20 @@ impl<'a> Exam<'a> {
         path: &str,
         fields: Option<&[(&str, &str)]>,
     ) -> Option<Page> {
-        let mut hops = self.send(what, path, fields).await?;
-        let last = hops.pop().unwrap();
+        self.hops(what, path, fields).await?.pop()
+    }
+
+    /// [`send`](Self::send), every hop, when the last is a 200 naming the student.
+    async fn hops(
+        &mut self,
+        what: &'static str,
+        path: &str,
+        fields: Option<&[(&str, &str)]>,
+    ) -> Option<Vec<Page>> {
+        let hops = self.send(what, path, fields).await?;
+        let last = hops.last().unwrap();
         if last.status != StatusCode::OK {
-            hops.push(last);
-            let brief = hops.last().unwrap().brief();
+            let brief = last.brief();
             self.me
                 .errors
                 .push(format!("{:?}: {brief}", requests(&hops)));
@@ -481,7 +502,7 @@ impl<'a> Exam<'a> {
             ));
             return None;
         }
-        Some(last)
+        Some(hops)
     }
 
     /// Logs in, through the gateway's waiting room if it is open: its page is
@@ -554,17 +575,20 @@ impl<'a> Exam<'a> {
     /// "Start attempt" on the confirmation: the first question page.
     async fn start(&mut self, fields: &[(String, String)]) -> Option<Page> {
         let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (&k[..], &v[..])).collect();
-        let page = self
-            .page(
+        let mut hops = self
+            .hops(
                 "startattempt.php",
                 "/mod/quiz/startattempt.php",
                 Some(&fields),
             )
             .await?;
+        let page = hops.pop().unwrap();
         if !page.request.starts_with("GET /mod/quiz/attempt.php") {
             (self.me.errors).push(format!("the start led to {}", page.request));
             return None;
         }
+        // The POST's own answer: the redirect to the page.
+        self.me.started = Some(Instant::from_std(hops[0].read));
         self.me.node = page.node().map(str::to_string);
         Some(page)
     }
@@ -837,6 +861,10 @@ pub fn figures(record: &Record) -> Vec<String> {
             end - start,
         ),
         format!("startattempt.php and its first page: {}", ms(percentiles(&starts))),
+        format!(
+            "exam time before the first question (the start's answer to its first page): {}",
+            ms(percentiles(&record.exam_time_to_first_page()))
+        ),
         format!(
             "finished: {} of {} in the class, {} of {} early; autosave failures {}; errors {}; lost sessions {}; \
              waiting pages on the way to log in {}",

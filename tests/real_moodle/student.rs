@@ -32,6 +32,8 @@ pub struct Page {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// When its body had been read to the end.
+    pub read: std::time::Instant,
 }
 
 impl Page {
@@ -171,6 +173,7 @@ pub async fn try_exchange(
         status: parts.status,
         headers: parts.headers,
         body,
+        read: std::time::Instant::now(),
     })
 }
 
