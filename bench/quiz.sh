@@ -20,7 +20,10 @@
 #
 #   MEASURE_FRONTS=pools bench/quiz.sh
 #
-# measures only the rows whose name has "pools" in it.
+# measures only the rows whose name has "pools" in it; items split by | each
+# name a row whole (that row alone) or a part of names:
+#
+#   MEASURE_FRONTS="gateway, max_active 2|gateway, max_active 2, the nodes' gates alone" bench/quiz.sh
 #
 #   MOODLE_NODE_CPU=0.35 bench/quiz.sh
 #

@@ -39,6 +39,7 @@ pub(super) fn snapshot(gateway: &Gateway) -> Snapshot {
         in_flight: gateway.in_flight(),
         table_len: gateway.table().len(),
         room: gateway.room_now(),
+        site_starts: gateway.site_starts_now(),
         cache: gateway.asset_cache().now(),
         export_up: settings.export.as_ref().map(|e| e.health.is_up()),
         spool: gateway.spool().now(),

@@ -34,8 +34,10 @@
 //! of the node's slots that starts may hold at once, the rest of them waiting in
 //! the order they came. See `starts`.
 
+mod site_starts;
 mod starts;
 
+pub use site_starts::{SitePermit, SiteStarts, SiteStartsNow};
 pub use starts::{StartPermit, Starts};
 
 use std::collections::BTreeMap;

@@ -385,6 +385,15 @@ public, at most {} in all and {} each, answered from memory\n",
         if u.quiz_starts != QuizStarts::PerNode(0) && matches!(self.store, StoreConfig::Redis(_)) {
             starts += ", counted for the whole site in Redis (every gateway's starts)";
         }
+        if u.quiz_starts != QuizStarts::PerNode(0) {
+            starts += &match u.quiz_starts_yield_at {
+                0.0 => "; the site's starts do not follow the page turns".to_owned(),
+                ratio => format!(
+                    "; fewer starts at once across the site (down to one) while students' \
+                     page turns take over {ratio} × their calm time"
+                ),
+            };
+        }
         let session = match u.session_max_active {
             0 => "no limit".to_owned(),
             n => format!("at most {n} at once at its node, the rest waiting in order"),

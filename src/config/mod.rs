@@ -748,6 +748,10 @@ pub struct SurgeConfig {
     pub max_waiting: usize,
     /// `quiz_starts`: quiz starts one node runs at once. Default: half its cap.
     pub quiz_starts: QuizStarts,
+    /// `quiz_starts_yield_at`: the starts of the whole site give way while the
+    /// students' page turns take more than this many times their calm (0: off).
+    /// Default 1.5.
+    pub quiz_starts_yield_at: f64,
     /// `session_max_active`: one session's requests at its node at once (0: no
     /// limit). Default 6.
     pub session_max_active: usize,

@@ -11,7 +11,8 @@ use super::values::cookie_name;
 use super::{io_reason, QuizStarts, RoomConfig, SurgeConfig};
 
 const SURGE_KEYS: &str = "max_active max_waiting aging patience post_patience \
-                          anonymous_patience newcomer_patience quiz_starts session_max_active \
+                          anonymous_patience newcomer_patience quiz_starts quiz_starts_yield_at \
+                          session_max_active \
                           waiting_room room_opens_at place_kept room_cookie room_page";
 
 /// Most requests one node may be given at once: far above any PHP-FPM pool.
@@ -36,6 +37,10 @@ pub const DEFAULT_NEWCOMER_PATIENCE: Duration = Duration::from_secs(30);
 /// asking for thirty files at once) would hold a PHP worker per request, each
 /// waiting for the session's lock.
 pub const DEFAULT_SESSION_MAX_ACTIVE: usize = 6;
+/// `surge.quiz_starts_yield_at` default: students' page turns at half again their
+/// calm time are slower than a student notices little, and far from the 2 × at
+/// which an exam's start is felt; the share then recovers under 1.25 ×.
+pub const DEFAULT_QUIZ_STARTS_YIELD_AT: f64 = 1.5;
 /// `surge.room_opens_at` default: a page that takes longer than this to start
 /// feels broken, and a browser left waiting is a connection and a retry.
 pub const DEFAULT_ROOM_OPENS_AT: Duration = Duration::from_secs(5);
@@ -78,6 +83,7 @@ impl Checker<'_> {
             page: self.room_page(&s),
         });
         let quiz_starts = self.quiz_starts(&s);
+        let quiz_starts_yield_at = self.quiz_starts_yield_at(&s);
         let session_max_active = count(
             self,
             "session_max_active",
@@ -87,6 +93,7 @@ impl Checker<'_> {
         SurgeConfig {
             max_active,
             quiz_starts,
+            quiz_starts_yield_at,
             session_max_active,
             max_waiting,
             aging: self.bounded(
@@ -120,6 +127,28 @@ impl Checker<'_> {
                 let message = format!("must be \"auto\" or between 0 and {MAX_ACTIVE}, got {n}");
                 self.error(s.key("quiz_starts"), Some(span), message);
                 QuizStarts::Auto
+            }
+        }
+    }
+
+    /// `quiz_starts_yield_at`: 0 (off), or how many times their calm time the
+    /// students' page turns may take before the site's starts give way. Under
+    /// 1.1 the share would follow the turns' ordinary spread, not the starts.
+    fn quiz_starts_yield_at(&mut self, s: &Section) -> f64 {
+        let name = "quiz_starts_yield_at";
+        let read = self.typed(s, name, "a number", |v| {
+            let float = v
+                .as_float()
+                .and_then(|f| f.as_str().replace('_', "").parse().ok());
+            float.or_else(|| integer(v).map(|i| i as f64))
+        });
+        match read {
+            None => DEFAULT_QUIZ_STARTS_YIELD_AT,
+            Some((ratio, _)) if ratio == 0.0 || (1.1..=100.0).contains(&ratio) => ratio,
+            Some((ratio, span)) => {
+                let message = format!("must be 0 (off) or between 1.1 and 100, got {ratio}");
+                self.error(s.key(name), Some(span), message);
+                DEFAULT_QUIZ_STARTS_YIELD_AT
             }
         }
     }

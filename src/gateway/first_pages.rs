@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use crate::cluster::slots::StartPermit;
+use crate::cluster::slots::{SitePermit, StartPermit};
 use crate::sessions::affinity::SessionKey;
 use crate::store::StartLease;
 
@@ -35,11 +35,13 @@ use crate::store::StartLease;
 /// student went away holds up the next start only a moment.
 pub const FIRST_PAGE_WAIT: Duration = Duration::from_secs(5);
 
-/// A start's turn and, with a shared store, its lease on the site's share.
+/// A start's turn: its place at its node's gate, with a shared store its lease
+/// on the node's share across gateways, and its place in the site's share.
 #[derive(Debug)]
 pub struct StartTurn {
     pub permit: StartPermit,
     pub lease: Option<StartLease>,
+    pub site: Option<SitePermit>,
 }
 
 /// The turns of starts answered whose first page has not come yet, by session.
@@ -95,6 +97,7 @@ mod tests {
             StartTurn {
                 permit,
                 lease: None,
+                site: None,
             },
         );
     }

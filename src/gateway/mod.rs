@@ -43,7 +43,7 @@ use http_body_util::{Either, Full};
 use ipnet::IpNet;
 
 use crate::cluster::export::Export;
-use crate::cluster::slots::Class;
+use crate::cluster::slots::{Class, SiteStarts, SiteStartsNow};
 use crate::cluster::upstreams::{NodeIds, Upstream, Upstreams};
 use crate::config::{Config, HealthConfig, SessionStore, StoreConfig, SurgeConfig};
 use crate::error::GatewayError;
@@ -269,6 +269,8 @@ pub struct Gateway {
     turns: turns::Turns,
     /// Quiz starts' turns at their gates, kept for their attempts' first pages.
     first_pages: first_pages::FirstPages,
+    /// The site's share of quiz starts at once, paced by the students at work.
+    site_starts: SiteStarts,
 }
 
 impl Gateway {
@@ -318,6 +320,7 @@ impl Gateway {
             save_soon: tokio::sync::Notify::new(),
             turns: turns::Turns::default(),
             first_pages: first_pages::FirstPages::default(),
+            site_starts: SiteStarts::default(),
             spool: Spool::new(
                 config.limits.spool_dir.clone(),
                 config.limits.spool_max_bytes,
@@ -420,6 +423,11 @@ impl Gateway {
     /// The upload spool: its directory, and its figures for `/metrics`.
     pub fn spool(&self) -> &Spool {
         &self.spool
+    }
+
+    /// The site's share of quiz starts now, for `/metrics`.
+    pub fn site_starts_now(&self) -> SiteStartsNow {
+        self.site_starts.now()
     }
 
     /// The waiting room now, for the dashboard and `/metrics`.
@@ -553,7 +561,12 @@ impl Gateway {
                     hold,
                     settings,
                 );
+                let paced_turn = admission.is_a_paced_turn(in_progress);
                 let forwarded = forward.await;
+                if paced_turn && forwarded.is_ok() {
+                    let yield_at = settings.surge.quiz_starts_yield_at;
+                    self.site_starts.turn_took(yield_at, arrived.elapsed());
+                }
                 // The turns go back with the node's answer head: the node is done with
                 // the session's lock and the start by then. A start's turn is kept
                 // for its attempt's first page, the heavier half of starting.

@@ -18,7 +18,6 @@ use super::first_pages::{FirstPages, StartTurn};
 use super::turns::{NoTurn, Turn};
 use super::waiting_room::{self, Entry};
 use super::{Gateway, Hold, Known, Route, Settings};
-use crate::cluster::slots::StartPermit;
 use crate::cluster::slots::{Ask, Class, Ended, Permit, Slots};
 use crate::cluster::upstreams::Upstream;
 use crate::config::SurgeConfig;
@@ -26,7 +25,7 @@ use crate::error::GatewayError;
 use crate::logs::Every;
 use crate::moodle::Work;
 use crate::sessions::affinity::{SessionKey, SessionState};
-use crate::store::{Leased, StartLease};
+use crate::store::Leased;
 
 /// How often a waiting request looks whether its node can still serve it.
 const LOOK_AGAIN: Duration = Duration::from_millis(250);
@@ -70,25 +69,31 @@ pub(super) fn ask(surge: &SurgeConfig, class: Class, is_post: bool, arrived: Ins
 
 /// What a request holds before it asks for its node's slot, given back with its
 /// node's answer head: its session's turn (`[surge] session_max_active`) and, for
-/// a quiz start and then its attempt's first page, the node's start turn
-/// (`[surge] quiz_starts`), which a start whose answer opens its attempt keeps
-/// for that page instead (`keep_for_first_page`).
+/// a quiz start and then its attempt's first page, the start's turn (`[surge]
+/// quiz_starts` and the site's share), which a start whose answer opens its
+/// attempt keeps for that page instead (`keep_for_first_page`).
 pub(super) struct Admission<'a> {
     _turn: Option<Turn<'a>>,
-    start: Option<StartPermit>,
-    /// With a shared store, the start's place in the site's share of its node.
-    lease: Option<StartLease>,
+    start: Option<StartTurn>,
+    /// Whether its node has a cap, so that starts are paced there.
+    capped: bool,
 }
 
 impl Admission<'_> {
-    /// After a start whose answer opens its attempt: the start's turn at the gate
-    /// is kept for the attempt's first page (see `first_pages`); the session's
-    /// turn goes back now.
+    /// After a start whose answer opens its attempt: the start's turn is kept
+    /// for the attempt's first page (see `first_pages`); the session's turn goes
+    /// back now.
     pub(super) fn keep_for_first_page(self, first_pages: &FirstPages, key: SessionKey) {
-        if let Some(permit) = self.start.filter(StartPermit::holds_a_turn) {
-            let lease = self.lease;
-            first_pages.keep(key, StartTurn { permit, lease });
+        if let Some(turn) = self.start.filter(|t| t.permit.holds_a_turn()) {
+            first_pages.keep(key, turn);
         }
+    }
+
+    /// Whether the request, work in progress, is a page turn the site's share
+    /// of starts is paced by: on a capped node, and not a start's own work (a
+    /// start, or the first page its turn was kept for).
+    pub(super) fn is_a_paced_turn(&self, in_progress: bool) -> bool {
+        in_progress && self.capped && self.start.is_none()
     }
 }
 
@@ -111,11 +116,12 @@ impl Gateway {
         let mut admission = Admission {
             _turn: None,
             start: None,
-            lease: None,
+            capped: false,
         };
         let Some(upstream) = settings.upstream(route).filter(|u| u.slots.cap() > 0) else {
             return Ok(admission);
         };
+        admission.capped = true;
         let max = settings.surge.session_max_active;
         // Only a request on its session's own node reads the session and waits for
         // its lock; a sessionless asset (theme, JavaScript) does not.
@@ -141,8 +147,7 @@ impl Gateway {
             .filter(|_| attempt_page || work == Work::QuizStart)
             .and_then(|k| self.first_pages.take(k.key));
         if let Some(kept) = kept {
-            admission.start = Some(kept.permit);
-            admission.lease = kept.lease;
+            admission.start = Some(kept);
             if attempt_page {
                 self.metrics.first_page_took_its_start();
             }
@@ -152,26 +157,38 @@ impl Gateway {
             let asked = Instant::now();
             let patience = settings.surge.post_patience;
             let start = starts.enter(patience).await;
-            let start = start.map_err(|ended| self.turned_away(upstream, ask.class, ended))?;
-            let mut waited = start.waited;
-            admission.start = Some(start);
-            // Then, with several gateways, the site's share: the node's
-            // `quiz_starts` counts every gateway's starts.
-            if starts.share() > 0 {
-                let site = self
-                    .store
-                    .start_lease(&upstream.name, starts.share(), asked + patience);
+            let permit = start.map_err(|ended| self.turned_away(upstream, ask.class, ended))?;
+            let mut waited = permit.waited;
+            let deadline = asked + patience;
+            let mut turn = StartTurn {
+                permit,
+                lease: None,
+                site: None,
+            };
+            if turn.permit.holds_a_turn() {
+                // Then, with several gateways, the site's lease: the node's
+                // `quiz_starts` counts every gateway's starts.
+                let site = (self.store).start_lease(&upstream.name, starts.share(), deadline);
                 match site.await {
                     Leased::Held(lease) => {
                         waited |= lease.waited;
-                        admission.lease = Some(lease);
+                        turn.lease = Some(lease);
                     }
                     Leased::Alone => {}
                     Leased::TimedOut => {
                         return Err(self.turned_away(upstream, ask.class, Ended::Timeout))
                     }
                 }
+                // Then the site's share of starts at once, which narrows while the
+                // students at work slow down (`cluster::slots::site_starts`).
+                let yield_at = settings.surge.quiz_starts_yield_at;
+                let left = deadline.saturating_duration_since(Instant::now());
+                let site = self.site_starts.enter(yield_at, left).await;
+                let site = site.map_err(|ended| self.turned_away(upstream, ask.class, ended))?;
+                waited |= site.waited;
+                turn.site = Some(site);
             }
+            admission.start = Some(turn);
             self.metrics.quiz_start_waited(asked.elapsed());
             if waited {
                 ask.arrived = Instant::now();

@@ -71,6 +71,8 @@ pub struct Snapshot {
     pub table_len: usize,
     /// The waiting room.
     pub room: RoomNow,
+    /// The site's share of quiz starts.
+    pub site_starts: crate::cluster::slots::SiteStartsNow,
     /// The asset cache.
     pub cache: crate::http::upstream::asset_cache::CacheNow,
     /// Whether the file export passes its probes; `None` without `[offload]`.
@@ -403,6 +405,7 @@ impl Metrics {
         self.slow_start.reset();
         self.surge.reset();
         self.surge.room(&now.room);
+        self.surge.site_starts(&now.site_starts);
         self.cache.set(&now.cache);
         if let Some(up) = now.export_up {
             self.export().set_up(up);
@@ -549,6 +552,33 @@ mod tests {
             queried += 1;
         }
         assert!(queried >= 20, "the dashboard has its panels");
+    }
+
+    #[test]
+    fn the_sites_share_of_quiz_starts_reads_minus_one_until_it_is_narrowed() {
+        let metrics = Metrics::new();
+        let sample = |text: &str, name: &str| {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&format!("moodle_gateway_{name} ")));
+            line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        let before = metrics.render(&Snapshot::default());
+        assert_eq!(sample(&before, "quiz_starts_site_limit"), Some(-1.0));
+        assert_eq!(sample(&before, "quiz_turns_calm_seconds"), Some(-1.0));
+        let narrowed = crate::cluster::slots::SiteStartsNow {
+            limit: Some(1),
+            running: 1,
+            waiting: 3,
+            calm: Some(Duration::from_millis(120)),
+        };
+        let text = metrics.render(&Snapshot {
+            site_starts: narrowed,
+            ..Snapshot::default()
+        });
+        assert_eq!(sample(&text, "quiz_starts_site_limit"), Some(1.0));
+        assert_eq!(sample(&text, "quiz_starts_site_waiting"), Some(3.0));
+        assert_eq!(sample(&text, "quiz_turns_calm_seconds"), Some(0.12));
     }
 
     #[test]

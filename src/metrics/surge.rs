@@ -10,7 +10,7 @@ use prometheus::{
 };
 
 use super::{add, counter, counters, gauge, gauge_value, gauges};
-use crate::cluster::slots::{Class, SlotsNow};
+use crate::cluster::slots::{Class, SiteStartsNow, SlotsNow};
 
 /// Queue wait buckets, seconds: a free slot costs nothing, a surge seconds, the
 /// longest patience minutes.
@@ -51,6 +51,9 @@ pub(super) struct SurgeMeters {
     room_open: IntGauge,
     room_line: IntGauge,
     room_wait: Gauge,
+    site_starts_limit: IntGauge,
+    site_starts_waiting: IntGauge,
+    turns_calm: Gauge,
 }
 
 impl SurgeMeters {
@@ -81,7 +84,22 @@ impl SurgeMeters {
             "Time a quiz start (startattempt.php) waited at its node's gate (surge.quiz_starts).",
         )
         .buckets(WAIT_BUCKETS.to_vec());
+        let turns_calm = Gauge::with_opts(Opts::new(
+            "quiz_turns_calm_seconds",
+            "Students' page turns' mean time while no quiz start runs, which the site's starts give way by (-1: not seen yet).",
+        ));
         Self {
+            site_starts_limit: gauge(
+                registry,
+                "quiz_starts_site_limit",
+                "Quiz starts allowed at once across the site while the page turns are slow (surge.quiz_starts_yield_at; -1: not narrowed, the nodes' gates decide).",
+            ),
+            site_starts_waiting: gauge(
+                registry,
+                "quiz_starts_site_waiting",
+                "Quiz starts past their node's gate waiting for the site's share (surge.quiz_starts_yield_at).",
+            ),
+            turns_calm: add(registry, turns_calm),
             waits: Class::ALL.map(|c| waits.with_label_values(&[c.as_str()])),
             start_waits: add(registry, Histogram::with_opts(start_waits)),
             session_waits: counter(
@@ -218,6 +236,16 @@ impl SurgeMeters {
         (self.passed_over.with_label_values(&[name])).inc_by(slots.passed_over);
         (self.starts_waiting.with_label_values(&[name]))
             .set(gauge_value(slots.starts_waiting as u64));
+    }
+
+    /// Sets the site's share of starts.
+    pub(super) fn site_starts(&self, now: &SiteStartsNow) {
+        let limit = now.limit.map_or(-1, |l| gauge_value(l as u64));
+        self.site_starts_limit.set(limit);
+        self.site_starts_waiting
+            .set(gauge_value(now.waiting as u64));
+        self.turns_calm
+            .set(now.calm.map_or(-1.0, |c| c.as_secs_f64()));
     }
 
     /// Sets the room's gauges.

@@ -462,6 +462,77 @@ async fn at_a_quiz_start_a_page_turn_passes_the_class_starts_which_run_one_at_a_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_page_turns_slow_beside_the_class_starts_the_site_lets_one_start_in_at_a_time_until_they_recover(
+) {
+    // Cap 4: the node's gate lets two starts in at once ("auto": half its cap).
+    let (cluster, gateway) = site(1, "max_active = 4\nwaiting_room = false").await;
+    let (answering, _) = support::logged_in(&gateway, 1).await;
+    let mut class = Vec::new();
+    for n in 2..=11 {
+        class.push(support::logged_in(&gateway, n).await.0);
+    }
+    // A student turns pages all along; quick ones while no start runs are the calm.
+    slow(&cluster, 4, Duration::from_millis(10));
+    let turning = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let turns = {
+        let (mut student, turning) = (answering, turning.clone());
+        tokio::spawn(async move {
+            let mut turned = 0;
+            while turning.load(std::sync::atomic::Ordering::Relaxed) {
+                let body = "attempt=12&thispage=0&nextpage=1";
+                let turn = student.post("/mod/quiz/processattempt.php", body).await;
+                assert_eq!(turn.unwrap().status, StatusCode::OK);
+                turned += 1;
+            }
+            turned
+        })
+    };
+    let site_starts = || gateway.app.gateway().site_starts_now();
+    eventually(Duration::from_secs(10), "the turns' calm is seen", || {
+        site_starts().calm.is_some()
+    })
+    .await;
+    assert_eq!(site_starts().limit, None, "not narrowed before any start");
+    // The class starts, and the node slows down under it: the turns take some
+    // twenty times their calm while starts run.
+    slow(&cluster, 4, Duration::from_millis(250));
+    let mut starts = JoinSet::new();
+    for (n, mut student) in class.into_iter().enumerate() {
+        starts.spawn(async move { support::start_quiz(&mut student, &format!("click={n}")).await });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    eventually(
+        Duration::from_secs(10),
+        "the site's starts give way",
+        || {
+            // One runs; the node's gate let a second through, which waits for it.
+            let now = site_starts();
+            now.limit == Some(1) && now.running == 1 && now.waiting == 1
+        },
+    )
+    .await;
+    // Paced, never refused: every start gets in, in click order.
+    all_ok(&mut starts).await;
+    let started: Vec<String> = (cluster.nodes()[0].requests().into_iter())
+        .filter(|r| r.uri.path() == "/mod/quiz/startattempt.php")
+        .map(|r| r.uri.query().unwrap_or_default().to_owned())
+        .collect();
+    let clicks: Vec<String> = (0..10).map(|n| format!("click={n}")).collect();
+    assert_eq!(started, clicks, "starts in click order");
+    // The class has started and the turns are quick again: the nodes' gates
+    // alone decide once more.
+    slow(&cluster, 4, Duration::from_millis(10));
+    eventually(
+        Duration::from_secs(10),
+        "the site's share opens again",
+        || site_starts().limit.is_none(),
+    )
+    .await;
+    turning.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(turns.await.unwrap() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_holds_its_gate_until_its_first_page_is_answered_and_that_page_never_waits_there() {
     // One start at a time, and room on the node for more: only the gate orders them.
     let surge = "max_active = 4\nquiz_starts = 1\nwaiting_room = false";

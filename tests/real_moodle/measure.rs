@@ -435,6 +435,27 @@ struct QuizRound {
     attempts: BTreeMap<u64, quiz::Attempt>,
 }
 
+/// `MEASURE_FRONTS` keeps only the rows it names: items split by `|`, each a
+/// row's whole name (that row alone) or a part of names (every row with it).
+fn retain_asked(fronts: &mut Vec<Front>) {
+    let Ok(asked) = std::env::var("MEASURE_FRONTS") else {
+        return;
+    };
+    let items: Vec<&str> = asked.split('|').map(str::trim).collect();
+    let whole = |item: &str| fronts.iter().any(|f| f.name() == item);
+    let whole: Vec<bool> = items.iter().map(|item| whole(item)).collect();
+    fronts.retain(|front| {
+        let name = front.name();
+        (items.iter().zip(&whole)).any(|(item, whole)| {
+            if *whole {
+                name == *item
+            } else {
+                name.contains(item)
+            }
+        })
+    });
+}
+
 /// The quiz's start (`quiz::EXAM_READING`) behind each front in turn on one restored
 /// site and one cluster (two PHP workers a node, node-local sessions, no offload),
 /// then the table. `GATEWAY_BEFORE` names another gateway binary to run first, with
@@ -474,12 +495,22 @@ pub fn quiz() {
         surge: Some(surge_section(SMALL_POOL)),
         low_pools: true,
     });
+    // Each node's gate alone: the site's starts do not give way to the turns.
+    fronts.push(Front::Gateway {
+        name: "gateway, max_active 2, the nodes' gates alone".into(),
+        binary: None,
+        surge: Some(surge_section(SMALL_POOL) + "quiz_starts_yield_at = 0\n"),
+        low_pools: false,
+    });
     // The gate as wide as the cap: starts then wait only in the line, as work in
-    // progress, so this row shows what the gate itself buys.
+    // progress, so this row shows what the gates themselves buy.
     fronts.push(Front::Gateway {
         name: "gateway, max_active 2, no gate".into(),
         binary: None,
-        surge: Some(surge_section(SMALL_POOL) + &format!("quiz_starts = {SMALL_POOL}\n")),
+        surge: Some(
+            surge_section(SMALL_POOL)
+                + &format!("quiz_starts = {SMALL_POOL}\nquiz_starts_yield_at = 0\n"),
+        ),
         low_pools: false,
     });
     fronts.push(Front::Gateway {
@@ -489,10 +520,7 @@ pub fn quiz() {
         low_pools: false,
     });
     fronts.push(Front::Haproxy);
-    // `MEASURE_FRONTS=pools` measures only the rows whose name has that in it.
-    if let Ok(only) = std::env::var("MEASURE_FRONTS") {
-        fronts.retain(|front| front.name().contains(only.as_str()));
-    }
+    retain_asked(&mut fronts);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let rounds = runtime.block_on(async {
         let client = http_client();

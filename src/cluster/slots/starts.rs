@@ -121,7 +121,7 @@ impl Starts {
 }
 
 /// Takes one off a count when dropped.
-struct Counted<'a>(&'a AtomicUsize);
+pub(super) struct Counted<'a>(pub(super) &'a AtomicUsize);
 
 impl Drop for Counted<'_> {
     fn drop(&mut self) {

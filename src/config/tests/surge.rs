@@ -59,7 +59,7 @@ fn surge_mistakes_name_the_key_and_the_reason() {
 7: surge.room_opens_at: must be between 1s and 10m
 8: surge.room_cookie: must not be the session cookie: the browser would lose its session
 9: surge.room_page: cannot read /nonexistent/missing.html: no such file or directory (os error 2)
-10: surge.queue: unknown key (expected one of: max_active, max_waiting, aging, patience, post_patience, anonymous_patience, newcomer_patience, quiz_starts, session_max_active, waiting_room, room_opens_at, place_kept, room_cookie, room_page)"#,
+10: surge.queue: unknown key (expected one of: max_active, max_waiting, aging, patience, post_patience, anonymous_patience, newcomer_patience, quiz_starts, quiz_starts_yield_at, session_max_active, waiting_room, room_opens_at, place_kept, room_cookie, room_page)"#,
     );
     let node = format!("{NODES}max_active = \"8\"\n{DATA}");
     assert_eq!(
@@ -99,6 +99,45 @@ fn quiz_starts_are_auto_a_number_per_node_or_off_and_never_past_the_cap() {
     assert_eq!(
         errors(&format!("[surge]\nquiz_starts = -1\n{NODES}{DATA}")),
         "2: surge.quiz_starts: must be \"auto\" or between 0 and 100000, got -1"
+    );
+}
+
+#[test]
+fn the_sites_starts_give_way_at_a_ratio_of_the_turns_calm_or_not_at_all() {
+    let config = |extra: &str| {
+        parse(
+            &format!("[surge]\nmax_active = 2\n{extra}\n{NODES}{DATA}"),
+            None,
+        )
+    };
+    let c = config("").unwrap();
+    assert_eq!(c.surge.quiz_starts_yield_at, 1.5);
+    assert!(c
+        .describe()
+        .contains("while students' page turns take over 1.5 × their calm"));
+    assert_eq!(
+        config("quiz_starts_yield_at = 2")
+            .unwrap()
+            .surge
+            .quiz_starts_yield_at,
+        2.0
+    );
+    let off = config("quiz_starts_yield_at = 0").unwrap();
+    assert_eq!(off.surge.quiz_starts_yield_at, 0.0);
+    assert!(off
+        .describe()
+        .contains("the site's starts do not follow the page turns"));
+    assert_eq!(
+        errors(&format!(
+            "[surge]\nquiz_starts_yield_at = 1.05\n{NODES}{DATA}"
+        )),
+        "2: surge.quiz_starts_yield_at: must be 0 (off) or between 1.1 and 100, got 1.05"
+    );
+    assert_eq!(
+        errors(&format!(
+            "[surge]\nquiz_starts_yield_at = \"fast\"\n{NODES}{DATA}"
+        )),
+        "2: surge.quiz_starts_yield_at: expected a number, found string"
     );
 }
 

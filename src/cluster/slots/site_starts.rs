@@ -1,0 +1,292 @@
+//! Quiz starts paced for the whole site by how the students already answering
+//! fare: while their page turns take longer than `[surge] quiz_starts_yield_at`
+//! times their calm, fewer starts run at once across the site, down to one, and
+//! more again as the turns recover.
+//!
+//! Why, on top of each node's gate ([`Starts`](super::Starts)): a node's gate
+//! counts that node's starts and slots, but a start's cost is CPU, and nodes
+//! often share it (virtual machines on one host, the database every node asks).
+//! One node's starts then slow every node's page turns, which no node's count
+//! sees, and a node's gate cannot go below one start. The page turns themselves
+//! say how much start work the site can take: they are what the students
+//! already in the exam feel, timed from their arrival at the gateway to their
+//! node's answer, the line's wait included. The nodes' starts are the only work
+//! the gateway can hold back without costing anyone exam time (Moodle's timer
+//! starts when the attempt is created, after the wait), so they give way.
+//!
+//! The rule, once a second in which enough turns were timed:
+//! - In a second with no start running, the turns' mean time is their calm
+//!   (smoothed over seconds), and the site's share is as wide as the nodes'
+//!   gates again.
+//! - In a second with starts running, turns slower than `yield_at` times the
+//!   calm halve the starts allowed at once (at least one); turns back within
+//!   half that margin let one more in, as TCP does with its window. Between, the
+//!   share holds.
+//! - A start that waited a quarter of its patience opens one more place
+//!   whatever the turns say: starts are paced, never refused.
+//!
+//! Until the turns' calm has been seen there is nothing to compare with, and
+//! the share stays as wide as the nodes' gates. With several gateways each
+//! paces the starts it receives on the turns it sees; they see the same nodes,
+//! so they give way together.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::starts::Counted;
+use super::Ended;
+
+/// The share when not narrowed: more starts at once than any site's gates let
+/// through, so the nodes' gates alone decide.
+const WIDE: usize = 100_000;
+/// Fewer turns than this in a second say nothing about the site.
+const MIN_TURNS: u32 = 3;
+/// The weight of a quiet second's mean in the calm: the calm follows the
+/// site's hour over tens of seconds, not one slow second.
+const CALM_WEIGHT: f64 = 0.2;
+
+/// The site's share of quiz starts at once, following the students at work.
+#[derive(Debug)]
+pub struct SiteStarts {
+    /// One permit per start at once; resized by [`Reckoning::limit`].
+    gate: Arc<Semaphore>,
+    /// Permits that running starts give up instead of returning, after a
+    /// narrowing found fewer free than it took away.
+    owed: Arc<AtomicUsize>,
+    /// Starts holding a permit now.
+    running: Arc<AtomicUsize>,
+    /// Starts waiting for one.
+    waiting: AtomicUsize,
+    /// Whether a start was let in since the last second closed.
+    let_in: AtomicBool,
+    reckoning: Mutex<Reckoning>,
+}
+
+#[derive(Debug)]
+struct Reckoning {
+    /// Starts allowed at once ([`WIDE`]: not narrowed).
+    limit: usize,
+    /// The second being timed.
+    began: Instant,
+    turns: u32,
+    total: Duration,
+    /// Whether a start ran during it.
+    busy: bool,
+    /// Whether a start waited a quarter of its patience during it.
+    waited_long: bool,
+    /// The turns' mean time in seconds without starts, smoothed.
+    calm: Option<f64>,
+}
+
+/// A start's place in the site's share, given back when dropped.
+#[derive(Debug)]
+pub struct SitePermit {
+    permit: Option<OwnedSemaphorePermit>,
+    owed: Arc<AtomicUsize>,
+    running: Arc<AtomicUsize>,
+    /// Whether the start waited for it.
+    pub waited: bool,
+}
+
+/// What `/metrics` shows of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SiteStartsNow {
+    /// Starts allowed at once, `None` while not narrowed.
+    pub limit: Option<usize>,
+    /// Starts holding a place.
+    pub running: usize,
+    /// Starts waiting for one.
+    pub waiting: usize,
+    /// The page turns' calm mean time, once seen.
+    pub calm: Option<Duration>,
+}
+
+impl Default for SiteStarts {
+    fn default() -> Self {
+        Self {
+            gate: Arc::new(Semaphore::new(WIDE)),
+            owed: Arc::default(),
+            running: Arc::default(),
+            waiting: AtomicUsize::new(0),
+            let_in: AtomicBool::new(false),
+            reckoning: Mutex::new(Reckoning {
+                limit: WIDE,
+                began: Instant::now(),
+                turns: 0,
+                total: Duration::ZERO,
+                busy: false,
+                waited_long: false,
+                calm: None,
+            }),
+        }
+    }
+}
+
+impl SiteStarts {
+    /// A start's place: at once while the share has room, else in the order the
+    /// starts came, for at most `patience`. `yield_at` 0: not paced.
+    pub async fn enter(&self, yield_at: f64, patience: Duration) -> Result<SitePermit, Ended> {
+        let mut permit = SitePermit {
+            permit: None,
+            owed: self.owed.clone(),
+            running: self.running.clone(),
+            waited: false,
+        };
+        if yield_at == 0.0 {
+            self.widen_fully();
+            return Ok(permit);
+        }
+        let asked = Instant::now();
+        let taken = match self.gate.clone().try_acquire_owned() {
+            Ok(taken) => taken,
+            Err(_) => {
+                self.waiting.fetch_add(1, Ordering::Relaxed);
+                let _counted = Counted(&self.waiting);
+                let waited = tokio::time::timeout(patience, self.gate.clone().acquire_owned());
+                let waited = waited.await;
+                permit.waited = true;
+                match waited {
+                    Ok(Ok(taken)) => taken,
+                    // The gate is never closed; a timeout is the only end.
+                    Ok(Err(_)) | Err(_) => return Err(Ended::Timeout),
+                }
+            }
+        };
+        self.running.fetch_add(1, Ordering::Relaxed);
+        permit.permit = Some(taken);
+        self.let_in.store(true, Ordering::Relaxed);
+        let mut r = self.lock();
+        r.waited_long |= permit.waited && asked.elapsed() >= patience / 4;
+        self.tick(&mut r, yield_at);
+        Ok(permit)
+    }
+
+    /// A page turn of a student at work took `took`, from its arrival to its
+    /// node's answer head. Closes the second being timed when it is over.
+    pub fn turn_took(&self, yield_at: f64, took: Duration) {
+        if yield_at == 0.0 {
+            return;
+        }
+        let mut r = self.lock();
+        self.tick(&mut r, yield_at);
+        r.turns += 1;
+        r.total += took;
+        r.busy |= self.running.load(Ordering::Relaxed) > 0;
+    }
+
+    /// What it is doing now.
+    pub fn now(&self) -> SiteStartsNow {
+        let r = self.lock();
+        SiteStartsNow {
+            limit: (r.limit < WIDE).then_some(r.limit),
+            running: self.running.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed),
+            calm: r.calm.map(Duration::from_secs_f64),
+        }
+    }
+
+    /// Closes the second being timed if it is over. Starts tick too, so that
+    /// starts waiting long widen the share even while no turn is timed.
+    fn tick(&self, r: &mut Reckoning, yield_at: f64) {
+        let now = Instant::now();
+        if now.duration_since(r.began) >= Duration::from_secs(1) {
+            self.close_second(r, yield_at, now);
+        }
+    }
+
+    fn close_second(&self, r: &mut Reckoning, yield_at: f64, now: Instant) {
+        let busy = r.busy
+            || self.let_in.swap(false, Ordering::Relaxed)
+            || self.running.load(Ordering::Relaxed) > 0;
+        let (turns, total, waited_long) = (r.turns, r.total, r.waited_long);
+        r.began = now;
+        (r.turns, r.total, r.busy, r.waited_long) = (0, Duration::ZERO, false, false);
+        let mean = (turns >= MIN_TURNS).then(|| total.as_secs_f64() / f64::from(turns));
+        if let (Some(mean), false) = (mean, busy) {
+            r.calm = Some(r.calm.map_or(mean, |c| c + CALM_WEIGHT * (mean - c)));
+        }
+        let slowed = mean.zip(r.calm).map(|(mean, calm)| mean / calm);
+        let recovered = 1.0 + (yield_at - 1.0) / 2.0;
+        let limit = r.limit;
+        let to = match slowed {
+            // Paced, never refused: a long wait opens a place whatever the turns say.
+            _ if waited_long => limit.saturating_add(1),
+            // A quiet second, or turns back within the margin, with no start waiting:
+            // the nodes' gates alone decide.
+            Some(_) if !busy => WIDE,
+            Some(slowed) if slowed > yield_at => {
+                let running = self.running.load(Ordering::Relaxed);
+                (limit.min(running) / 2).max(1)
+            }
+            Some(slowed) if slowed < recovered && self.waiting.load(Ordering::Relaxed) == 0 => WIDE,
+            Some(slowed) if slowed < recovered => limit.saturating_add(1),
+            _ => limit,
+        };
+        self.resize(r, to);
+        if r.limit != limit {
+            tracing::info!(
+                starts_at_once = ?(r.limit < WIDE).then_some(r.limit),
+                turns_against_calm = ?slowed.map(|s| format!("{s:.2} ×")),
+                "the site's quiz starts follow the students at work"
+            );
+        }
+    }
+
+    /// Applies a new limit: a wider one adds permits (first paying back what
+    /// running starts still owe), a narrower one takes free permits away and
+    /// has running starts give up the rest as they finish.
+    fn resize(&self, r: &mut Reckoning, to: usize) {
+        let to = to.min(WIDE);
+        let from = std::mem::replace(&mut r.limit, to);
+        if to < from {
+            let forgotten = self.gate.forget_permits(from - to);
+            self.owed
+                .fetch_add(from - to - forgotten, Ordering::Relaxed);
+        } else if to > from {
+            let give = to - from;
+            let mut repaid = 0;
+            let _ = (self.owed).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |owed| {
+                repaid = owed.min(give);
+                Some(owed - repaid)
+            });
+            self.gate.add_permits(give - repaid);
+        }
+    }
+
+    fn widen_fully(&self) {
+        let mut r = self.lock();
+        if r.limit < WIDE {
+            self.resize(&mut r, WIDE);
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Reckoning> {
+        self.reckoning
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for SitePermit {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        self.running.fetch_sub(1, Ordering::Relaxed);
+        // A narrowing that found fewer free permits than it took away is paid
+        // by the starts running then, as they finish.
+        let paid = (self.owed).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |owed| {
+            owed.checked_sub(1)
+        });
+        if paid.is_ok() {
+            permit.forget();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
