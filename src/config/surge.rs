@@ -37,9 +37,9 @@ pub const DEFAULT_NEWCOMER_PATIENCE: Duration = Duration::from_secs(30);
 /// asking for thirty files at once) would hold a PHP worker per request, each
 /// waiting for the session's lock.
 pub const DEFAULT_SESSION_MAX_ACTIVE: usize = 6;
-/// `surge.quiz_starts_yield_at` default: students' page turns at half again their
-/// calm time are slower than a student notices little, and far from the 2 × at
-/// which an exam's start is felt; the share then recovers under 1.25 ×.
+/// `surge.quiz_starts_yield_at` default: a median page turn at 1.5 × its calm
+/// leaves the slower turns of the same second under about twice theirs, where a
+/// student starts to feel the class's start; the share recovers under 1.25 ×.
 pub const DEFAULT_QUIZ_STARTS_YIELD_AT: f64 = 1.5;
 /// `surge.room_opens_at` default: a page that takes longer than this to start
 /// feels broken, and a browser left waiting is a connection and a retry.

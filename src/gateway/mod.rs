@@ -563,7 +563,9 @@ impl Gateway {
                 );
                 let paced_turn = admission.is_a_paced_turn(in_progress);
                 let forwarded = forward.await;
-                if paced_turn && forwarded.is_ok() {
+                // Timed whatever its end: a turn that waited out its patience is
+                // the slowest of all.
+                if paced_turn {
                     let yield_at = settings.surge.quiz_starts_yield_at;
                     self.site_starts.turn_took(yield_at, arrived.elapsed());
                 }

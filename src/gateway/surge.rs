@@ -166,8 +166,18 @@ impl Gateway {
                 site: None,
             };
             if turn.permit.holds_a_turn() {
-                // Then, with several gateways, the site's lease: the node's
-                // `quiz_starts` counts every gateway's starts.
+                // Then the site's share of starts at once, which narrows while the
+                // students at work slow down (`cluster::slots::site_starts`).
+                let yield_at = settings.surge.quiz_starts_yield_at;
+                let site = self.site_starts.enter(yield_at, asked, patience).await;
+                let site = site.map_err(|ended| self.turned_away(upstream, ask.class, ended))?;
+                waited |= site.waited;
+                turn.site = Some(site);
+            }
+            // Then, with several gateways, the node's lease: its `quiz_starts`
+            // counts every gateway's starts. Taken last, so that a start held
+            // at this gateway's share keeps no other gateway's start waiting.
+            if turn.permit.holds_a_turn() && starts.share() > 0 {
                 let site = (self.store).start_lease(&upstream.name, starts.share(), deadline);
                 match site.await {
                     Leased::Held(lease) => {
@@ -179,14 +189,6 @@ impl Gateway {
                         return Err(self.turned_away(upstream, ask.class, Ended::Timeout))
                     }
                 }
-                // Then the site's share of starts at once, which narrows while the
-                // students at work slow down (`cluster::slots::site_starts`).
-                let yield_at = settings.surge.quiz_starts_yield_at;
-                let left = deadline.saturating_duration_since(Instant::now());
-                let site = self.site_starts.enter(yield_at, left).await;
-                let site = site.map_err(|ended| self.turned_away(upstream, ask.class, ended))?;
-                waited |= site.waited;
-                turn.site = Some(site);
             }
             admission.start = Some(turn);
             self.metrics.quiz_start_waited(asked.elapsed());

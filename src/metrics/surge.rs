@@ -86,7 +86,7 @@ impl SurgeMeters {
         .buckets(WAIT_BUCKETS.to_vec());
         let turns_calm = Gauge::with_opts(Opts::new(
             "quiz_turns_calm_seconds",
-            "Students' page turns' mean time while no quiz start runs, which the site's starts give way by (-1: not seen yet).",
+            "Students' page turns' median time while no quiz start runs, smoothed: what the site's quiz starts give way by (-1: not seen yet).",
         ));
         Self {
             site_starts_limit: gauge(

@@ -703,6 +703,9 @@ pub struct LineSeen {
     pub expected_wait: f64,
     /// Whether the room was open at any look.
     pub room_opened: bool,
+    /// Looks at which the site's quiz starts were narrowed, of all looks, and
+    /// the fewest starts at once seen.
+    pub site_starts: (usize, usize, Option<f64>),
     /// Looks the gateway did not answer (the first one's error): a test asserts
     /// there were none, a measure prints them and goes on.
     pub unanswered: (usize, Option<String>),
@@ -743,6 +746,15 @@ pub async fn watched<T>(
             let wait = metrics.get("moodle_gateway_waiting_room_expected_wait_seconds");
             seen.expected_wait = seen.expected_wait.max(wait.copied().unwrap_or(0.0));
             seen.room_opened |= metrics.get("moodle_gateway_waiting_room_open") == Some(&1.0);
+            let limit = metrics
+                .get("moodle_gateway_quiz_starts_site_limit")
+                .copied();
+            seen.site_starts.1 += 1;
+            if let Some(limit) = limit.filter(|l| *l >= 0.0) {
+                seen.site_starts.0 += 1;
+                let least = seen.site_starts.2.map_or(limit, |l| l.min(limit));
+                seen.site_starts.2 = Some(least);
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         seen
@@ -792,6 +804,13 @@ pub async fn gateway_figures(gateway: &Gateway, seen: LineSeen) -> Vec<String> {
             seen.expected_wait,
             if seen.room_opened { "opened" } else { "never opened" },
         ),
+        match seen.site_starts {
+            (0, looks, _) => format!("the site's quiz starts: never narrowed in {looks} looks"),
+            (narrowed, looks, least) => format!(
+                "the site's quiz starts: narrowed at {narrowed} of {looks} looks, down to {} at once",
+                least.unwrap_or(0.0)
+            ),
+        },
         format!(
             "gateway's room: {} waiting pages, {} admitted; {} requests turned away",
             get("moodle_gateway_waiting_room_pages_total"),

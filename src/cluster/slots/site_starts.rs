@@ -14,16 +14,20 @@
 //! the gateway can hold back without costing anyone exam time (Moodle's timer
 //! starts when the attempt is created, after the wait), so they give way.
 //!
-//! The rule, once a second in which enough turns were timed:
-//! - In a second with no start running, the turns' mean time is their calm
+//! The rule, once a second in which enough turns were timed (their median, so
+//! that one slow upload among them does not count as the site slowing down):
+//! - In a second with no start running, the turns' median is their calm
 //!   (smoothed over seconds), and the site's share is as wide as the nodes'
 //!   gates again.
 //! - In a second with starts running, turns slower than `yield_at` times the
 //!   calm halve the starts allowed at once (at least one); turns back within
 //!   half that margin let one more in, as TCP does with its window. Between, the
-//!   share holds.
-//! - A start that waited a quarter of its patience opens one more place
-//!   whatever the turns say: starts are paced, never refused.
+//!   share holds; it holds too while the starts running are still more than
+//!   the last halving allows (the turns cannot have felt it yet).
+//! - A start that waited at the gates a quarter of its patience opens one more
+//!   place as it gets in, whatever the turns say: starts are paced, not refused.
+//! - A few seconds with no turns timed say nothing about anyone slowing down:
+//!   the share is as wide as the nodes' gates again.
 //!
 //! Until the turns' calm has been seen there is nothing to compare with, and
 //! the share stays as wide as the nodes' gates. With several gateways each
@@ -44,10 +48,16 @@ use super::Ended;
 /// through, so the nodes' gates alone decide.
 const WIDE: usize = 100_000;
 /// Fewer turns than this in a second say nothing about the site.
-const MIN_TURNS: u32 = 3;
-/// The weight of a quiet second's mean in the calm: the calm follows the
+const MIN_TURNS: usize = 3;
+/// Turns timed in a second, at most: the median of these many is as good as of
+/// all, and the buffer stays small on the busiest site.
+const MAX_TURNS: usize = 1024;
+/// The weight of a quiet second's median in the calm: the calm follows the
 /// site's hour over tens of seconds, not one slow second.
 const CALM_WEIGHT: f64 = 0.2;
+/// How long without a second of timed turns before the share opens: nobody is
+/// seen slowing down.
+const UNSEEN: Duration = Duration::from_secs(3);
 
 /// The site's share of quiz starts at once, following the students at work.
 #[derive(Debug)]
@@ -72,13 +82,15 @@ struct Reckoning {
     limit: usize,
     /// The second being timed.
     began: Instant,
-    turns: u32,
-    total: Duration,
+    /// Its turns' times (at most [`MAX_TURNS`]).
+    turns: Vec<Duration>,
     /// Whether a start ran during it.
     busy: bool,
-    /// Whether a start waited a quarter of its patience during it.
+    /// Whether a start that waited a quarter of its patience got in during it.
     waited_long: bool,
-    /// The turns' mean time in seconds without starts, smoothed.
+    /// When a second last had enough turns to say something.
+    seen: Instant,
+    /// The turns' median time in seconds without starts, smoothed.
     calm: Option<f64>,
 }
 
@@ -101,12 +113,13 @@ pub struct SiteStartsNow {
     pub running: usize,
     /// Starts waiting for one.
     pub waiting: usize,
-    /// The page turns' calm mean time, once seen.
+    /// The page turns' calm median time, once seen.
     pub calm: Option<Duration>,
 }
 
 impl Default for SiteStarts {
     fn default() -> Self {
+        let now = Instant::now();
         Self {
             gate: Arc::new(Semaphore::new(WIDE)),
             owed: Arc::default(),
@@ -115,11 +128,11 @@ impl Default for SiteStarts {
             let_in: AtomicBool::new(false),
             reckoning: Mutex::new(Reckoning {
                 limit: WIDE,
-                began: Instant::now(),
-                turns: 0,
-                total: Duration::ZERO,
+                began: now,
+                turns: Vec::new(),
                 busy: false,
                 waited_long: false,
+                seen: now,
                 calm: None,
             }),
         }
@@ -127,9 +140,15 @@ impl Default for SiteStarts {
 }
 
 impl SiteStarts {
-    /// A start's place: at once while the share has room, else in the order the
-    /// starts came, for at most `patience`. `yield_at` 0: not paced.
-    pub async fn enter(&self, yield_at: f64, patience: Duration) -> Result<SitePermit, Ended> {
+    /// A place for a start that reached the gates at `asked`: at once while the
+    /// share has room, else in the order the starts came, until `asked +
+    /// patience`. `yield_at` 0: not paced.
+    pub async fn enter(
+        &self,
+        yield_at: f64,
+        asked: Instant,
+        patience: Duration,
+    ) -> Result<SitePermit, Ended> {
         let mut permit = SitePermit {
             permit: None,
             owed: self.owed.clone(),
@@ -140,14 +159,13 @@ impl SiteStarts {
             self.widen_fully();
             return Ok(permit);
         }
-        let asked = Instant::now();
         let taken = match self.gate.clone().try_acquire_owned() {
             Ok(taken) => taken,
             Err(_) => {
                 self.waiting.fetch_add(1, Ordering::Relaxed);
                 let _counted = Counted(&self.waiting);
-                let waited = tokio::time::timeout(patience, self.gate.clone().acquire_owned());
-                let waited = waited.await;
+                let acquire = self.gate.clone().acquire_owned();
+                let waited = tokio::time::timeout_at(asked + patience, acquire).await;
                 permit.waited = true;
                 match waited {
                     Ok(Ok(taken)) => taken,
@@ -156,12 +174,12 @@ impl SiteStarts {
                 }
             }
         };
+        let mut r = self.lock();
+        self.tick(&mut r, yield_at);
         self.running.fetch_add(1, Ordering::Relaxed);
         permit.permit = Some(taken);
         self.let_in.store(true, Ordering::Relaxed);
-        let mut r = self.lock();
         r.waited_long |= permit.waited && asked.elapsed() >= patience / 4;
-        self.tick(&mut r, yield_at);
         Ok(permit)
     }
 
@@ -173,8 +191,9 @@ impl SiteStarts {
         }
         let mut r = self.lock();
         self.tick(&mut r, yield_at);
-        r.turns += 1;
-        r.total += took;
+        if r.turns.len() < MAX_TURNS {
+            r.turns.push(took);
+        }
         r.busy |= self.running.load(Ordering::Relaxed) > 0;
     }
 
@@ -190,7 +209,7 @@ impl SiteStarts {
     }
 
     /// Closes the second being timed if it is over. Starts tick too, so that
-    /// starts waiting long widen the share even while no turn is timed.
+    /// the share follows even while no turn is timed.
     fn tick(&self, r: &mut Reckoning, yield_at: f64) {
         let now = Instant::now();
         if now.duration_since(r.began) >= Duration::from_secs(1) {
@@ -202,26 +221,32 @@ impl SiteStarts {
         let busy = r.busy
             || self.let_in.swap(false, Ordering::Relaxed)
             || self.running.load(Ordering::Relaxed) > 0;
-        let (turns, total, waited_long) = (r.turns, r.total, r.waited_long);
+        // A "second" that spans an idle gap is old news.
+        let fresh = now.duration_since(r.began) < 2 * Duration::from_secs(1);
+        let median = median(&mut r.turns).filter(|_| fresh && r.turns.len() >= MIN_TURNS);
+        let waited_long = r.waited_long;
         r.began = now;
-        (r.turns, r.total, r.busy, r.waited_long) = (0, Duration::ZERO, false, false);
-        let mean = (turns >= MIN_TURNS).then(|| total.as_secs_f64() / f64::from(turns));
-        if let (Some(mean), false) = (mean, busy) {
-            r.calm = Some(r.calm.map_or(mean, |c| c + CALM_WEIGHT * (mean - c)));
+        (r.busy, r.waited_long) = (false, false);
+        r.turns.clear();
+        if let Some(median) = median {
+            r.seen = now;
+            if !busy {
+                r.calm = Some(r.calm.map_or(median, |c| c + CALM_WEIGHT * (median - c)));
+            }
         }
-        let slowed = mean.zip(r.calm).map(|(mean, calm)| mean / calm);
+        let slowed = median.zip(r.calm).map(|(median, calm)| median / calm);
         let recovered = 1.0 + (yield_at - 1.0) / 2.0;
         let limit = r.limit;
+        let running = self.running.load(Ordering::Relaxed);
         let to = match slowed {
-            // Paced, never refused: a long wait opens a place whatever the turns say.
+            // Paced, not refused: a long wait opens a place whatever the turns say.
             _ if waited_long => limit.saturating_add(1),
-            // A quiet second, or turns back within the margin, with no start waiting:
-            // the nodes' gates alone decide.
+            // A quiet second, or no turns seen for a while: nobody to make way for.
             Some(_) if !busy => WIDE,
-            Some(slowed) if slowed > yield_at => {
-                let running = self.running.load(Ordering::Relaxed);
-                (limit.min(running) / 2).max(1)
-            }
+            None if now.duration_since(r.seen) >= UNSEEN => WIDE,
+            // Still more running than the last halving allows: not felt yet.
+            Some(slowed) if slowed > yield_at && running > limit => limit,
+            Some(slowed) if slowed > yield_at => (limit.min(running) / 2).max(1),
             Some(slowed) if slowed < recovered && self.waiting.load(Ordering::Relaxed) == 0 => WIDE,
             Some(slowed) if slowed < recovered => limit.saturating_add(1),
             _ => limit,
@@ -259,9 +284,7 @@ impl SiteStarts {
 
     fn widen_fully(&self) {
         let mut r = self.lock();
-        if r.limit < WIDE {
-            self.resize(&mut r, WIDE);
-        }
+        self.resize(&mut r, WIDE);
     }
 
     fn lock(&self) -> MutexGuard<'_, Reckoning> {
@@ -269,6 +292,12 @@ impl SiteStarts {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// The median of `times` in seconds (sorting them), `None` when empty.
+fn median(times: &mut [Duration]) -> Option<f64> {
+    times.sort_unstable();
+    times.get(times.len() / 2).map(Duration::as_secs_f64)
 }
 
 impl Drop for SitePermit {

@@ -21,7 +21,9 @@ async fn calm_of_100ms(site: &SiteStarts) {
 }
 
 async fn start(site: &SiteStarts) -> SitePermit {
-    site.enter(YIELD_AT, PATIENCE).await.unwrap()
+    site.enter(YIELD_AT, Instant::now(), PATIENCE)
+        .await
+        .unwrap()
 }
 
 async fn starts(site: &SiteStarts, n: usize) -> Vec<SitePermit> {
@@ -34,7 +36,9 @@ async fn starts(site: &SiteStarts, n: usize) -> Vec<SitePermit> {
 
 /// Whether a start asking now gets in at once (and goes at once).
 async fn gets_in_at_once(site: &SiteStarts) -> bool {
-    site.enter(YIELD_AT, Duration::ZERO).await.is_ok()
+    site.enter(YIELD_AT, Instant::now(), Duration::ZERO)
+        .await
+        .is_ok()
 }
 
 #[tokio::test(start_paused = true)]
@@ -75,7 +79,7 @@ async fn turns_slowed_past_yield_at_halve_the_starts_and_recovered_turns_let_the
     // A start waits; the turns recover: one more place, which it takes.
     let waiter = {
         let site = site.clone();
-        tokio::spawn(async move { site.enter(YIELD_AT, PATIENCE).await })
+        tokio::spawn(async move { site.enter(YIELD_AT, Instant::now(), PATIENCE).await })
     };
     while site.now().waiting == 0 {
         tokio::task::yield_now().await;
@@ -119,7 +123,7 @@ async fn a_start_that_waited_a_quarter_of_its_patience_opens_a_place_whatever_th
     let patience = Duration::from_secs(8);
     let waiter = {
         let site = site.clone();
-        tokio::spawn(async move { site.enter(YIELD_AT, patience).await })
+        tokio::spawn(async move { site.enter(YIELD_AT, Instant::now(), patience).await })
     };
     while site.now().waiting == 0 {
         tokio::task::yield_now().await;
@@ -128,12 +132,89 @@ async fn a_start_that_waited_a_quarter_of_its_patience_opens_a_place_whatever_th
     a_second_of_turns(&site, 400).await;
     a_second_of_turns(&site, 400).await;
     drop(running);
-    // It gets in as the running start finishes, and having waited long it opens
-    // one more place, though the turns are still slow.
     let waited = waiter.await.unwrap().unwrap();
     assert!(waited.waited);
+    // Having waited long, it opens one more place at the next second's close,
+    // though the turns are still slow.
+    a_second_of_turns(&site, 400).await;
+    site.turn_took(YIELD_AT, Duration::from_millis(400));
     assert_eq!(site.now().limit, Some(2));
     drop(waited);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_halving_not_yet_felt_is_not_halved_again_and_a_widening_first_pays_what_is_owed() {
+    let site = Arc::new(SiteStarts::default());
+    calm_of_100ms(&site).await;
+    let mut running = starts(&site, 4).await;
+    tokio::time::advance(Duration::from_millis(1001)).await;
+    a_second_of_turns(&site, 200).await;
+    site.turn_took(YIELD_AT, Duration::from_millis(200));
+    assert_eq!(site.now().limit, Some(2));
+    // Four still run, two allowed: the turns cannot have felt the halving yet.
+    a_second_of_turns(&site, 200).await;
+    site.turn_took(YIELD_AT, Duration::from_millis(200));
+    assert_eq!(site.now().limit, Some(2), "held until the halving is felt");
+    // A start waits; the turns recover: one more place, taken from what the
+    // running starts owe, so nobody new gets in yet.
+    let waiter = {
+        let site = site.clone();
+        tokio::spawn(async move { site.enter(YIELD_AT, Instant::now(), PATIENCE).await })
+    };
+    while site.now().waiting == 0 {
+        tokio::task::yield_now().await;
+    }
+    a_second_of_turns(&site, 100).await;
+    site.turn_took(YIELD_AT, Duration::from_millis(100));
+    assert_eq!(site.now().limit, Some(3));
+    running.pop();
+    tokio::task::yield_now().await;
+    assert_eq!(site.now().waiting, 1, "three run, three allowed");
+    running.pop();
+    let let_in = waiter.await.unwrap().unwrap();
+    assert!(let_in.waited);
+    assert_eq!(site.now().running, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_no_turns_are_timed_for_a_while_the_next_start_opens_the_share() {
+    let site = Arc::new(SiteStarts::default());
+    calm_of_100ms(&site).await;
+    let running = start(&site).await;
+    tokio::time::advance(Duration::from_millis(1001)).await;
+    a_second_of_turns(&site, 400).await;
+    site.turn_took(YIELD_AT, Duration::from_millis(400));
+    assert_eq!(site.now().limit, Some(1));
+    let waiter = {
+        let site = site.clone();
+        tokio::spawn(async move { site.enter(YIELD_AT, Instant::now(), PATIENCE).await })
+    };
+    while site.now().waiting == 0 {
+        tokio::task::yield_now().await;
+    }
+    // The students stop turning pages: nobody is seen slowing down.
+    tokio::time::advance(UNSEEN + Duration::from_secs(1)).await;
+    drop(running);
+    let _let_in = waiter.await.unwrap().unwrap();
+    assert_eq!(site.now().limit, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_start_that_waited_its_patience_leaves_no_place_and_no_count() {
+    let site = Arc::new(SiteStarts::default());
+    calm_of_100ms(&site).await;
+    let running = start(&site).await;
+    tokio::time::advance(Duration::from_millis(1001)).await;
+    a_second_of_turns(&site, 400).await;
+    site.turn_took(YIELD_AT, Duration::from_millis(400));
+    assert_eq!(site.now().limit, Some(1));
+    let ended = site
+        .enter(YIELD_AT, Instant::now(), Duration::from_secs(5))
+        .await;
+    assert_eq!(ended.unwrap_err(), Ended::Timeout);
+    assert_eq!(site.now().waiting, 0);
+    drop(running);
+    assert!(gets_in_at_once(&site).await, "the place went back");
 }
 
 #[tokio::test(start_paused = true)]
@@ -150,7 +231,10 @@ async fn starts_waiting_go_in_the_order_they_came() {
     for name in ["second", "third", "fourth"] {
         let (starts, tx) = (site.clone(), tx.clone());
         tasks.push(tokio::spawn(async move {
-            let permit = starts.enter(YIELD_AT, PATIENCE).await.unwrap();
+            let permit = starts
+                .enter(YIELD_AT, Instant::now(), PATIENCE)
+                .await
+                .unwrap();
             tx.send(name).unwrap();
             drop(permit);
         }));
@@ -176,7 +260,10 @@ async fn turned_off_it_holds_no_start_and_forgets_a_narrowing() {
     a_second_of_turns(&site, 300).await;
     site.turn_took(YIELD_AT, Duration::from_millis(300));
     assert_eq!(site.now().limit, Some(1));
-    let off = site.enter(0.0, Duration::ZERO).await.unwrap();
+    let off = site
+        .enter(0.0, Instant::now(), Duration::ZERO)
+        .await
+        .unwrap();
     assert!(!off.waited);
     assert_eq!(site.now().limit, None);
     assert!(gets_in_at_once(&site).await);
