@@ -389,8 +389,9 @@ public, at most {} in all and {} each, answered from memory\n",
             starts += &match u.quiz_starts_yield_at {
                 0.0 => "; the site's starts do not follow the page turns".to_owned(),
                 ratio => format!(
-                    "; fewer starts at once across the site (down to one) while students' \
-                     page turns take over {ratio} × their calm time"
+                    "; across the site a class's starts begin one at once, more while \
+                     students' page turns stay near their calm time, fewer (down to one) \
+                     while they take over {ratio} × it"
                 ),
             };
         }

@@ -15,19 +15,23 @@
 //! starts when the attempt is created, after the wait), so they give way.
 //!
 //! The rule, once a second in which enough turns were timed (their median, so
-//! that one slow upload among them does not count as the site slowing down):
+//! that one slow upload among them does not count as the site slowing down),
+//! is TCP's congestion window with the page turns as its round trip:
 //! - In a second with no start running, the turns' median is their calm
-//!   (smoothed over seconds), and the site's share is as wide as the nodes'
-//!   gates again.
-//! - In a second with starts running, turns slower than `yield_at` times the
-//!   calm halve the starts allowed at once (at least one); turns back within
-//!   half that margin let one more in, as TCP does with its window. Between, the
-//!   share holds; it holds too while the starts running are still more than
-//!   the last halving allows (the turns cannot have felt it yet).
+//!   (smoothed over seconds), and the next wave of starts begins with one start
+//!   at once: the first seconds of a class's start are when the turns suffer
+//!   most, and a start held back costs no exam time.
+//! - While starts wait and the turns stay within half the margin (under 1.25 ×
+//!   calm with `yield_at` 1.5), the share doubles each second; once the turns
+//!   have slowed in this wave, it grows by one.
+//! - Turns slower than `yield_at` times the calm halve it (at least one). It is
+//!   not halved again while the starts running are still more than the last
+//!   halving allows: the turns cannot have felt it yet. Between the margins the
+//!   share holds.
 //! - A start that waited at the gates a quarter of its patience opens one more
 //!   place as it gets in, whatever the turns say: starts are paced, not refused.
 //! - A few seconds with no turns timed say nothing about anyone slowing down:
-//!   the share is as wide as the nodes' gates again.
+//!   the share is as wide as the nodes' gates.
 //!
 //! Until the turns' calm has been seen there is nothing to compare with, and
 //! the share stays as wide as the nodes' gates. With several gateways each
@@ -92,6 +96,9 @@ struct Reckoning {
     seen: Instant,
     /// The turns' median time in seconds without starts, smoothed.
     calm: Option<f64>,
+    /// Whether the share doubles when the turns allow (since the last quiet
+    /// second, until the turns slow down), rather than grows by one.
+    growing: bool,
 }
 
 /// A start's place in the site's share, given back when dropped.
@@ -134,6 +141,7 @@ impl Default for SiteStarts {
                 waited_long: false,
                 seen: now,
                 calm: None,
+                growing: true,
             }),
         }
     }
@@ -218,9 +226,9 @@ impl SiteStarts {
     }
 
     fn close_second(&self, r: &mut Reckoning, yield_at: f64, now: Instant) {
-        let busy = r.busy
-            || self.let_in.swap(false, Ordering::Relaxed)
-            || self.running.load(Ordering::Relaxed) > 0;
+        // Every flag is taken, whichever of them says so.
+        let let_in = self.let_in.swap(false, Ordering::Relaxed);
+        let busy = r.busy || let_in || self.running.load(Ordering::Relaxed) > 0;
         // A "second" that spans an idle gap is old news.
         let fresh = now.duration_since(r.began) < 2 * Duration::from_secs(1);
         let median = median(&mut r.turns).filter(|_| fresh && r.turns.len() >= MIN_TURNS);
@@ -238,17 +246,30 @@ impl SiteStarts {
         let recovered = 1.0 + (yield_at - 1.0) / 2.0;
         let limit = r.limit;
         let running = self.running.load(Ordering::Relaxed);
+        let waiting = self.waiting.load(Ordering::Relaxed) > 0;
         let to = match slowed {
             // Paced, not refused: a long wait opens a place whatever the turns say.
             _ if waited_long => limit.saturating_add(1),
-            // A quiet second, or no turns seen for a while: nobody to make way for.
-            Some(_) if !busy => WIDE,
-            None if now.duration_since(r.seen) >= UNSEEN => WIDE,
+            // A quiet second: the next wave begins with one start at once.
+            Some(_) if !busy => {
+                r.growing = true;
+                1
+            }
+            // No turns seen for a while: nobody to make way for.
+            None if now.duration_since(r.seen) >= UNSEEN => {
+                r.growing = true;
+                WIDE
+            }
             // Still more running than the last halving allows: not felt yet.
             Some(slowed) if slowed > yield_at && running > limit => limit,
-            Some(slowed) if slowed > yield_at => (limit.min(running) / 2).max(1),
-            Some(slowed) if slowed < recovered && self.waiting.load(Ordering::Relaxed) == 0 => WIDE,
-            Some(slowed) if slowed < recovered => limit.saturating_add(1),
+            Some(slowed) if slowed > yield_at => {
+                r.growing = false;
+                (limit.min(running) / 2).max(1)
+            }
+            // Turns within their margin while starts wait: double until the turns
+            // first slow down in this wave, then one more at a time.
+            Some(slowed) if slowed < recovered && waiting && r.growing => limit.saturating_mul(2),
+            Some(slowed) if slowed < recovered && waiting => limit.saturating_add(1),
             _ => limit,
         };
         self.resize(r, to);

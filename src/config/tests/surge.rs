@@ -112,9 +112,7 @@ fn the_sites_starts_give_way_at_a_ratio_of_the_turns_calm_or_not_at_all() {
     };
     let c = config("").unwrap();
     assert_eq!(c.surge.quiz_starts_yield_at, 1.5);
-    assert!(c
-        .describe()
-        .contains("while students' page turns take over 1.5 × their calm"));
+    assert!(c.describe().contains("while they take over 1.5 × it"));
     assert_eq!(
         config("quiz_starts_yield_at = 2")
             .unwrap()
