@@ -38,7 +38,7 @@
 //! paces the starts it receives on the turns it sees; they see the same nodes,
 //! so they give way together.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -75,8 +75,6 @@ pub struct SiteStarts {
     running: Arc<AtomicUsize>,
     /// Starts waiting for one.
     waiting: AtomicUsize,
-    /// Whether a start was let in since the last second closed.
-    let_in: AtomicBool,
     reckoning: Mutex<Reckoning>,
 }
 
@@ -88,7 +86,7 @@ struct Reckoning {
     began: Instant,
     /// Its turns' times (at most [`MAX_TURNS`]).
     turns: Vec<Duration>,
-    /// Whether a start ran during it.
+    /// Whether a start ran or was let in during it.
     busy: bool,
     /// Whether a start that waited a quarter of its patience got in during it.
     waited_long: bool,
@@ -132,7 +130,6 @@ impl Default for SiteStarts {
             owed: Arc::default(),
             running: Arc::default(),
             waiting: AtomicUsize::new(0),
-            let_in: AtomicBool::new(false),
             reckoning: Mutex::new(Reckoning {
                 limit: WIDE,
                 began: now,
@@ -186,7 +183,7 @@ impl SiteStarts {
         self.tick(&mut r, yield_at);
         self.running.fetch_add(1, Ordering::Relaxed);
         permit.permit = Some(taken);
-        self.let_in.store(true, Ordering::Relaxed);
+        r.busy = true;
         r.waited_long |= permit.waited && asked.elapsed() >= patience / 4;
         Ok(permit)
     }
@@ -226,9 +223,7 @@ impl SiteStarts {
     }
 
     fn close_second(&self, r: &mut Reckoning, yield_at: f64, now: Instant) {
-        // Every flag is taken, whichever of them says so.
-        let let_in = self.let_in.swap(false, Ordering::Relaxed);
-        let busy = r.busy || let_in || self.running.load(Ordering::Relaxed) > 0;
+        let busy = r.busy || self.running.load(Ordering::Relaxed) > 0;
         // A "second" that spans an idle gap is old news.
         let fresh = now.duration_since(r.began) < 2 * Duration::from_secs(1);
         let median = median(&mut r.turns).filter(|_| fresh && r.turns.len() >= MIN_TURNS);
