@@ -81,7 +81,7 @@ impl SurgeMeters {
         ));
         let start_waits = HistogramOpts::new(
             "quiz_start_wait_seconds",
-            "Time a quiz start (startattempt.php) waited at its node's gate (surge.quiz_starts).",
+            "Time a quiz start (startattempt.php) waited at its node's gate (surge.quiz_starts), the site's share (surge.quiz_starts_yield_at) and, with Redis, the node's lease.",
         )
         .buckets(WAIT_BUCKETS.to_vec());
         let turns_calm = Gauge::with_opts(Opts::new(
@@ -92,7 +92,7 @@ impl SurgeMeters {
             site_starts_limit: gauge(
                 registry,
                 "quiz_starts_site_limit",
-                "Quiz starts allowed at once across the site while the page turns are slow (surge.quiz_starts_yield_at; -1: not narrowed, the nodes' gates decide).",
+                "Quiz starts allowed at once across the site by the page turns (surge.quiz_starts_yield_at; 1 at rest, where a wave begins; -1: as many as the nodes' gates let through).",
             ),
             site_starts_waiting: gauge(
                 registry,

@@ -22,19 +22,22 @@
 //!   at once: the first seconds of a class's start are when the turns suffer
 //!   most, and a start held back costs no exam time.
 //! - While starts wait and the turns stay within half the margin (under 1.25 ×
-//!   calm with `yield_at` 1.5), the share doubles each second; once the turns
-//!   have slowed in this wave, it grows by one.
+//!   calm with `yield_at` 1.5), the share doubles each second; once it has been
+//!   halved in this wave, it grows by one. A second with fewer than three
+//!   turns timed changes nothing.
 //! - Turns slower than `yield_at` times the calm halve it (at least one). It is
 //!   not halved again while the starts running are still more than the last
 //!   halving allows: the turns cannot have felt it yet. Between the margins the
 //!   share holds.
 //! - A start that waited at the gates a quarter of its patience opens one more
 //!   place as it gets in, whatever the turns say: starts are paced, not refused.
-//! - A few seconds with no turns timed say nothing about anyone slowing down:
-//!   the share is as wide as the nodes' gates.
+//! - A few seconds with no turn timed at all say nobody is at work: the share
+//!   is as wide as the nodes' gates.
 //!
 //! Until the turns' calm has been seen there is nothing to compare with, and
-//! the share stays as wide as the nodes' gates. With several gateways each
+//! the share stays as wide as the nodes' gates; so too when a minute passed
+//! without a second free of starts to refresh it (a day when starts never
+//! stop: an old calm says little of now). With several gateways each
 //! paces the starts it receives on the turns it sees; they see the same nodes,
 //! so they give way together.
 
@@ -59,9 +62,12 @@ const MAX_TURNS: usize = 1024;
 /// The weight of a quiet second's median in the calm: the calm follows the
 /// site's hour over tens of seconds, not one slow second.
 const CALM_WEIGHT: f64 = 0.2;
-/// How long without a second of timed turns before the share opens: nobody is
-/// seen slowing down.
+/// How long without a timed turn before the share opens: nobody is at work.
 const UNSEEN: Duration = Duration::from_secs(3);
+/// How long a calm is kept without a second free of starts to refresh it: on a
+/// day when starts never stop, the turns' calm of an hour ago says little of
+/// now, and the nodes' gates alone decide until a new one is seen.
+const CALM_KEPT: Duration = Duration::from_secs(60);
 
 /// The site's share of quiz starts at once, following the students at work.
 #[derive(Debug)]
@@ -90,10 +96,11 @@ struct Reckoning {
     busy: bool,
     /// Whether a start that waited a quarter of its patience got in during it.
     waited_long: bool,
-    /// When a second last had enough turns to say something.
+    /// When a turn was last timed.
     seen: Instant,
-    /// The turns' median time in seconds without starts, smoothed.
-    calm: Option<f64>,
+    /// The turns' median time in seconds without starts, smoothed, and when it
+    /// was last refreshed.
+    calm: Option<(f64, Instant)>,
     /// Whether the share doubles when the turns allow (since the last quiet
     /// second, until the turns slow down), rather than grows by one.
     growing: bool,
@@ -196,6 +203,7 @@ impl SiteStarts {
         }
         let mut r = self.lock();
         self.tick(&mut r, yield_at);
+        r.seen = Instant::now();
         if r.turns.len() < MAX_TURNS {
             r.turns.push(took);
         }
@@ -209,7 +217,7 @@ impl SiteStarts {
             limit: (r.limit < WIDE).then_some(r.limit),
             running: self.running.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed),
-            calm: r.calm.map(Duration::from_secs_f64),
+            calm: r.calm.map(|(calm, _)| Duration::from_secs_f64(calm)),
         }
     }
 
@@ -223,34 +231,42 @@ impl SiteStarts {
     }
 
     fn close_second(&self, r: &mut Reckoning, yield_at: f64, now: Instant) {
-        let busy = r.busy || self.running.load(Ordering::Relaxed) > 0;
+        let running = self.running.load(Ordering::Relaxed);
+        let busy = r.busy || running > 0;
         // A "second" that spans an idle gap is old news.
         let fresh = now.duration_since(r.began) < 2 * Duration::from_secs(1);
         let median = median(&mut r.turns).filter(|_| fresh && r.turns.len() >= MIN_TURNS);
         let waited_long = r.waited_long;
         r.began = now;
+        // The caller marks the next second busy if a start runs as it begins.
         (r.busy, r.waited_long) = (false, false);
         r.turns.clear();
-        if let Some(median) = median {
-            r.seen = now;
-            if !busy {
-                r.calm = Some(r.calm.map_or(median, |c| c + CALM_WEIGHT * (median - c)));
+        match (median, r.calm) {
+            (Some(median), calm) if !busy => {
+                let calm = calm.map_or(median, |(c, _)| c + CALM_WEIGHT * (median - c));
+                r.calm = Some((calm, now));
             }
+            (_, Some((_, at))) if now.duration_since(at) >= CALM_KEPT => r.calm = None,
+            _ => {}
         }
-        let slowed = median.zip(r.calm).map(|(median, calm)| median / calm);
+        let slowed = median.zip(r.calm).map(|(median, (calm, _))| median / calm);
         let recovered = 1.0 + (yield_at - 1.0) / 2.0;
         let limit = r.limit;
-        let running = self.running.load(Ordering::Relaxed);
         let waiting = self.waiting.load(Ordering::Relaxed) > 0;
         let to = match slowed {
             // Paced, not refused: a long wait opens a place whatever the turns say.
             _ if waited_long => limit.saturating_add(1),
+            // No calm (yet, or any more) to compare with.
+            _ if r.calm.is_none() => {
+                r.growing = true;
+                WIDE
+            }
             // A quiet second: the next wave begins with one start at once.
             Some(_) if !busy => {
                 r.growing = true;
                 1
             }
-            // No turns seen for a while: nobody to make way for.
+            // No turn timed for a while: nobody at work to make way for.
             None if now.duration_since(r.seen) >= UNSEEN => {
                 r.growing = true;
                 WIDE
@@ -261,8 +277,8 @@ impl SiteStarts {
                 r.growing = false;
                 (limit.min(running) / 2).max(1)
             }
-            // Turns within their margin while starts wait: double until the turns
-            // first slow down in this wave, then one more at a time.
+            // Turns within their margin while starts wait: double until the share
+            // is first halved in this wave, then one more at a time.
             Some(slowed) if slowed < recovered && waiting && r.growing => limit.saturating_mul(2),
             Some(slowed) if slowed < recovered && waiting => limit.saturating_add(1),
             _ => limit,

@@ -71,6 +71,7 @@ async fn before_any_calm_is_seen_starts_go_as_the_nodes_gates_let_them() {
         a_second_of_turns(&site, 900).await;
     }
     assert!(running.iter().all(|p| !p.waited));
+    assert_eq!(site.now().calm, None, "no second free of starts");
     assert_eq!(site.now().limit, None, "nothing to compare the turns with");
     assert_eq!(site.now().running, 20);
 }
@@ -127,14 +128,53 @@ async fn a_wave_begins_with_one_start_doubles_while_the_turns_stay_calm_and_halv
 async fn turns_within_the_margin_hold_the_share_where_it_is() {
     let site = Arc::new(SiteStarts::default());
     calm_of_100ms(&site).await;
-    let _running = start(&site).await;
+    // No turns for a while: four start at once, then the turns slow: two.
+    tokio::time::advance(UNSEEN + Duration::from_secs(1)).await;
+    let mut running = starts(&site, 4).await;
+    tokio::time::advance(Duration::from_millis(1001)).await;
+    a_closed_second_of_turns(&site, 200).await;
+    assert_eq!(site.now().limit, Some(2));
+    running.truncate(2);
     let waiter = waiting_start(&site).await;
+    // At 1.4 × calm, between the margins, neither halved nor grown.
     for _ in 0..5 {
         a_closed_second_of_turns(&site, 140).await;
     }
-    assert_eq!(site.now().limit, Some(1), "1.4 × calm: between the margins");
+    assert_eq!(site.now().limit, Some(2), "1.4 × calm: between the margins");
     assert_eq!(site.now().waiting, 1);
     waiter.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn turns_that_stall_keep_the_share_where_it_is() {
+    let site = Arc::new(SiteStarts::default());
+    calm_of_100ms(&site).await;
+    let _running = start(&site).await;
+    let waiter = waiting_start(&site).await;
+    // The turns slow to one a second, each taking two: too few to weigh, and
+    // not a sign that nobody is at work.
+    for _ in 0..10 {
+        site.turn_took(YIELD_AT, Duration::from_secs(2));
+        tokio::time::advance(Duration::from_millis(1001)).await;
+    }
+    site.turn_took(YIELD_AT, Duration::from_secs(2));
+    assert_eq!(site.now().limit, Some(1));
+    assert_eq!(site.now().waiting, 1);
+    waiter.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_calm_not_refreshed_for_a_minute_is_forgotten_and_the_nodes_gates_decide() {
+    let site = Arc::new(SiteStarts::default());
+    calm_of_100ms(&site).await;
+    // Starts never stop: no second is free of them to refresh the calm.
+    let _running = start(&site).await;
+    for _ in 0..CALM_KEPT.as_secs() {
+        a_second_of_turns(&site, 130).await;
+    }
+    site.turn_took(YIELD_AT, Duration::from_millis(130));
+    assert_eq!(site.now().calm, None);
+    assert_eq!(site.now().limit, None);
 }
 
 #[tokio::test(start_paused = true)]
