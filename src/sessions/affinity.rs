@@ -666,7 +666,11 @@ mod tests {
         let id = "abcdefghijklmnopqrstuvwxyz";
         assert_eq!(a.key(id), a.key(id));
         assert_ne!(a.key(id), b.key(id), "each process has its own secret");
-        assert!(!a.key(id).to_string().contains("abc"));
+        // Hex only, so no run of the id's letters past `f`: a hash, not the id.
+        // ("abc" would turn up in one random key in a few hundred.)
+        let shown = a.key(id).to_string();
+        assert!(shown.chars().all(|c| c.is_ascii_hexdigit()), "{shown}");
+        assert!(!shown.contains("ghij"), "{shown}");
         assert_eq!(
             SessionKey::from_hex(&a.key(id).to_string()),
             Some(a.key(id))
