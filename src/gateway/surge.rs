@@ -100,8 +100,9 @@ impl Admission<'_> {
 impl Gateway {
     /// The turns a request waits for before its node's line, on a capped node
     /// only: its session's (a request on its session's node), then (a quiz start)
-    /// the node's start gate. A start that waited at the gate stands in the line
-    /// from the moment it passed: the gate was its wait, and students already
+    /// the node's start gate, the site's share of starts and, with Redis, the
+    /// node's lease. A start that waited at any of them stands in the line from
+    /// the moment it passed: the gates were its wait, and students already
     /// answering go first. An attempt's page (`attempt_page`) takes the turn its
     /// start kept for it, if one is kept: it never waits at the gate; so does a
     /// second start of the same session.
@@ -178,8 +179,8 @@ impl Gateway {
             // counts every gateway's starts. Taken last, so that a start held
             // at this gateway's share keeps no other gateway's start waiting.
             if turn.permit.holds_a_turn() && starts.share() > 0 {
-                let site = (self.store).start_lease(&upstream.name, starts.share(), deadline);
-                match site.await {
+                let lease = (self.store).start_lease(&upstream.name, starts.share(), deadline);
+                match lease.await {
                     Leased::Held(lease) => {
                         waited |= lease.waited;
                         turn.lease = Some(lease);
