@@ -25,6 +25,11 @@
 #
 #   MEASURE_FRONTS="gateway, max_active 2|gateway, max_active 2, the nodes' gates alone" bench/quiz.sh
 #
+#   MEASURE_SURGE_EXTRA='quiz_starts = 2\nquiz_starts_yield_at = 0' bench/quiz.sh
+#
+# adds those lines to the [surge] of every capped gateway row, for an experiment
+# (a row that already sets a key it names fails on the duplicate: pick rows).
+#
 #   MOODLE_NODE_CPU=0.35 bench/quiz.sh
 #
 # gives each web node 0.35 of a core of its own (a CPU cgroup; needs root): the four

@@ -8,6 +8,8 @@
 # logged out, and the newcomers let in out of arrival order. Nothing is asserted
 # about time. Release matters: the test's CARGO_BIN_EXE gateway follows the profile.
 # SURGE_NEWCOMERS=280 runs a bigger morning instead: 280 newcomers within 3 s.
+# GATEWAY_BEFORE=/path/to/moodle-gateway runs that build first, capped the same
+# way: a before and after in one run (build it in another worktree).
 # Needs what tests/moodle/run.sh needs (it installs it when missing) and haproxy
 # (installed here when missing). About two minutes once built.
 set -euo pipefail

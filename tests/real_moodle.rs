@@ -228,8 +228,9 @@ fn measure_offload_php_time_and_gateway_cpu() {
 }
 
 /// Not a test: the same surge behind the gateway with a cap, without one, and
-/// HAProxy with `maxconn`, side by side. `bench/surge.sh` runs it (release build,
-/// HAProxy installed); never part of run.sh.
+/// HAProxy with `maxconn`, side by side (and a `GATEWAY_BEFORE` build first, when
+/// given). `bench/surge.sh` runs it (release build, HAProxy installed); never part
+/// of run.sh.
 #[test]
 #[ignore = "a measure, not a test: bench/surge.sh"]
 fn measure_surge() {

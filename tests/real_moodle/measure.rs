@@ -203,6 +203,9 @@ fn clock_ticks() -> f64 {
 /// What stands in front of the nodes in one round of the surge measure.
 #[derive(Debug, Clone, Copy)]
 enum Side {
+    /// `GATEWAY_BEFORE`'s build with `[surge] max_active` = the workers: a "before"
+    /// beside [`Side::Capped`] in one run.
+    CappedBefore,
     /// The gateway with `[surge] max_active` = the workers, every other key at its
     /// default.
     Capped,
@@ -215,6 +218,7 @@ enum Side {
 impl Side {
     fn name(self) -> &'static str {
         match self {
+            Side::CappedBefore => "before, max_active 2",
             Side::Capped => "gateway, max_active 2",
             Side::Uncapped => "gateway, no cap",
             Side::Haproxy => "HAProxy, maxconn 2",
@@ -230,7 +234,8 @@ struct Round {
     waiting_pages: usize,
 }
 
-/// The three rounds on one restored site and one cluster, then the table.
+/// The three rounds on one restored site and one cluster (four with
+/// `GATEWAY_BEFORE`, whose build goes first, capped), then the table.
 ///
 /// Sessions are node-local and nothing is offloaded: HAProxy cannot serve
 /// `X-Accel-Redirect`, and the surge's load has no SCORM file in it (logins,
@@ -251,7 +256,11 @@ pub fn surge() {
         };
         warm_up(&cluster, &stage).await;
         let mut rounds = Vec::new();
-        for side in [Side::Capped, Side::Uncapped, Side::Haproxy] {
+        let before = before_binary().map(|_| Side::CappedBefore);
+        let sides = before
+            .into_iter()
+            .chain([Side::Capped, Side::Uncapped, Side::Haproxy]);
+        for side in sides {
             rounds.push(surge_round(&cluster, &stage, side, plan).await);
             // The nodes finish what the last side left them (sessions written).
             tokio::time::sleep(Duration::from_secs(2)).await;
@@ -259,6 +268,11 @@ pub fn surge() {
         rounds
     });
     print_surge(&rounds, plan);
+}
+
+/// `GATEWAY_BEFORE`: another gateway build a measure runs first, as its "before".
+fn before_binary() -> Option<PathBuf> {
+    std::env::var_os("GATEWAY_BEFORE").map(PathBuf::from)
 }
 
 /// The surge to measure: `SURGE_NEWCOMERS=280` for the big morning (280 newcomers
@@ -303,6 +317,12 @@ async fn surge_round(cluster: &Cluster, stage: &Stage, side: Side, plan: Plan) -
     let admin = admin_addr();
     let config = config_for(cluster, admin);
     let (gateway, haproxy) = match side {
+        Side::CappedBefore => {
+            let config = config + &surge_section(SMALL_POOL);
+            let binary = before_binary().expect("GATEWAY_BEFORE names the before build");
+            let gateway = Gateway::start_binary(&binary, &config, cluster.public, admin, client);
+            (Some(gateway), None)
+        }
         Side::Capped => {
             let config = config + &surge_section(SMALL_POOL);
             let gateway = Gateway::start(&config, cluster.public, admin, client);
@@ -456,6 +476,15 @@ fn retain_asked(fronts: &mut Vec<Front>) {
     });
 }
 
+/// `MEASURE_SURGE_EXTRA`: TOML lines added to the `[surge]` of every capped
+/// gateway row of the quiz measure, for an experiment (`\n` splits lines).
+fn surge_extra() -> String {
+    match std::env::var("MEASURE_SURGE_EXTRA") {
+        Ok(extra) if !extra.is_empty() => extra.replace("\\n", "\n") + "\n",
+        _ => String::new(),
+    }
+}
+
 /// The quiz's start (`quiz::EXAM_READING`) behind each front in turn on one restored
 /// site and one cluster (two PHP workers a node, node-local sessions, no offload),
 /// then the table. `GATEWAY_BEFORE` names another gateway binary to run first, with
@@ -465,7 +494,7 @@ pub fn quiz() {
     // Each node with a second, low-priority pool, which only the rows that say so use.
     let cluster = Cluster::start_with_low_pools(&site, SMALL_POOL);
     let mut fronts = Vec::new();
-    if let Some(before) = std::env::var_os("GATEWAY_BEFORE") {
+    if let Some(before) = before_binary() {
         for low_pools in [false, true] {
             let pools = if low_pools {
                 ", low-priority pools"
@@ -474,7 +503,7 @@ pub fn quiz() {
             };
             fronts.push(Front::Gateway {
                 name: format!("before, max_active 2{pools}"),
-                binary: Some(PathBuf::from(&before)),
+                binary: Some(before.clone()),
                 surge: Some(surge_section(SMALL_POOL)),
                 low_pools,
             });
@@ -573,6 +602,7 @@ async fn quiz_round(cluster: &Cluster, stage: &Stage, front: &Front) -> QuizRoun
             }
             if let Some(surge) = surge {
                 config += surge;
+                config += &surge_extra();
             }
             let gateway = match binary {
                 Some(binary) => {
