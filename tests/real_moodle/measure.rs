@@ -317,15 +317,14 @@ async fn surge_round(cluster: &Cluster, stage: &Stage, side: Side, plan: Plan) -
     let admin = admin_addr();
     let config = config_for(cluster, admin);
     let (gateway, haproxy) = match side {
-        Side::CappedBefore => {
+        Side::CappedBefore | Side::Capped => {
             let config = config + &surge_section(SMALL_POOL);
-            let binary = before_binary().expect("GATEWAY_BEFORE names the before build");
-            let gateway = Gateway::start_binary(&binary, &config, cluster.public, admin, client);
-            (Some(gateway), None)
-        }
-        Side::Capped => {
-            let config = config + &surge_section(SMALL_POOL);
-            let gateway = Gateway::start(&config, cluster.public, admin, client);
+            let gateway = match (side, before_binary()) {
+                (Side::CappedBefore, Some(binary)) => {
+                    Gateway::start_binary(&binary, &config, cluster.public, admin, client)
+                }
+                _ => Gateway::start(&config, cluster.public, admin, client),
+            };
             (Some(gateway), None)
         }
         Side::Uncapped => {

@@ -151,7 +151,14 @@ impl Record {
     /// Pairs of newcomers (the earlier arrival first) let in, and of those how many
     /// the later one was let in first.
     pub fn admission_order(&self) -> (usize, usize) {
+        self.admission_order_of(|_| true)
+    }
+
+    /// [`admission_order`](Self::admission_order) among the newcomers `which`
+    /// picks alone.
+    pub fn admission_order_of(&self, which: impl Fn(&Newcomer) -> bool) -> (usize, usize) {
         let mut admitted: Vec<(Instant, Instant)> = (self.newcomers.iter())
+            .filter(|n| which(n))
             .filter_map(|n| n.admitted.map(|a| (n.arrived, a)))
             .collect();
         admitted.sort();
@@ -660,6 +667,8 @@ pub fn figures(record: &Record) -> Vec<String> {
         format!("p50 {p50:.0} ms, p95 {p95:.0} ms, max {max:.0} ms")
     };
     let (pairs, swapped) = record.admission_order();
+    let roomed = record.admission_order_of(|n| n.waiting_pages > 0);
+    let lined = record.admission_order_of(|n| n.waiting_pages == 0);
     let logged_in = record.login_times();
     let first_page: Vec<Duration> = (record.newcomers.iter())
         .filter_map(|n| n.admitted.map(|a| a - n.arrived))
@@ -686,9 +695,14 @@ pub fn figures(record: &Record) -> Vec<String> {
             ms(percentiles(&first_page)),
         ),
         format!(
-            "waiting pages: {} shown to {} newcomers; admitted out of arrival order: {swapped} of {pairs} pairs",
+            "waiting pages: {} shown to {} newcomers; admitted out of arrival order: {swapped} of {pairs} pairs \
+             ({} of {} among those shown the room, {} of {} among the others)",
             record.waiting_pages(),
             record.newcomers.iter().filter(|n| n.waiting_pages > 0).count(),
+            roomed.1,
+            roomed.0,
+            lined.1,
+            lined.0,
         ),
         format!("errors: {}", record.errors().len()),
     ]
@@ -703,12 +717,56 @@ pub struct LineSeen {
     pub expected_wait: f64,
     /// Whether the room was open at any look.
     pub room_opened: bool,
-    /// Looks at which the site's quiz starts were narrowed, of all looks, and
-    /// the fewest starts at once seen.
-    pub site_starts: (usize, usize, Option<f64>),
+    /// The site's share of quiz starts: looks at which starts waited for it, of
+    /// all looks, and the fewest and most starts at once it let run then.
+    pub site_starts: ShareSeen,
     /// Looks the gateway did not answer (the first one's error): a test asserts
     /// there were none, a measure prints them and goes on.
     pub unanswered: (usize, Option<String>),
+}
+
+/// The site's share of quiz starts as the looks at `/metrics` saw it.
+#[derive(Debug, Default, Clone)]
+pub struct ShareSeen {
+    /// Every look.
+    pub looks: usize,
+    /// Looks at which a start waited for the share.
+    pub held: usize,
+    /// The fewest and the most starts at once the share allowed at those looks.
+    pub least: Option<f64>,
+    pub most: Option<f64>,
+}
+
+impl ShareSeen {
+    /// One look: starts `waiting` for the share, which allows `limit` at once
+    /// (negative: not narrowed, so none waits).
+    fn look(&mut self, waiting: f64, limit: Option<f64>) {
+        self.looks += 1;
+        if waiting <= 0.0 {
+            return;
+        }
+        self.held += 1;
+        if let Some(limit) = limit.filter(|limit| *limit >= 0.0) {
+            self.least = Some(self.least.map_or(limit, |least| least.min(limit)));
+            self.most = Some(self.most.map_or(limit, |most| most.max(limit)));
+        }
+    }
+
+    fn describe(&self) -> String {
+        let (held, looks) = (self.held, self.looks);
+        if held == 0 {
+            return format!(
+                "the site's quiz starts: none waited for the site's share in {looks} looks"
+            );
+        }
+        let at_once = |n: Option<f64>| n.map_or("?".to_string(), |n| n.to_string());
+        format!(
+            "the site's quiz starts: some waited for the site's share at {held} of {looks} looks, \
+             while it let {} to {} run at once",
+            at_once(self.least),
+            at_once(self.most),
+        )
+    }
 }
 
 /// [`run`], with `gateway` in front, looking at its line every 200 ms meanwhile.
@@ -746,15 +804,11 @@ pub async fn watched<T>(
             let wait = metrics.get("moodle_gateway_waiting_room_expected_wait_seconds");
             seen.expected_wait = seen.expected_wait.max(wait.copied().unwrap_or(0.0));
             seen.room_opened |= metrics.get("moodle_gateway_waiting_room_open") == Some(&1.0);
-            let limit = metrics
-                .get("moodle_gateway_quiz_starts_site_limit")
-                .copied();
-            seen.site_starts.1 += 1;
-            if let Some(limit) = limit.filter(|l| *l >= 0.0) {
-                seen.site_starts.0 += 1;
-                let least = seen.site_starts.2.map_or(limit, |l| l.min(limit));
-                seen.site_starts.2 = Some(least);
-            }
+            let share = |key: &str| metrics.get(key).copied();
+            seen.site_starts.look(
+                share("moodle_gateway_quiz_starts_site_waiting").unwrap_or(0.0),
+                share("moodle_gateway_quiz_starts_site_limit"),
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         seen
@@ -804,13 +858,7 @@ pub async fn gateway_figures(gateway: &Gateway, seen: LineSeen) -> Vec<String> {
             seen.expected_wait,
             if seen.room_opened { "opened" } else { "never opened" },
         ),
-        match seen.site_starts {
-            (0, looks, _) => format!("the site's quiz starts: never narrowed in {looks} looks"),
-            (narrowed, looks, least) => format!(
-                "the site's quiz starts: narrowed at {narrowed} of {looks} looks, down to {} at once",
-                least.unwrap_or(0.0)
-            ),
-        },
+        seen.site_starts.describe(),
         format!(
             "gateway's room: {} waiting pages, {} admitted; {} requests turned away",
             get("moodle_gateway_waiting_room_pages_total"),
