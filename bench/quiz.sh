@@ -27,8 +27,9 @@
 #
 #   MEASURE_SURGE_EXTRA='quiz_starts = 2\nquiz_starts_yield_at = 0' bench/quiz.sh
 #
-# adds those lines to the [surge] of every capped gateway row, for an experiment
-# (a row that already sets a key it names fails on the duplicate: pick rows).
+# adds those lines to the [surge] of this build's capped rows (not GATEWAY_BEFORE's),
+# for an experiment; the table does not show them, so say them beside its figures
+# (a row that already sets a key they name fails on the duplicate: pick rows).
 #
 #   MOODLE_NODE_CPU=0.35 bench/quiz.sh
 #

@@ -475,8 +475,8 @@ fn retain_asked(fronts: &mut Vec<Front>) {
     });
 }
 
-/// `MEASURE_SURGE_EXTRA`: TOML lines added to the `[surge]` of every capped
-/// gateway row of the quiz measure, for an experiment (`\n` splits lines).
+/// `MEASURE_SURGE_EXTRA`: TOML lines added to the `[surge]` of this build's
+/// capped rows of the quiz measure, for an experiment (`\n` splits lines).
 fn surge_extra() -> String {
     match std::env::var("MEASURE_SURGE_EXTRA") {
         Ok(extra) if !extra.is_empty() => extra.replace("\\n", "\n") + "\n",
@@ -601,7 +601,10 @@ async fn quiz_round(cluster: &Cluster, stage: &Stage, front: &Front) -> QuizRoun
             }
             if let Some(surge) = surge {
                 config += surge;
-                config += &surge_extra();
+                // Not a "before" build's: it may not know the keys.
+                if binary.is_none() {
+                    config += &surge_extra();
+                }
             }
             let gateway = match binary {
                 Some(binary) => {

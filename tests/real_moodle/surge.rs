@@ -696,7 +696,7 @@ pub fn figures(record: &Record) -> Vec<String> {
         ),
         format!(
             "waiting pages: {} shown to {} newcomers; admitted out of arrival order: {swapped} of {pairs} pairs \
-             ({} of {} among those shown the room, {} of {} among the others)",
+             (within each group: {} of {} among those shown the room, {} of {} among the others)",
             record.waiting_pages(),
             record.newcomers.iter().filter(|n| n.waiting_pages > 0).count(),
             roomed.1,
@@ -730,6 +730,9 @@ pub struct LineSeen {
 pub struct ShareSeen {
     /// Every look.
     pub looks: usize,
+    /// Looks at which the gateway exported the share at all (a build from before
+    /// it has none).
+    pub exported: usize,
     /// Looks at which a start waited for the share.
     pub held: usize,
     /// The fewest and the most starts at once the share allowed at those looks.
@@ -742,6 +745,7 @@ impl ShareSeen {
     /// (negative: not narrowed, so none waits).
     fn look(&mut self, waiting: f64, limit: Option<f64>) {
         self.looks += 1;
+        self.exported += usize::from(limit.is_some());
         if waiting <= 0.0 {
             return;
         }
@@ -754,6 +758,9 @@ impl ShareSeen {
 
     fn describe(&self) -> String {
         let (held, looks) = (self.held, self.looks);
+        if self.exported == 0 {
+            return "the site's quiz starts: this build has no site's share".to_string();
+        }
         if held == 0 {
             return format!(
                 "the site's quiz starts: none waited for the site's share in {looks} looks"
