@@ -157,19 +157,33 @@ impl Record {
     /// [`admission_order`](Self::admission_order) among the newcomers `which`
     /// picks alone.
     pub fn admission_order_of(&self, which: impl Fn(&Newcomer) -> bool) -> (usize, usize) {
+        let (pairs, swapped, _) = self.swaps_of(which, Duration::MAX);
+        (pairs, swapped)
+    }
+
+    /// Pairs among the newcomers `which` picks, those let in in the other order,
+    /// and of those the pairs that arrived more than `apart` apart (a second: more
+    /// than the waiting page's refresh can mix).
+    pub fn swaps_of(
+        &self,
+        which: impl Fn(&Newcomer) -> bool,
+        apart: Duration,
+    ) -> (usize, usize, usize) {
         let mut admitted: Vec<(Instant, Instant)> = (self.newcomers.iter())
             .filter(|n| which(n))
             .filter_map(|n| n.admitted.map(|a| (n.arrived, a)))
             .collect();
         admitted.sort();
-        let (mut pairs, mut swapped) = (0, 0);
-        for (i, (_, first)) in admitted.iter().enumerate() {
-            for (_, later) in &admitted[i + 1..] {
+        let (mut pairs, mut swapped, mut far) = (0, 0, 0);
+        for (i, (arrived, first)) in admitted.iter().enumerate() {
+            for (came, later) in &admitted[i + 1..] {
                 pairs += 1;
-                swapped += usize::from(later < first);
+                let swap = later < first;
+                swapped += usize::from(swap);
+                far += usize::from(swap && *came - *arrived > apart);
             }
         }
-        (pairs, swapped)
+        (pairs, swapped, far)
     }
 
     /// The newcomers' times to log in.
@@ -667,8 +681,9 @@ pub fn figures(record: &Record) -> Vec<String> {
         format!("p50 {p50:.0} ms, p95 {p95:.0} ms, max {max:.0} ms")
     };
     let (pairs, swapped) = record.admission_order();
-    let roomed = record.admission_order_of(|n| n.waiting_pages > 0);
-    let lined = record.admission_order_of(|n| n.waiting_pages == 0);
+    let second = Duration::from_secs(1);
+    let roomed = record.swaps_of(|n| n.waiting_pages > 0, second);
+    let lined = record.swaps_of(|n| n.waiting_pages == 0, second);
     let logged_in = record.login_times();
     let first_page: Vec<Duration> = (record.newcomers.iter())
         .filter_map(|n| n.admitted.map(|a| a - n.arrived))
@@ -696,13 +711,16 @@ pub fn figures(record: &Record) -> Vec<String> {
         ),
         format!(
             "waiting pages: {} shown to {} newcomers; admitted out of arrival order: {swapped} of {pairs} pairs \
-             (within each group: {} of {} among those shown the room, {} of {} among the others)",
+             (within each group: {} of {} among those shown the room, {} of them arrived over a second apart; \
+             {} of {} among the others, {} over a second apart)",
             record.waiting_pages(),
             record.newcomers.iter().filter(|n| n.waiting_pages > 0).count(),
             roomed.1,
             roomed.0,
+            roomed.2,
             lined.1,
             lined.0,
+            lined.2,
         ),
         format!("errors: {}", record.errors().len()),
     ]
