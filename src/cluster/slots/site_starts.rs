@@ -202,8 +202,7 @@ impl SiteStarts {
             return;
         }
         let mut r = self.lock();
-        self.tick(&mut r, yield_at);
-        r.seen = Instant::now();
+        r.seen = self.tick(&mut r, yield_at);
         if r.turns.len() < MAX_TURNS {
             r.turns.push(took);
         }
@@ -221,13 +220,14 @@ impl SiteStarts {
         }
     }
 
-    /// Closes the second being timed if it is over. Starts tick too, so that
-    /// the share follows even while no turn is timed.
-    fn tick(&self, r: &mut Reckoning, yield_at: f64) {
+    /// Closes the second being timed if it is over, and says when now is.
+    /// Starts tick too, so that the share follows even while no turn is timed.
+    fn tick(&self, r: &mut Reckoning, yield_at: f64) -> Instant {
         let now = Instant::now();
         if now.duration_since(r.began) >= Duration::from_secs(1) {
             self.close_second(r, yield_at, now);
         }
+        now
     }
 
     fn close_second(&self, r: &mut Reckoning, yield_at: f64, now: Instant) {

@@ -38,11 +38,20 @@ async fn starts(site: &SiteStarts, n: usize) -> Vec<SitePermit> {
 async fn waiting_start(
     site: &Arc<SiteStarts>,
 ) -> tokio::task::JoinHandle<Result<SitePermit, Ended>> {
+    let starts = site.clone();
+    spawned_until_it_waits(site, async move {
+        starts.enter(YIELD_AT, Instant::now(), PATIENCE).await
+    })
+    .await
+}
+
+/// `task` (one that asks `site` for a start) spawned, once its start waits.
+async fn spawned_until_it_waits<T: Send + 'static>(
+    site: &SiteStarts,
+    task: impl std::future::Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
     let before = site.now().waiting;
-    let waiter = {
-        let site = site.clone();
-        tokio::spawn(async move { site.enter(YIELD_AT, Instant::now(), PATIENCE).await })
-    };
+    let waiter = tokio::spawn(task);
     while site.now().waiting == before {
         tokio::task::yield_now().await;
     }
@@ -213,18 +222,15 @@ async fn starts_waiting_go_in_the_order_they_came() {
     let mut tasks = Vec::new();
     for name in ["second", "third", "fourth"] {
         let (starts, tx) = (site.clone(), tx.clone());
-        tasks.push(tokio::spawn(async move {
+        let task = spawned_until_it_waits(&site, async move {
             let permit = starts
                 .enter(YIELD_AT, Instant::now(), PATIENCE)
                 .await
                 .unwrap();
             tx.send(name).unwrap();
             drop(permit);
-        }));
-        let before = site.now().waiting;
-        while site.now().waiting == before {
-            tokio::task::yield_now().await;
-        }
+        });
+        tasks.push(task.await);
     }
     drop(first);
     for task in tasks {
