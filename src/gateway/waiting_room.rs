@@ -14,10 +14,12 @@
 //! When it opens and lets people in: it opens when a newcomer joining the lines now
 //! could expect to wait longer than `room_opens_at` (the waiters over the pace
 //! slots free at); it lets the first in line go when their expected wait has come
-//! back under that bound, as many as the room under it holds; and it closes when
-//! its line is empty and the wait is back under the bound. Being let in means
-//! joining the nodes' line as a newcomer with the first arrival as the place, so
-//! the order of the room carries into the line.
+//! back to within one refresh of that bound, as many as that holds (a refresh
+//! early, so the line restores the order the refreshes mix: see
+//! [`QUICKEST_REFRESH`]); and it closes when its line is empty and the wait is
+//! back under the bound. Being let in means joining the nodes' line as a newcomer
+//! with the first arrival as the place, so the order of the room carries into the
+//! line.
 //!
 //! What it holds: a visitor seen lately (within three refreshes, at most
 //! `place_kept`) counts in line; everybody's place itself lives in their cookie, so
@@ -44,9 +46,12 @@ use page::Figures;
 pub use page::BUILT_IN;
 use ticket::{Ticket, Tickets};
 
-/// The quickest the page refreshes itself: the visitors next in line are let in
-/// within it of their turn, so it is also how far out of arrival order two of them
-/// can get in (a second is a few newcomers at the nodes' pace).
+/// The quickest the page refreshes itself. The visitors next in line come back in
+/// whatever phase of it they happen to, so the room lets them in one such refresh
+/// before their turn: they then stand in their node's line by first arrival for
+/// about that long, and the line puts them back in the order the refresh mixed.
+/// (Let in at their turn, visitors a few places apart were let in in the order
+/// they came back, which at a crowd's pace is a second's worth of places.)
 const QUICKEST_REFRESH: Duration = Duration::from_secs(1);
 /// The slowest: a long line is not asked again and again for nothing.
 const SLOWEST_REFRESH: Duration = Duration::from_secs(20);
@@ -144,7 +149,7 @@ impl WaitingRoom {
         });
         let key = (ticket.arrived, ticket.id);
         let place = line.visitors.range(..key).count();
-        let allowance = allowance(load, room.opens_at, capacity);
+        let allowance = allowance(load, room.opens_at + QUICKEST_REFRESH, capacity);
         if place < allowance {
             line.visitors.remove(&key);
             line.admitted.push_back(now);
@@ -229,15 +234,15 @@ impl WaitingRoom {
 
 /// How many of the first in line may go now: with nobody waiting for a slot, as
 /// many as the nodes work on at once; else as many as the line can take before
-/// the waiters ahead, at the pace slots free, would pass `opens_at`. (What
+/// the waiters ahead, at the pace slots free, would pass `bound`. (What
 /// newcomers were just seen to wait opens the room; it does not pace it: it lags
 /// the line by a whole wait, and would hold everyone until the line is empty.)
-fn allowance(load: Load, opens_at: Duration, capacity: usize) -> usize {
+fn allowance(load: Load, bound: Duration, capacity: usize) -> usize {
     if load.waiting == 0 {
         return capacity.max(1);
     }
     match load.reckoned_wait() {
-        Some(e) if e < opens_at => ((opens_at - e).as_secs_f64() * load.pace) as usize,
+        Some(e) if e < bound => ((bound - e).as_secs_f64() * load.pace) as usize,
         _ => 0,
     }
 }

@@ -27,8 +27,11 @@ fn load(waiting: usize) -> Load {
     }
 }
 
-const SURGE: usize = 200; // 20 s of waiting: the room opens.
-const EASED: usize = 30; // 3 s: 2 s under the bound, 20 visitors' worth.
+/// 20 s of waiting: the room opens.
+const SURGE: usize = 200;
+/// 4 s: 2 s under the bound and the refresh the room lets visitors in early by
+/// (a second), 20 visitors' worth.
+const EASED: usize = 40;
 
 /// A browser: the headers of a page view, with the place cookie it was given.
 #[derive(Default)]
@@ -131,6 +134,30 @@ async fn as_the_lines_ease_the_first_in_line_go_first_at_the_nodes_pace() {
     );
     let fifth = &mut visitors[20];
     assert_eq!(place(&fifth.ask(&room, load(SURGE)).await.unwrap_err()), 1);
+}
+
+/// The first in line come back in the phase of their own refresh; let in a
+/// refresh before their turn, they stand in their node's line long enough for it
+/// to put them back in arrival order.
+#[tokio::test]
+async fn the_first_in_line_are_let_in_one_refresh_before_their_turn() {
+    let room = WaitingRoom::new(&SECRET);
+    let mut visitors: Vec<Visitor> = (0..8).map(|_| Visitor::default()).collect();
+    for visitor in &mut visitors {
+        assert!(visitor.ask(&room, load(SURGE)).await.is_err());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // 5.5 s of waiting: half a second over the bound, so the next five visitors'
+    // turns come within the next second.
+    let almost = load(55);
+    let sixth = visitors[5].ask(&room, almost).await.unwrap_err();
+    assert_eq!(place(&sixth), 6, "its turn is more than a refresh away");
+    let mut arrivals = Vec::new();
+    for visitor in &mut visitors[..5] {
+        let arrived = visitor.ask(&room, almost).await;
+        arrivals.push(arrived.expect("within a refresh of the turn").unwrap());
+    }
+    assert!(arrivals.is_sorted());
 }
 
 #[tokio::test]
