@@ -16,8 +16,8 @@
 //! slots free at); it lets the first in line go when their expected wait has come
 //! back to within one refresh of that bound, as many as that holds (a refresh
 //! early, so the line restores the order the refreshes mix: see
-//! [`QUICKEST_REFRESH`]); and it closes when its line is empty and the wait is
-//! back under the bound. Being let in means joining the nodes' line as a newcomer
+//! [`QUICKEST_REFRESH`]; a visitor arriving now gets no such second); and it
+//! closes when its line is empty and the wait is back under the bound. Being let in means joining the nodes' line as a newcomer
 //! with the first arrival as the place, so the order of the room carries into the
 //! line.
 //!
@@ -47,11 +47,11 @@ pub use page::BUILT_IN;
 use ticket::{Ticket, Tickets};
 
 /// The quickest the page refreshes itself. The visitors next in line come back in
-/// whatever phase of it they happen to, so the room lets them in one such refresh
-/// before their turn: they then stand in their node's line by first arrival for
-/// about that long, and the line puts them back in the order the refresh mixed.
-/// (Let in at their turn, visitors a few places apart were let in in the order
-/// they came back, which at a crowd's pace is a second's worth of places.)
+/// whatever phase of it they happen to, so a visitor back from the page is let in
+/// one such refresh before its turn: it then stands in its node's line by first
+/// arrival for about that long, and the line puts it back in the order the
+/// refresh mixed. (Let in at their turn, visitors were let in in the order they
+/// came back: a second's worth of places at the pace they go in.)
 const QUICKEST_REFRESH: Duration = Duration::from_secs(1);
 /// The slowest: a long line is not asked again and again for nothing.
 const SLOWEST_REFRESH: Duration = Duration::from_secs(20);
@@ -142,6 +142,15 @@ impl WaitingRoom {
                 "waiting room opens: newcomers get the waiting page"
             );
         }
+        // The refresh early only for a visitor back from the page: its refresh is
+        // what mixed the order. One arriving now is let in at the bound itself, so
+        // the room never opens for a visitor it then lets straight in.
+        let early = if held.is_some() {
+            QUICKEST_REFRESH
+        } else {
+            Duration::ZERO
+        };
+        let bound = room.opens_at + early;
         let ticket = held.unwrap_or_else(|| Ticket {
             arrived: now,
             id: next_id(),
@@ -149,7 +158,7 @@ impl WaitingRoom {
         });
         let key = (ticket.arrived, ticket.id);
         let place = line.visitors.range(..key).count();
-        let allowance = allowance(load, room.opens_at + QUICKEST_REFRESH, capacity);
+        let allowance = allowance(load, bound, capacity);
         if place < allowance {
             line.visitors.remove(&key);
             line.admitted.push_back(now);
@@ -162,7 +171,7 @@ impl WaitingRoom {
         line.visitors.insert(key, now);
         drop(line);
         metrics.waiting_page();
-        let figures = figures(load, room.opens_at, place, allowance);
+        let figures = figures(load, bound, place, allowance);
         let template = room.page.as_deref().unwrap_or(BUILT_IN);
         let body = page::render(template, figures);
         let ticket = Ticket {
@@ -248,7 +257,8 @@ fn allowance(load: Load, bound: Duration, capacity: usize) -> usize {
 }
 
 /// What a visitor at `place` (0-based) is told: the time for the lines to come
-/// back under the bound, plus the visitors ahead at the pace slots free.
+/// back under `bound` (the one it is let in at), plus the visitors ahead at the
+/// pace slots free.
 ///
 /// The refresh is half the time until the visitor's place comes within the
 /// `allowance`, not a share of the whole wait: each is asked back sooner the closer
@@ -256,10 +266,10 @@ fn allowance(load: Load, bound: Duration, capacity: usize) -> usize {
 /// the refresh a share of the wait, visitors of a few seconds apart refreshed in
 /// the phase of their arrival, and whoever happened to ask first once the line
 /// eased went in before those ahead of them.
-fn figures(load: Load, opens_at: Duration, place: usize, allowance: usize) -> Figures {
+fn figures(load: Load, bound: Duration, place: usize, allowance: usize) -> Figures {
     let pace = load.pace.max(0.1);
     let ahead = Duration::from_secs_f64((place + 1) as f64 / pace);
-    let backlog = (load.expected_wait()).map_or(opens_at, |e| e.saturating_sub(opens_at));
+    let backlog = (load.expected_wait()).map_or(bound, |e| e.saturating_sub(bound));
     let wait = backlog
         .saturating_add(ahead)
         .min(Duration::from_secs(24 * 3600));

@@ -29,8 +29,8 @@ fn load(waiting: usize) -> Load {
 
 /// 20 s of waiting: the room opens.
 const SURGE: usize = 200;
-/// 4 s: 2 s under the bound and the refresh the room lets visitors in early by
-/// (a second), 20 visitors' worth.
+/// 4 s: 2 s under the bound plus the refresh (6 s) that a visitor back from the
+/// page is let in by, 20 visitors' worth.
 const EASED: usize = 40;
 
 /// A browser: the headers of a page view, with the place cookie it was given.
@@ -138,7 +138,7 @@ async fn as_the_lines_ease_the_first_in_line_go_first_at_the_nodes_pace() {
 
 /// The first in line come back in the phase of their own refresh; let in a
 /// refresh before their turn, they stand in their node's line long enough for it
-/// to put them back in arrival order.
+/// to put them back in arrival order. A visitor arriving now gets no such second.
 #[tokio::test]
 async fn the_first_in_line_are_let_in_one_refresh_before_their_turn() {
     let room = WaitingRoom::new(&SECRET);
@@ -147,17 +147,30 @@ async fn the_first_in_line_are_let_in_one_refresh_before_their_turn() {
         assert!(visitor.ask(&room, load(SURGE)).await.is_err());
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    // 5.5 s of waiting: half a second over the bound, so the next five visitors'
-    // turns come within the next second.
+    // 6.1 s of waiting: more than a refresh over the bound, nobody's turn is near.
+    let far = visitors[0].ask(&room, load(61)).await.unwrap_err();
+    assert_eq!(place(&far), 1);
+    // 5.5 s: half a second over the bound, so the first five visitors' turns come
+    // within the next second. They come back in any order; each goes in with its
+    // own first arrival, for the node's line to order them by.
     let almost = load(55);
     let sixth = visitors[5].ask(&room, almost).await.unwrap_err();
     assert_eq!(place(&sixth), 6, "its turn is more than a refresh away");
     let mut arrivals = Vec::new();
-    for visitor in &mut visitors[..5] {
+    for visitor in visitors[..5].iter_mut().rev() {
         let arrived = visitor.ask(&room, almost).await;
         arrivals.push(arrived.expect("within a refresh of the turn").unwrap());
     }
-    assert!(arrivals.is_sorted());
+    assert!(
+        arrivals.windows(2).all(|w| w[0] > w[1]),
+        "each with its own first arrival: {arrivals:?}"
+    );
+    // A newcomer arriving now is let in only under the bound itself: behind one
+    // visitor at 5.5 s, it waits.
+    let room = WaitingRoom::new(&SECRET);
+    assert!(Visitor::default().ask(&room, load(SURGE)).await.is_err());
+    let newcomer = Visitor::default().ask(&room, almost).await;
+    assert_eq!(place(&newcomer.unwrap_err()), 2);
 }
 
 #[tokio::test]
