@@ -107,6 +107,8 @@ pub struct Newcomer {
     pub arrived: Instant,
     /// Their first answer that was not the waiting page.
     pub admitted: Option<Instant>,
+    /// The node that sent that answer (Moodle's `X-Moodle-Node`).
+    pub node: Option<String>,
     /// From the first request to the dashboard after logging in.
     pub logged_in: Option<Duration>,
     /// Waiting pages they were shown.
@@ -184,6 +186,25 @@ impl Record {
             }
         }
         (pairs, swapped, far)
+    }
+
+    /// Pairs of newcomers and those let in out of arrival order, for the pairs let
+    /// in by one node and for those let in by two: whether the order is lost within
+    /// a node's line or between the lines.
+    pub fn swaps_by_node(&self) -> [(usize, usize); 2] {
+        let mut admitted: Vec<(Instant, Instant, Option<&str>)> = (self.newcomers.iter())
+            .filter_map(|n| n.admitted.map(|a| (n.arrived, a, n.node.as_deref())))
+            .collect();
+        admitted.sort();
+        let mut split = [(0, 0); 2];
+        for (i, (_, first, node)) in admitted.iter().enumerate() {
+            for (_, later, other) in &admitted[i + 1..] {
+                let counted = &mut split[usize::from(node != other)];
+                counted.0 += 1;
+                counted.1 += usize::from(later < first);
+            }
+        }
+        split
     }
 
     /// The newcomers' times to log in.
@@ -499,6 +520,7 @@ async fn arrive(stage: &Stage, account: &StudentAccount, plan: Plan) -> Newcomer
         username: account.username.clone(),
         arrived,
         admitted: None,
+        node: None,
         logged_in: None,
         waiting_pages: 0,
         errors: Vec::new(),
@@ -568,6 +590,7 @@ async fn admitted(b: &mut Browser, plan: Plan, me: &mut Newcomer) -> Option<Page
             continue;
         }
         me.admitted = Some(Instant::now());
+        me.node = page.node().map(str::to_owned);
         return ok(Ok(hops), &mut me.errors);
     }
 }
@@ -684,6 +707,7 @@ pub fn figures(record: &Record) -> Vec<String> {
     let second = Duration::from_secs(1);
     let roomed = record.swaps_of(|n| n.waiting_pages > 0, second);
     let lined = record.swaps_of(|n| n.waiting_pages == 0, second);
+    let [one_node, two_nodes] = record.swaps_by_node();
     let logged_in = record.login_times();
     let first_page: Vec<Duration> = (record.newcomers.iter())
         .filter_map(|n| n.admitted.map(|a| a - n.arrived))
@@ -721,6 +745,11 @@ pub fn figures(record: &Record) -> Vec<String> {
             lined.1,
             lined.0,
             lined.2,
+        ),
+        format!(
+            "newcomers let in out of arrival order, by node: {} of {} pairs let in by one node, \
+             {} of {} by two",
+            one_node.1, one_node.0, two_nodes.1, two_nodes.0,
         ),
         format!("errors: {}", record.errors().len()),
     ]
