@@ -171,20 +171,12 @@ impl Record {
         which: impl Fn(&Newcomer) -> bool,
         apart: Duration,
     ) -> (usize, usize, usize) {
-        let mut admitted: Vec<(Instant, Instant)> = (self.newcomers.iter())
-            .filter(|n| which(n))
-            .filter_map(|n| n.admitted.map(|a| (n.arrived, a)))
-            .collect();
-        admitted.sort();
         let (mut pairs, mut swapped, mut far) = (0, 0, 0);
-        for (i, (arrived, first)) in admitted.iter().enumerate() {
-            for (came, later) in &admitted[i + 1..] {
-                pairs += 1;
-                let swap = later < first;
-                swapped += usize::from(swap);
-                far += usize::from(swap && *came - *arrived > apart);
-            }
-        }
+        self.each_pair(which, |earlier, later, swap| {
+            pairs += 1;
+            swapped += usize::from(swap);
+            far += usize::from(swap && later.arrived - earlier.arrived > apart);
+        });
         (pairs, swapped, far)
     }
 
@@ -192,19 +184,36 @@ impl Record {
     /// in by one node and for those let in by two: whether the order is lost within
     /// a node's line or between the lines.
     pub fn swaps_by_node(&self) -> [(usize, usize); 2] {
-        let mut admitted: Vec<(Instant, Instant, Option<&str>)> = (self.newcomers.iter())
-            .filter_map(|n| n.admitted.map(|a| (n.arrived, a, n.node.as_deref())))
-            .collect();
-        admitted.sort();
         let mut split = [(0, 0); 2];
-        for (i, (_, first, node)) in admitted.iter().enumerate() {
-            for (_, later, other) in &admitted[i + 1..] {
-                let counted = &mut split[usize::from(node != other)];
+        self.each_pair(
+            |_| true,
+            |earlier, later, swap| {
+                let counted = &mut split[usize::from(earlier.node != later.node)];
                 counted.0 += 1;
-                counted.1 += usize::from(later < first);
+                counted.1 += usize::from(swap);
+            },
+        );
+        split
+    }
+
+    /// Calls `each(earlier, later, swapped)` for every pair of let-in newcomers
+    /// `which` picks, the earlier arrival first; `swapped` when the later one was
+    /// let in first.
+    fn each_pair(
+        &self,
+        which: impl Fn(&Newcomer) -> bool,
+        mut each: impl FnMut(&Newcomer, &Newcomer, bool),
+    ) {
+        let mut admitted: Vec<(Instant, Instant, &Newcomer)> = (self.newcomers.iter())
+            .filter(|n| which(n))
+            .filter_map(|n| n.admitted.map(|a| (n.arrived, a, n)))
+            .collect();
+        admitted.sort_by_key(|&(arrived, a, _)| (arrived, a));
+        for (i, &(_, first, earlier)) in admitted.iter().enumerate() {
+            for &(_, then, later) in &admitted[i + 1..] {
+                each(earlier, later, then < first);
             }
         }
-        split
     }
 
     /// The newcomers' times to log in.

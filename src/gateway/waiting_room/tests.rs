@@ -83,6 +83,18 @@ fn place(page: &str) -> usize {
     page.split(' ').nth(1).unwrap().parse().unwrap()
 }
 
+/// `n` visitors arriving a few milliseconds apart in a surge, each shown the
+/// waiting page (returned with them) and holding its place cookie.
+async fn lined_up(room: &WaitingRoom, n: usize) -> (Vec<Visitor>, Vec<String>) {
+    let mut visitors: Vec<Visitor> = (0..n).map(|_| Visitor::default()).collect();
+    let mut pages = Vec::new();
+    for visitor in &mut visitors {
+        pages.push(visitor.ask(room, load(SURGE)).await.unwrap_err());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    (visitors, pages)
+}
+
 #[tokio::test]
 async fn a_newcomer_goes_straight_in_while_the_lines_are_short() {
     let room = WaitingRoom::new(&SECRET);
@@ -111,11 +123,7 @@ async fn in_a_surge_newcomers_get_places_in_order_and_a_refresh_keeps_its_place(
 #[tokio::test]
 async fn as_the_lines_ease_the_first_in_line_go_first_at_the_nodes_pace() {
     let room = WaitingRoom::new(&SECRET);
-    let mut visitors: Vec<Visitor> = (0..25).map(|_| Visitor::default()).collect();
-    for visitor in &mut visitors {
-        assert!(visitor.ask(&room, load(SURGE)).await.is_err());
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let (mut visitors, _) = lined_up(&room, 25).await;
     // The last ones refresh first: they are still behind the first twenty.
     let last = visitors.last_mut().unwrap();
     assert_eq!(place(&last.ask(&room, load(EASED)).await.unwrap_err()), 25);
@@ -142,11 +150,7 @@ async fn as_the_lines_ease_the_first_in_line_go_first_at_the_nodes_pace() {
 #[tokio::test]
 async fn the_first_in_line_are_let_in_one_refresh_before_their_turn() {
     let room = WaitingRoom::new(&SECRET);
-    let mut visitors: Vec<Visitor> = (0..8).map(|_| Visitor::default()).collect();
-    for visitor in &mut visitors {
-        assert!(visitor.ask(&room, load(SURGE)).await.is_err());
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let (mut visitors, _) = lined_up(&room, 8).await;
     // 6.1 s of waiting: more than a refresh over the bound, nobody's turn is near.
     let far = visitors[0].ask(&room, load(61)).await.unwrap_err();
     assert_eq!(place(&far), 1);
@@ -284,12 +288,7 @@ async fn the_next_in_line_are_asked_back_sooner_than_those_far_behind() {
         page.split(' ').nth(5).unwrap().parse().unwrap()
     }
     let room = WaitingRoom::new(&SECRET);
-    let mut visitors: Vec<Visitor> = (0..60).map(|_| Visitor::default()).collect();
-    let mut pages = Vec::new();
-    for visitor in &mut visitors {
-        pages.push(visitor.ask(&room, load(SURGE)).await.unwrap_err());
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let (mut visitors, pages) = lined_up(&room, 60).await;
     // In the surge nobody's turn is near: the line is past the bound for everyone.
     assert!(refresh(&pages[0]) >= 5, "{}", pages[0]);
     // The line eases: 20 may go. The 21st is next and comes back within a second;
